@@ -1,0 +1,43 @@
+"""jaxpar_magic: see and touch JAX parallelism in a notebook.
+
+`%load_ext jaxpar_magic` registers the magics; importing this package is cheap and never starts
+the JAX backend, so `%devices --simulate 8` still works afterwards. Every magic has a plain-Python
+twin, importable from here: `pmap`, `pmap_cell`, `simulate`, `show_devices`.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+_TWINS = {
+    "pmap": ("pmap", "pmap"),
+    "pmap_cell": ("pmap", "pmap_cell"),
+    "ParallelFunction": ("pmap", "ParallelFunction"),
+    "simulate": ("devices", "simulate"),
+    "show_devices": ("magics", "show_devices"),
+}
+
+
+def __getattr__(name: str):
+    # Twins import JAX; resolving them lazily keeps `import jaxpar_magic` light.
+    if name in _TWINS:
+        import importlib
+
+        module, attr = _TWINS[name]
+        return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython) -> None:
+    from .magics import JaxparMagics
+
+    ipython.register_magics(JaxparMagics)  # registering again replaces: loading twice is harmless
+
+
+def unload_ipython_extension(ipython) -> None:
+    from .magics import JaxparMagics
+
+    manager = ipython.magics_manager
+    for kind, names in JaxparMagics.magics.items():
+        for name in names:
+            manager.magics[kind].pop(name, None)
+    manager.registry.pop("JaxparMagics", None)

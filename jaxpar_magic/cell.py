@@ -1,0 +1,245 @@
+"""What a cell *is*: its AST, the names it reads and writes, its final expression, its mode.
+
+Shared by both engines (`%%pmap`, `%%shard`). Pure Python: no JAX, no IPython.
+"""
+from __future__ import annotations
+
+import ast
+import itertools
+import linecache
+from dataclasses import dataclass
+from types import CodeType
+
+from .errors import UsageError
+
+_counter = itertools.count(1)
+CELL_FUNCTION = "__jaxpar_cell__"
+_LOCALS = "__jaxpar_locals__"
+
+
+@dataclass(frozen=True)
+class Cell:
+    source: str
+    filename: str
+    reads: tuple[str, ...]  # names read before the cell assigns them, in order of first use
+    writes: tuple[str, ...]  # names assigned at the cell's top level, in order
+    has_final_expression: bool
+    functions: tuple[str, ...]  # function mode: the functions the cell defines
+    tree: ast.Module
+
+    @property
+    def mode(self) -> str:
+        return "function" if self.functions else "block"
+
+    def line(self, lineno: int) -> str:
+        return linecache.getline(self.filename, lineno).strip()
+
+
+class _Names(ast.NodeVisitor):
+    """Loads and stores of one statement, in the scope it runs in.
+
+    Names bound inside a nested function, lambda or comprehension stay inside it; the names such a
+    scope reads from outside count as reads of the statement.
+    """
+
+    def __init__(self):
+        self.loads: list[str] = []
+        self.stores: list[str] = []
+
+    def visit_Name(self, node: ast.Name):
+        (self.loads if isinstance(node.ctx, ast.Load) else self.stores).append(node.id)
+
+    def visit_AugAssign(self, node: ast.AugAssign):
+        if isinstance(node.target, ast.Name):  # `x += 1` reads x first
+            self.loads.append(node.target.id)
+        self.visit(node.value)
+        self.visit(node.target)
+
+    def visit_Assign(self, node: ast.Assign):  # the value runs before the targets bind
+        self.visit(node.value)
+        for target in node.targets:
+            self.visit(target)
+
+    def _nested(self, bound: set[str], body_nodes: list[ast.AST]):
+        inner = _Names()
+        for child in body_nodes:
+            inner.visit(child)
+        bound = bound | set(inner.stores)
+        self.loads.extend(n for n in inner.loads if n not in bound)
+
+    def _function(self, node, is_def: bool):
+        args = node.args
+        for default in args.defaults + [d for d in args.kw_defaults if d is not None]:
+            self.visit(default)
+        for deco in getattr(node, "decorator_list", []):
+            self.visit(deco)
+        params = {a.arg for a in args.posonlyargs + args.args + args.kwonlyargs}
+        params |= {a.arg for a in (args.vararg, args.kwarg) if a is not None}
+        body = node.body if is_def else [node.body]
+        self._nested(params, body)
+        if is_def:
+            self.stores.append(node.name)
+
+    def visit_FunctionDef(self, node):
+        self._function(node, True)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Lambda(self, node):
+        self._function(node, False)
+
+    def visit_ClassDef(self, node):
+        for base in node.bases + node.decorator_list:
+            self.visit(base)
+        self._nested(set(), node.body)
+        self.stores.append(node.name)
+
+    def _comprehension(self, node, parts):
+        first, *rest = node.generators
+        self.visit(first.iter)  # the first iterable runs in the enclosing scope
+        targets = _Names()
+        for gen in node.generators:
+            targets.visit(gen.target)
+        body = [g.iter for g in rest] + [c for g in node.generators for c in g.ifs] + parts
+        self._nested(set(targets.stores), body)
+
+    def visit_ListComp(self, node):
+        self._comprehension(node, [node.elt])
+
+    visit_SetComp = visit_GeneratorExp = visit_ListComp
+
+    def visit_DictComp(self, node):
+        self._comprehension(node, [node.key, node.value])
+
+    def visit_Import(self, node):
+        for alias in node.names:
+            self.stores.append((alias.asname or alias.name).split(".")[0])
+
+    visit_ImportFrom = visit_Import
+
+    def visit_Global(self, node):
+        raise UsageError(
+            f"line {node.lineno} of the cell: `global` is not supported in a parallel cell; assign the "
+            "name at the cell's top level instead, it is bound back to your namespace."
+        )
+
+    visit_Nonlocal = visit_Global
+
+
+def _is_definition(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, (ast.FunctionDef, ast.Import, ast.ImportFrom)) or (
+        isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+    )
+
+
+def parse(source: str, label: str = "cell") -> ast.Module:
+    filename = f"<{label}-{next(_counter)}>"
+    try:
+        tree = ast.parse(source, filename=filename)
+    except SyntaxError as err:
+        line = (err.text or "").strip()
+        raise UsageError(
+            f"syntax error on line {err.lineno} of the cell: {err.msg} (`{line}`). Fix that line and run the cell again."
+        ) from None
+    return tree, filename
+
+
+def analyse(source: str, label: str = "cell") -> Cell:
+    """Parse a cell: names read and written, final expression, and the mode it runs in."""
+    tree, filename = parse(source, label)
+    # The named filename makes tracebacks and our messages quote the user's own lines.
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    body = tree.body
+    if body and all(_is_definition(s) for s in body) and any(isinstance(s, ast.FunctionDef) for s in body):
+        names = tuple(s.name for s in body if isinstance(s, ast.FunctionDef))
+        return Cell(source, filename, (), names, False, names, tree)
+
+    reads: list[str] = []
+    writes: list[str] = []
+    for stmt in body:
+        names = _Names()
+        names.visit(stmt)
+        for n in names.loads:
+            if n not in writes and n not in reads:
+                reads.append(n)
+        for n in names.stores:
+            if n not in writes:
+                writes.append(n)
+    final = isinstance(body[-1], ast.Expr) if body else False
+    return Cell(source, filename, tuple(reads), tuple(writes), final, (), tree)
+
+
+def compile_block(cell: Cell, inputs: tuple[str, ...]) -> CodeType:
+    """`def __jaxpar_cell__(<inputs>): <body>; return {written locals}, <final expression>`.
+
+    Built as an AST (never by joining strings) so line numbers stay the user's own. Inputs are
+    parameters; every other name the cell reads resolves in the user's namespace at trace time.
+    """
+    import copy
+
+    tree, filename, writes, final = copy.deepcopy(cell.tree), cell.filename, cell.writes, cell.has_final_expression
+    body = list(tree.body)
+    final_expr = body.pop().value if final else ast.Constant(None)
+    last_line = tree.body[-1].end_lineno if tree.body else 1
+    snapshot = ast.parse(
+        f"{_LOCALS} = locals()\n"
+        f"__jaxpar_out__ = {{k: {_LOCALS}[k] for k in {tuple(writes)!r} if k in {_LOCALS}}}"
+    ).body
+    ret = ast.Return(ast.Tuple([ast.Name("__jaxpar_out__", ast.Load()), final_expr], ast.Load()))
+    # The snapshot runs before the final expression, which may not assign anything.
+    func = ast.FunctionDef(
+        name=CELL_FUNCTION,
+        args=ast.arguments(
+            posonlyargs=[], args=[ast.arg(n) for n in inputs], kwonlyargs=[], kw_defaults=[], defaults=[]
+        ),
+        body=body + snapshot + [ret] if body or final else snapshot + [ret],
+        decorator_list=[],
+        returns=None,
+    )
+    module = ast.Module([func], type_ignores=[])
+    for node in ast.walk(module):  # our scaffolding sits on the cell's last line
+        if not hasattr(node, "lineno") or node.lineno is None:
+            node.lineno = node.end_lineno = last_line
+            node.col_offset = node.end_col_offset = 0
+    ast.fix_missing_locations(module)
+    return compile(module, filename, "exec")
+
+
+def build_function(cell: Cell, inputs: tuple[str, ...], namespace: dict):
+    """The cell as a Python function whose globals are the user's namespace (read, never written)."""
+    scope: dict = {}
+    exec(compile_block(cell, inputs), namespace, scope)  # defines the function only; runs no user code
+    return scope[CELL_FUNCTION]
+
+
+def collective_axis_literals(source: str) -> list[tuple[int, str, str]]:
+    """(line, call text, axis name) for collectives called with a literal axis name.
+
+    Lets us say "unknown axis name 'j' on line 3" before JAX says "call psum under shard_map".
+    """
+    collectives = {"psum", "pmean", "pmax", "pmin", "ppermute", "all_gather", "axis_index", "psum_scatter",
+                   "all_to_all", "pshuffle", "pswapaxes", "axis_size"}
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        fn = node.func
+        name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else None
+        if name not in collectives:
+            continue
+        axis = None
+        for kw in node.keywords:
+            if kw.arg == "axis_name":
+                axis = kw.value
+        if axis is None:
+            position = 0 if name in ("axis_index", "axis_size") else 1
+            if len(node.args) > position:
+                axis = node.args[position]
+        literals = []
+        if isinstance(axis, ast.Constant) and isinstance(axis.value, str):
+            literals = [axis.value]
+        elif isinstance(axis, (ast.Tuple, ast.List)):
+            literals = [e.value for e in axis.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        for lit in literals:
+            found.append((node.lineno, ast.get_source_segment(source, node) or name, lit))
+    return found

@@ -1,0 +1,60 @@
+"""Turning foreseeable mistakes into one-paragraph UsageErrors that point at the user's line.
+
+Everything that explains a JAX error in our own words lives here, so the engines only
+decide *that* something went wrong and this module decides *how to say it*.
+"""
+from __future__ import annotations
+
+import linecache
+import traceback
+
+from IPython.core.error import UsageError
+
+__all__ = ["UsageError", "user_line", "explain_trace_error"]
+
+
+def user_line(exc: BaseException, filename: str) -> tuple[int, str] | None:
+    """The deepest frame of `exc`'s traceback that ran the user's cell: (line number, text)."""
+    found = None
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if frame.f_code.co_filename == filename:
+            found = (lineno, linecache.getline(filename, lineno).strip())
+    return found
+
+
+def where(exc: BaseException, filename: str) -> str:
+    hit = user_line(exc, filename)
+    return f"line {hit[0]} of the cell (`{hit[1]}`)" if hit else "the cell"
+
+
+def explain_trace_error(exc: BaseException, filename: str, axis_names: tuple[str, ...]) -> UsageError | None:
+    """Our explanation of an error raised while JAX traced the cell, or None to let it through.
+
+    Only errors we can foresee are explained; an error of the user's own code (a ZeroDivisionError,
+    a shape mismatch in their matmul) propagates unchanged.
+    """
+    import jax
+
+    at = where(exc, filename)
+    axes = ", ".join(repr(a) for a in axis_names)
+    if isinstance(exc, jax.errors.TracerBoolConversionError):
+        return UsageError(
+            f"{at}: Python `if`/`bool()`/`and`/`or` on a traced value. Inside a parallel cell every "
+            "array is abstract (its value is known only on the device), so Python cannot branch on it. "
+            "Use `jnp.where(cond, a, b)` or `jax.lax.cond(cond, f, g, x)` instead, or make the value a "
+            "plain Python constant outside the cell."
+        )
+    if isinstance(exc, (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError)):
+        return UsageError(
+            f"{at}: this needs a concrete Python value, but inside a parallel cell the value is traced "
+            f"({type(exc).__name__}). Compute it from shapes (`x.shape[0]`) or pass it as a constant; "
+            "use `jnp` functions on arrays instead of `int()`/`float()`/`range()` of an array."
+        )
+    if isinstance(exc, NameError) and "unbound axis name" in str(exc):
+        name = str(exc).split("unbound axis name:", 1)[-1].split(".", 1)[0].strip()
+        return UsageError(
+            f"{at}: unknown axis name {name!r} in a collective. This cell runs over the axis names "
+            f"{axes}; use one of them (e.g. `lax.psum(x, {axis_names[0]!r})`), or name the axis with "
+            f"`--axis-name {name}` / `--mesh {name}=N,...`."
+        )
+    return None
