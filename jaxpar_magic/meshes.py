@@ -31,17 +31,32 @@ def _mesh(device_ids: tuple[int, ...], shape: MeshShape, kind: str):
 
 
 def build_mesh(shape: MeshShape, selection=None, kind: str = "auto"):
-    """A Mesh of `shape` over the chosen local devices (the first N by default)."""
-    if selection is None:
-        devices = select_devices(None, shape.size)
-    else:
-        devices = select_devices(selection)
-        if len(devices) != shape.size:
-            raise UsageError(
-                f"the mesh {shape} needs {shape.size} devices but --devices chose {len(devices)}; "
-                "make the product of the axis sizes equal the number of devices."
-            )
+    """A Mesh of `shape` over the chosen local devices (all of them unless --devices says otherwise).
+
+    The sizes must multiply to the number of devices: `jax.make_mesh((2, 2))` on 8 devices silently
+    takes a subset, which is never what a demo of "all my devices" means.
+    """
+    import jax
+
+    devices = select_devices(selection) if selection is not None else jax.local_devices()
+    if len(devices) != shape.size:
+        chosen = "--devices chose" if selection is not None else "this process has"
+        raise UsageError(
+            f"the mesh {shape} has {shape.size} devices but {chosen} {len(devices)}. Make the axis sizes "
+            f"multiply to {len(devices)} (e.g. {_suggest(shape, len(devices))}), or pick {shape.size} devices "
+            f"with `--devices {shape.size}` (the first {shape.size}) or `--devices ID ID ...`."
+        )
     return _mesh(tuple(d.id for d in devices), shape, kind)
+
+
+def _suggest(shape: MeshShape, count: int) -> str:
+    if len(shape.names) == 1:
+        return f"{shape.names[0]}={count}"
+    rest = count // shape.sizes[0] if count % shape.sizes[0] == 0 else None
+    if rest:
+        return ",".join([f"{shape.names[0]}={shape.sizes[0]}", f"{shape.names[1]}={rest}"] +
+                        [f"{n}=1" for n in shape.names[2:]])
+    return f"{shape.names[0]}={count}," + ",".join(f"{n}=1" for n in shape.names[1:])
 
 
 def single_axis(axis_name: str, selection=None):

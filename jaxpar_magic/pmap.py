@@ -13,106 +13,16 @@ pmap semantics, kept exactly:
 from __future__ import annotations
 
 import functools
-import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import cell as cells
 from .errors import UsageError, explain_trace_error
-from .hlo import Collective, collectives
-
-CACHE_SIZE = 64
-
-
-# --- inputs ------------------------------------------------------------------------------------
-
-def is_array(value) -> bool:
-    import jax
-    import numpy as np
-
-    return isinstance(value, (jax.Array, np.ndarray))
-
-
-def is_array_tree(value) -> bool:
-    """An array, or a (non-empty) tuple/list/dict pytree whose leaves are all arrays."""
-    import jax
-
-    if is_array(value):
-        return True
-    if not isinstance(value, (tuple, list, dict)):
-        return False
-    leaves = jax.tree.leaves(value)
-    return bool(leaves) and all(is_array(leaf) for leaf in leaves)
-
-
-def fingerprint(value):
-    """What a constant contributes to the cache key: its value where cheap, else its identity.
-
-    A cache keyed on the source alone would bake the constants of the first run into every later
-    run, since jit reads globals once, at trace time.
-    """
-    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
-        return (type(value).__name__, value)
-    if isinstance(value, tuple) and len(value) <= 64:
-        return ("tuple",) + tuple(fingerprint(v) for v in value)
-    if isinstance(value, (list, dict, set)) and len(value) <= 64:
-        return ("repr", type(value).__name__, repr(value))
-    return ("id", id(value))
-
-
-# --- the collectives view's facts, shared with %%shard -------------------------------------------
-
-@dataclass
-class ProgramFacts:
-    collectives: list[Collective]
-    compile_ms: float | None = None
-    flops: float | None = None
-    bytes_accessed: float | None = None
-
-
-def program_facts(jitted, args, device_ids, filename=None) -> ProgramFacts:
-    """Collectives and costs of the program `jitted(*args)` runs (jit's cache makes this cheap)."""
-    start = time.perf_counter()
-    compiled = jitted.lower(*args).compile()
-    compile_ms = (time.perf_counter() - start) * 1e3
-    try:
-        cost = compiled.cost_analysis() or {}
-        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    except Exception:  # not every backend implements cost analysis
-        cost = {}
-    return ProgramFacts(
-        collectives(compiled.as_text(), device_ids, filename),
-        compile_ms,
-        cost.get("flops"),
-        cost.get("bytes accessed"),
-    )
-
-
-def shape_signature(args) -> tuple:
-    import jax
-
-    return tuple((tuple(a.shape), str(a.dtype)) for a in jax.tree.leaves(args))
-
-
-def block_on_cpu_collectives(values, facts_or_flag) -> None:
-    """Wait for a result when the program has collectives on the CPU backend.
-
-    On a 2-core machine, XLA's CPU collectives deadlock once 50-70 such programs are queued back to
-    back ("Expected 8 threads to join the rendezvous ...") and the process aborts a minute later.
-    Waiting for each result keeps one program in flight at a time; it costs the overlap of Python
-    dispatch with device work (a few microseconds a call, measured in bench/).
-    """
-    import jax
-
-    if facts_or_flag:
-        jax.block_until_ready(values)
-
-
-def _has_collectives_on_cpu(mesh, jitted, args) -> bool:
-    if mesh.devices.flat[0].platform != "cpu":
-        return False
-    return bool(collectives(jitted.lower(*args).compile().as_text()))
-
+from .runner import (  # noqa: F401  (re-exported: the engine's public vocabulary)
+    CACHE_SIZE, BoundedCache, CellProgram, ProgramFacts, block_on_cpu_collectives, capture_outputs, facts_for,
+    fingerprint, has_collectives_on_cpu, is_array, is_array_tree, plan_inputs, program_facts, run_program,
+    shape_signature, traced,
+)
 
 # --- block mode --------------------------------------------------------------------------------
 
@@ -129,59 +39,13 @@ class BlockResult:
     cell: cells.Cell | None = None
 
 
-@dataclass
-class _Compiled:
-    jitted: object
-    static_outputs: dict = field(default_factory=dict)
-    static_final: list = field(default_factory=list)
-    device_outputs: list = field(default_factory=list)
-    final_per_device: list = field(default_factory=list)
-    facts: dict = field(default_factory=dict)  # shape signature -> ProgramFacts
-    needs_block: dict = field(default_factory=dict)
-
-
-_block_cache: OrderedDict = OrderedDict()
+_block_cache = BoundedCache()
 
 
 def _leading(value, k: int):
     import jax
 
     return {tuple(leaf.shape[:k]) for leaf in jax.tree.leaves(value)}
-
-
-def plan_inputs(cell: cells.Cell, namespace: dict, broadcast=(), split=()):
-    """Split the names a cell reads into array inputs and constants; undefined names are errors."""
-    import builtins
-
-    inputs, constants = [], []
-    for name in cell.reads:
-        if name in namespace:
-            value = namespace[name]
-            (inputs if is_array_tree(value) else constants).append(name)
-        elif not hasattr(builtins, name):
-            lineno = _first_line_reading(cell, name)
-            raise UsageError(
-                f"name {name!r} is not defined (line {lineno} of the cell: `{cell.line(lineno)}`). Define it "
-                f"in an earlier cell, or fix the spelling."
-            )
-    for option, names in (("--broadcast", broadcast), ("--split", split)):
-        for name in names:
-            if name not in inputs:
-                why = "is not defined" if name not in namespace else "is not an array input the cell reads"
-                raise UsageError(
-                    f"{option} {name}: {name!r} {why}. {option} takes names of arrays the cell reads "
-                    f"before assigning them; this cell's array inputs are: {', '.join(inputs) or 'none'}."
-                )
-    return tuple(inputs), tuple(constants)
-
-
-def _first_line_reading(cell: cells.Cell, name: str) -> int:
-    import ast
-
-    for node in ast.walk(cell.tree):
-        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load):
-            return node.lineno
-    return 1
 
 
 def check_axis_names(source: str, axis_names: tuple[str, ...]) -> None:
@@ -254,13 +118,7 @@ def _expand(k):
     return lambda tree: jax.tree.map(lambda a: jnp.asarray(a).reshape((1,) * k + jnp.shape(a)), tree)
 
 
-def _traced(value) -> bool:
-    import jax
-
-    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(value))
-
-
-def _compile_block(cell, inputs, broadcast, mesh, namespace) -> _Compiled:
+def _compile_block(cell, inputs, broadcast, mesh, namespace) -> CellProgram:
     import jax
     from jax.sharding import PartitionSpec as P
 
@@ -268,24 +126,17 @@ def _compile_block(cell, inputs, broadcast, mesh, namespace) -> _Compiled:
     k = len(mesh.axis_names)
     squeeze, expand = _squeeze(k), _expand(k)
     mapped_flags = [name not in broadcast for name in inputs]
-    entry = _Compiled(jitted=None)
+    program = CellProgram(jitted=None)
 
     def per_device(*blocks):
         values = [squeeze(b) if mapped else b for b, mapped in zip(blocks, mapped_flags)]
         outs, final = fn(*values)
-        # Trace-time facts: which outputs depend on device data, and the plain Python ones.
-        entry.static_outputs = {n: v for n, v in outs.items() if not _traced(v)}
-        entry.device_outputs = [n for n, v in outs.items() if _traced(v)]
-        traced_final = _traced(final)
-        entry.final_per_device[:] = [traced_final]
-        entry.static_final[:] = [None if traced_final else final]
-        device = {n: expand(outs[n]) for n in entry.device_outputs}
-        return device, (expand(final) if traced_final else None)
+        return capture_outputs(program, outs, final, expand)
 
     axes = P(*mesh.axis_names)
     in_specs = tuple(axes if m else P() for m in mapped_flags)
-    entry.jitted = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=axes, check_vma=False))
-    return entry
+    program.jitted = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=in_specs, out_specs=axes, check_vma=False))
+    return program
 
 
 def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=(), merge=(),
@@ -295,7 +146,7 @@ def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=()
 
     axis_names = tuple(mesh.axis_names)
     check_axis_names(cell.source, axis_names)
-    inputs, constants = plan_inputs(cell, namespace, broadcast, split)
+    inputs, constants = plan_inputs(cell, namespace, {"--broadcast": broadcast, "--split": split})
     for name in merge:
         if name not in cell.writes:
             raise UsageError(
@@ -315,48 +166,21 @@ def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=()
 
     key = (cell.source, inputs, tuple(sorted(broadcast)), mesh,
            tuple((n, fingerprint(namespace[n])) for n in constants))
-    entry = _block_cache.get(key)
-    if entry is None:
-        entry = _compile_block(cell, inputs, frozenset(broadcast), mesh, namespace)
-        _block_cache[key] = entry
-        while len(_block_cache) > CACHE_SIZE:
-            _block_cache.popitem(last=False)
-    else:
-        _block_cache.move_to_end(key)
+    program = _block_cache.lookup(key, lambda: _compile_block(cell, inputs, frozenset(broadcast), mesh, namespace))
+    (device, final), run_ms, signature = run_program(_block_cache, key, program, args, cell, axis_names)
+    facts = facts_for(program, signature, args, mesh, cell) if want_facts else None
 
-    signature = shape_signature(args)
-    start = time.perf_counter()
-    try:
-        device, final = entry.jitted(*args)
-        jax.block_until_ready((device, final))  # the view reads them; also avoids the CPU hang
-    except UsageError:
-        raise
-    except Exception as exc:
-        _block_cache.pop(key, None)
-        explained = explain_trace_error(exc, cell.filename, axis_names)
-        if explained is not None:
-            raise explained from None
-        raise
-    run_ms = (time.perf_counter() - start) * 1e3
-
-    facts = None
-    if want_facts:
-        facts = entry.facts.get(signature)
-        if facts is None:
-            ids = [d.id for d in mesh.devices.flat]
-            facts = entry.facts[signature] = program_facts(entry.jitted, args, ids, cell.filename)
-
-    outputs = dict(entry.static_outputs)
-    for name in entry.device_outputs:
+    outputs = dict(program.static_outputs)
+    for name in program.device_outputs:
         value = device[name]
         if name in merge:
             value = jax.tree.map(lambda a: a.reshape((-1,) + a.shape[k + 1:]), value)
         outputs[name] = value
-    per_device = bool(entry.final_per_device and entry.final_per_device[0])
+    per_device = bool(program.final_per_device and program.final_per_device[0])
     return BlockResult(
         outputs=outputs,
-        device_outputs=tuple(entry.device_outputs),
-        final=final if per_device else (entry.static_final[0] if entry.static_final else None),
+        device_outputs=tuple(program.device_outputs),
+        final=final if per_device else (program.static_final[0] if program.static_final else None),
         final_per_device=per_device,
         has_final=cell.has_final_expression,
         mesh=mesh,
@@ -499,7 +323,7 @@ class ParallelFunction:
         return slot, dynamic
 
     def __call__(self, *args):
-        if _traced(args):
+        if traced(args):
             # Called from code that is already being traced per device (another cell function, or
             # jax.grad(loss) inside train_step): run as the plain per-device function, which is what
             # the seed's code means. jax.pmap nested in jax.pmap fails on JAX 0.10; use --mesh.
@@ -516,7 +340,7 @@ class ParallelFunction:
                 raise explained from None
             raise
         if slot[1] is None:  # once per configuration: does this program need the CPU guard?
-            slot[1] = _has_collectives_on_cpu(self.mesh, jitted, dynamic)
+            slot[1] = has_collectives_on_cpu(self.mesh, jitted, dynamic)
         block_on_cpu_collectives(out, slot[1])
         return out
 

@@ -78,3 +78,75 @@ def parse_device_selection(words: list[str] | None) -> int | tuple[int, ...] | N
     if len(items) == 1:
         return int(items[0])
     return tuple(int(w) for w in items)
+
+
+# --- PartitionSpecs: NAME=data, NAME=data,None, NAME=(data,model),None, NAME=P('data', None), NAME=8
+
+def _top_level_split(text: str, sep: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch in "([" and 1 or (-1 if ch in ")]" else 0)
+        if ch == sep and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    parts.append(current)
+    return parts
+
+
+def _spec_entry(item: str, where: str):
+    item = item.strip().strip("'\"")
+    if item in ("None", ""):
+        return None
+    if item.isdigit():
+        return int(item)  # "split this dimension over N devices" (PositionalSharding's job)
+    if item.startswith("(") and item.endswith(")"):
+        names = tuple(_spec_entry(p, where) for p in item[1:-1].split(",") if p.strip())
+        if not all(isinstance(n, str) for n in names):
+            raise UsageError(f"{where}: inside parentheses list mesh axis names only, e.g. `(data,model)`.")
+        return names
+    if _AXIS.match(item):
+        return item
+    raise UsageError(
+        f"{where}: cannot read {item!r} as a PartitionSpec entry; use a mesh axis name, None, a tuple of axis "
+        "names like (data,model), or a device count like 8."
+    )
+
+
+def parse_spec(text: str, where: str) -> tuple:
+    """One PartitionSpec, as a tuple of entries (None | axis name | tuple of names | int)."""
+    text = text.strip()
+    for prefix in ("P(", "PartitionSpec("):
+        if text.startswith(prefix) and text.endswith(")"):
+            text = text[len(prefix):-1]
+            break
+    if not text:
+        return ()
+    return tuple(_spec_entry(item, where) for item in _top_level_split(text, ","))
+
+
+def parse_assignments(words: list[str] | None, option: str) -> dict[str, tuple]:
+    """`--in v1s=data v2s=P('data', None)` -> {'v1s': ('data',), 'v2s': ('data', None)}."""
+    if not words:
+        return {}
+    joined = " ".join(words)
+    pieces: list[str] = []
+    for token in _top_level_split(joined, " "):
+        if not token:
+            continue
+        if "=" in token or not pieces:
+            pieces.append(token)
+        else:
+            pieces[-1] += " " + token  # a space inside P('data', None) split it into two words
+    specs = {}
+    for piece in pieces:
+        name, eq, spec = piece.partition("=")
+        name = name.strip()
+        if not eq or not _AXIS.match(name):
+            raise UsageError(
+                f"{option}: cannot read {piece!r}; write NAME=SPEC, e.g. `{option} v1s=data` or "
+                f"`{option} w=P('data', 'model')`."
+            )
+        specs[name] = parse_spec(spec, f"{option} {name}")
+    return specs

@@ -1,0 +1,256 @@
+"""What both engines share: planning a cell's inputs, a bounded compile cache, running a traced
+cell with its trace-time facts, and reading the compiled program.
+
+Plain Python over JAX; no IPython.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from . import cell as cells
+from .errors import UsageError, explain_trace_error
+from .hlo import Collective, collectives
+
+CACHE_SIZE = 64
+
+
+# --- inputs ------------------------------------------------------------------------------------
+
+def is_array(value) -> bool:
+    import jax
+    import numpy as np
+
+    return isinstance(value, (jax.Array, np.ndarray))
+
+
+def is_array_tree(value) -> bool:
+    """An array, or a (non-empty) tuple/list/dict pytree whose leaves are all arrays."""
+    import jax
+
+    if is_array(value):
+        return True
+    if not isinstance(value, (tuple, list, dict)):
+        return False
+    leaves = jax.tree.leaves(value)
+    return bool(leaves) and all(is_array(leaf) for leaf in leaves)
+
+
+def fingerprint(value):
+    """What a constant contributes to the cache key: its value where cheap, else its identity.
+
+    A cache keyed on the source alone would bake the constants of the first run into every later
+    run, since jit reads globals once, at trace time.
+    """
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        return (type(value).__name__, value)
+    if isinstance(value, tuple) and len(value) <= 64:
+        return ("tuple",) + tuple(fingerprint(v) for v in value)
+    if isinstance(value, (list, dict, set)) and len(value) <= 64:
+        return ("repr", type(value).__name__, repr(value))
+    return ("id", id(value))
+
+
+# --- the collectives view's facts, shared with %%shard -------------------------------------------
+
+@dataclass
+class ProgramFacts:
+    collectives: list[Collective]
+    compile_ms: float | None = None
+    flops: float | None = None
+    bytes_accessed: float | None = None
+
+
+_compile_seconds = [0.0]  # running total of JAX's trace+lower+compile time in this process
+_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   "/jax/core/compile/backend_compile_duration")
+
+
+@functools.lru_cache(maxsize=1)
+def _listen_to_compiles() -> None:
+    import jax.monitoring
+
+    def record(event: str, seconds: float, **kwargs) -> None:
+        if event in _COMPILE_EVENTS:
+            _compile_seconds[0] += seconds
+
+    jax.monitoring.register_event_duration_secs_listener(record)
+
+
+def compile_clock() -> float:
+    """Seconds JAX has spent tracing, lowering and compiling so far (public jax.monitoring events)."""
+    _listen_to_compiles()
+    return _compile_seconds[0]
+
+
+def program_facts(jitted, args, device_ids, filename=None, compile_ms=None) -> ProgramFacts:
+    """Collectives and costs of the program `jitted(*args)` runs (jit's cache makes this cheap)."""
+    compiled = jitted.lower(*args).compile()
+    try:
+        cost = compiled.cost_analysis() or {}
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    except Exception:  # not every backend implements cost analysis
+        cost = {}
+    return ProgramFacts(
+        collectives(compiled.as_text(), device_ids, filename),
+        compile_ms,
+        cost.get("flops"),
+        cost.get("bytes accessed"),
+    )
+
+
+def shape_signature(args) -> tuple:
+    import jax
+
+    return tuple((tuple(a.shape), str(a.dtype)) for a in jax.tree.leaves(args))
+
+
+def block_on_cpu_collectives(values, facts_or_flag) -> None:
+    """Wait for a result when the program has collectives on the CPU backend.
+
+    On a 2-core machine, XLA's CPU collectives deadlock once 50-70 such programs are queued back to
+    back ("Expected 8 threads to join the rendezvous ...") and the process aborts a minute later.
+    Waiting for each result keeps one program in flight at a time; it costs the overlap of Python
+    dispatch with device work (a few microseconds a call, measured in bench/).
+    """
+    import jax
+
+    if facts_or_flag:
+        jax.block_until_ready(values)
+
+
+def has_collectives_on_cpu(mesh, jitted, args) -> bool:
+    if mesh.devices.flat[0].platform != "cpu":
+        return False
+    return bool(collectives(jitted.lower(*args).compile().as_text()))
+
+
+@dataclass
+class CellProgram:
+    """A cell compiled for one mesh and set of constants, with what its trace revealed."""
+
+    jitted: object
+    static_outputs: dict = field(default_factory=dict)
+    static_final: list = field(default_factory=list)
+    device_outputs: list = field(default_factory=list)
+    final_per_device: list = field(default_factory=list)
+    facts: dict = field(default_factory=dict)  # shape signature -> ProgramFacts
+    compile_ms: dict = field(default_factory=dict)  # shape signature -> first call's compile time
+
+
+def plan_inputs(cell: cells.Cell, namespace: dict, named: dict | None = None):
+    """Split the names a cell reads into array inputs and constants; undefined names are errors."""
+    import builtins
+
+    inputs, constants = [], []
+    for name in cell.reads:
+        if name in namespace:
+            value = namespace[name]
+            (inputs if is_array_tree(value) else constants).append(name)
+        elif not hasattr(builtins, name):
+            lineno = _first_line_reading(cell, name)
+            raise UsageError(
+                f"name {name!r} is not defined (line {lineno} of the cell: `{cell.line(lineno)}`). Define it "
+                f"in an earlier cell, or fix the spelling."
+            )
+    for option, names in (named or {}).items():
+        for name in names:
+            if name not in inputs:
+                why = "is not defined" if name not in namespace else "is not an array input the cell reads"
+                raise UsageError(
+                    f"{option} {name}: {name!r} {why}. {option} takes names of arrays the cell reads "
+                    f"before assigning them; this cell's array inputs are: {', '.join(inputs) or 'none'}."
+                )
+    return tuple(inputs), tuple(constants)
+
+
+def _first_line_reading(cell: cells.Cell, name: str) -> int:
+    import ast
+
+    for node in ast.walk(cell.tree):
+        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load):
+            return node.lineno
+    return 1
+
+
+def traced(value) -> bool:
+    import jax
+
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(value))
+
+
+
+
+class BoundedCache(OrderedDict):
+    """Least-recently-used cache of compiled cells: re-runs hit it, it never grows past `size`."""
+
+    def __init__(self, size: int = CACHE_SIZE):
+        super().__init__()
+        self.size = size
+
+    def lookup(self, key, build):
+        entry = self.get(key)
+        if entry is None:
+            entry = self[key] = build()
+            while len(self) > self.size:
+                self.popitem(last=False)
+        else:
+            self.move_to_end(key)
+        return entry
+
+
+def capture_outputs(program: CellProgram, outs: dict, final, to_device):
+    """Split a traced cell's results: device values go out through `to_device`, plain Python values
+    (a number assigned in the cell, a helper function) are remembered and bound as they are."""
+    program.static_outputs = {n: v for n, v in outs.items() if not traced(v)}
+    program.device_outputs = [n for n, v in outs.items() if traced(v)]
+    traced_final = traced(final)
+    program.final_per_device[:] = [traced_final]
+    program.static_final[:] = [None if traced_final else final]
+    device = {n: to_device(outs[n]) for n in program.device_outputs}
+    return device, (to_device(final) if traced_final else None)
+
+
+def run_program(cache: BoundedCache, key, program: CellProgram, args, cell: cells.Cell, axis_names, mesh=None):
+    """Call a compiled cell, explaining foreseeable errors; returns (results, run_ms, compile_ms)."""
+    import contextlib
+
+    import jax
+
+    compiled_before = compile_clock()
+    start = time.perf_counter()
+    try:
+        with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
+            results = program.jitted(*args)
+        jax.block_until_ready(results)  # the views read them; also avoids the 2-core CPU hang
+    except UsageError:
+        cache.pop(key, None)
+        raise
+    except Exception as exc:
+        cache.pop(key, None)
+        explained = explain_trace_error(exc, cell.filename, tuple(axis_names))
+        if explained is not None:
+            raise explained from None
+        raise
+    elapsed = (time.perf_counter() - start) * 1e3
+    compile_ms = (compile_clock() - compiled_before) * 1e3
+    signature = shape_signature(args)
+    program.compile_ms.setdefault(signature, compile_ms)
+    return results, max(0.0, elapsed - compile_ms), signature
+
+
+def facts_for(program: CellProgram, signature, args, mesh, cell: cells.Cell, context_mesh=None):
+    """The compiled program's collectives and costs, read once per input shapes."""
+    import contextlib
+
+    import jax
+
+    facts = program.facts.get(signature)
+    if facts is None:
+        ids = [d.id for d in mesh.devices.flat]
+        with (jax.set_mesh(context_mesh) if context_mesh is not None else contextlib.nullcontext()):
+            facts = program.facts[signature] = program_facts(
+                program.jitted, args, ids, cell.filename, program.compile_ms.get(signature))
+    return facts
