@@ -2,7 +2,8 @@
 
 `%load_ext jaxpar_magic` registers the magics; importing this package is cheap and never starts
 the JAX backend, so `%devices --simulate 8` still works afterwards. Every magic has a plain-Python
-twin, importable from here: `pmap`, `pmap_cell`, `simulate`, `show_devices`.
+twin, importable from here: `pmap`, `pmap_cell`, `simulate`, `show_devices`, `make_mesh`,
+`show_mesh`, `show_sharding`, `shard_cell`, `place`, `plan`, `split`.
 """
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ _TWINS = {
     "ParallelFunction": ("pmap", "ParallelFunction"),
     "simulate": ("devices", "simulate"),
     "show_devices": ("magics", "show_devices"),
+    "show_mesh": ("magics", "show_mesh"),
+    "show_sharding": ("magics", "show_sharding"),
+    "make_mesh": ("shard", "make_mesh"),
+    "shard_cell": ("shard", "shard_cell"),
+    "place": ("shard", "place"),
+    "plan": ("shard", "plan"),
+    "split": ("shard", "split"),
 }
 
 

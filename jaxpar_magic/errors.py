@@ -57,4 +57,12 @@ def explain_trace_error(exc: BaseException, filename: str, axis_names: tuple[str
             f"{axes}; use one of them (e.g. `lax.psum(x, {axis_names[0]!r})`), or name the axis with "
             f"`--axis-name {name}` / `--mesh {name}=N,...`."
         )
+    if type(exc).__name__ == "ShardingTypeError":  # jax._src.core's; no public name to catch it by
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return UsageError(
+            f"{at}: the mesh has Explicit axes, where every operation must say how its result is sharded, "
+            f"and this one is ambiguous ({first}). Build the mesh with automatic axes, which let the "
+            "compiler choose (`%mesh data=8` does so by default, or `--axis-types auto`), or reshard the "
+            "operands first with `jax.reshard(x, P(...))`."
+        )
     return None

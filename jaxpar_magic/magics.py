@@ -4,7 +4,7 @@ Nothing here computes anything the twins in `pmap.py` / `devices.py` don't.
 """
 from __future__ import annotations
 
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, needs_local_scope, no_var_expand
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic import output_can_be_silenced
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
@@ -25,18 +25,31 @@ def show_devices(simulate: int | None = None):
     return DevicesView(state=devices_state())
 
 
+def show_mesh(mesh, name: str = "mesh"):
+    """Plain-Python twin of `%mesh`: the mesh view of a Mesh or AbstractMesh."""
+    from .summaries import mesh_state
+    from .views.mesh import MeshView
+
+    return MeshView(state=mesh_state(mesh, name))
+
+
+def show_sharding(value, name: str = "array"):
+    """Plain-Python twin of `%sharding x`: where every piece of `value` lives."""
+    from .summaries import sharding_state
+    from .views.sharding import ShardingView
+
+    return ShardingView(state=sharding_state(name, value))
+
+
 def result_view(result, title: str, report: bool):
-    from .summaries import result_state
+    from .summaries import report_figures, result_state
     from .views.results import ResultView
 
     outputs = {n: result.outputs[n] for n in result.device_outputs}
     if result.has_final and result.final_per_device:
         outputs["(result)"] = result.final
     facts = result.facts
-    figures = None
-    if report and facts is not None:
-        figures = {"compile_ms": facts.compile_ms, "run_ms": result.run_ms,
-                   "flops": facts.flops, "bytes_accessed": facts.bytes_accessed}
+    figures = report_figures(facts, result.run_ms) if report and facts is not None else None
     return ResultView(state=result_state(title, result.mesh, outputs, facts, result.cell.line, figures))
 
 
@@ -79,9 +92,8 @@ class JaxparMagics(Magics, Configurable):
     @argument("--no-show", dest="show", action="store_const", const=False, help="Do not show the result view.")
     @argument("--report", action="store_true", help="Add compile time, run time, flops and bytes to the view.")
     @no_var_expand
-    @needs_local_scope
     @output_can_be_silenced
-    def pmap(self, line, cell, local_ns=None):
+    def pmap(self, line, cell):
         """Run the cell as what ONE device runs, on every device at once.
 
         Block mode: arrays the cell reads are split over their leading axis (one slice per device);
@@ -92,7 +104,7 @@ class JaxparMagics(Magics, Configurable):
 
         args = parse_argstring(self.pmap, line)
         show = self.show if args.show is None else args.show
-        namespace = local_ns if local_ns is not None else self.shell.user_ns
+        namespace = self.shell.user_ns
         source = self.shell.transform_cell(cell)
         result = pmap_cell(
             source,
@@ -125,6 +137,112 @@ class JaxparMagics(Magics, Configurable):
             print(f"compile {f.compile_ms:.1f} ms, run {result.run_ms:.2f} ms, flops {f.flops}, bytes {f.bytes_accessed}, "
                   f"collectives {[c.op for c in f.collectives]}")
         return result.final if result.has_final else None
+
+
+    # --- %mesh ------------------------------------------------------------------------------------
+    @line_magic
+    @magic_arguments()
+    @argument("axes", nargs="*", metavar="AXIS=SIZE",
+              help="Axis sizes, e.g. `data=4 model=2`; or the name of an existing mesh to show it.")
+    @argument("--name", default="mesh", help="Bind the mesh under this name (default: mesh).")
+    @argument("--axis-types", default="auto", choices=["auto", "explicit", "manual"],
+              help="Mesh axis types (default auto: the compiler partitions plain code).")
+    @argument("--devices", nargs="+", metavar="N_OR_IDS", help="Use the first N devices, or these device ids.")
+    @argument("--abstract", action="store_true", help="An AbstractMesh: plan layouts for devices you don't have.")
+    @argument("--no-show", dest="show", action="store_false", help="Do not show the mesh view.")
+    def mesh(self, line=""):
+        """Build a device mesh (binds `mesh`) and show it: devices laid out by mesh coordinates."""
+        from .shard import is_mesh, make_mesh
+
+        args = parse_argstring(self.mesh, line)
+        namespace = self.shell.user_ns
+        if not args.axes or (len(args.axes) == 1 and "=" not in args.axes[0]):
+            name = args.axes[0] if args.axes else args.name
+            if not is_mesh(namespace.get(name)):
+                raise UsageError(
+                    f"%mesh {name}: no mesh called {name!r} in your namespace. Build one with `%mesh data=4 model=2`."
+                )
+            display(show_mesh(namespace[name], name))
+            return
+        mesh = make_mesh(" ".join(args.axes), parse_device_selection(args.devices), args.axis_types, args.abstract)
+        namespace[args.name] = mesh
+        if args.show:
+            display(show_mesh(mesh, args.name))
+
+    # --- %sharding ---------------------------------------------------------------------------------
+    @line_magic
+    @magic_arguments()
+    @argument("names", nargs="+", metavar="NAME", help="Arrays (jax.Array, ShapeDtypeStruct) to show.")
+    def sharding(self, line=""):
+        """Show how each array is laid out over devices: tiles coloured by device, the PartitionSpec."""
+        args = parse_argstring(self.sharding, line)
+        namespace = self.shell.user_ns
+        for name in args.names:
+            if name not in namespace:
+                raise UsageError(f"%sharding {name}: {name!r} is not defined.")
+            if not hasattr(namespace[name], "shape") or not hasattr(namespace[name], "dtype"):
+                raise UsageError(
+                    f"%sharding {name}: {name!r} is a {type(namespace[name]).__name__}; %sharding shows arrays "
+                    "(jax.Array, or jax.ShapeDtypeStruct with a sharding)."
+                )
+        for name in args.names:
+            display(show_sharding(namespace[name], name))
+
+    # --- %%shard -----------------------------------------------------------------------------------
+    @cell_magic
+    @magic_arguments()
+    @argument("--mesh", nargs="+", metavar="NAME_OR_AXES", help="A Mesh by name (`--mesh mesh`) or inline (`--mesh data=4,model=2`).")
+    @argument("--in", dest="ins", nargs="+", metavar="NAME=SPEC",
+              help="Place inputs: `v=data`, `w=data,None`, `w=(data,model),None`, `w=P('data', None)`, or `v=8` (split axis 0 over 8 devices).")
+    @argument("--out", dest="outs", nargs="+", metavar="NAME=SPEC", help="Constrain outputs' layout, same syntax.")
+    @argument("--show", dest="show", action="store_const", const=True, default=None, help="Show the sharding views.")
+    @argument("--no-show", dest="show", action="store_const", const=False, help="Do not show the views.")
+    @argument("--report", action="store_true", help="Show the compiled program's collectives, compile and run time.")
+    @no_var_expand
+    @output_can_be_silenced
+    def shard(self, line, cell):
+        """Run the cell's code unchanged on sharded inputs: the compiler partitions the work.
+
+        Inputs named in --in are placed with those PartitionSpecs (and rebound, placed); outputs come
+        back as sharded arrays; the views show where every piece lives.
+        """
+        from .shard import shard_cell
+        from .specs import parse_assignments
+
+        args = parse_argstring(self.shard, line)
+        show = self.show if args.show is None else args.show
+        namespace = self.shell.user_ns
+        result = shard_cell(
+            self.shell.transform_cell(cell),
+            namespace,
+            mesh=args.mesh,
+            in_specs=parse_assignments(args.ins, "--in"),
+            out_specs=parse_assignments(args.outs, "--out"),
+            want_facts=args.report,
+        )
+        if show:
+            for name, value in result.placed.items():
+                display(show_sharding(value, name))
+            for name in result.device_outputs:
+                for label, leaf in _array_leaves(name, result.outputs[name]):
+                    display(show_sharding(leaf, label))
+            if result.has_final and result.final_is_array:
+                for label, leaf in _array_leaves("(result)", result.final):
+                    display(show_sharding(leaf, label))
+        if args.report and result.facts is not None:
+            from .summaries import program_report_state
+            from .views.results import ResultView
+
+            display(ResultView(state=program_report_state(
+                "%%shard program", result.mesh, result.facts, result.run_ms, result.cell.line)))
+        return result.final if result.has_final else None
+
+
+def _array_leaves(name, value):
+    import jax
+
+    for path, leaf in jax.tree_util.tree_leaves_with_path(value):
+        yield name + jax.tree_util.keystr(path), leaf
 
 
 def _literal(text, option, default):

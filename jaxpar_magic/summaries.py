@@ -116,3 +116,110 @@ def result_state(title: str, mesh, outputs: dict, facts=None, line_text=lambda n
         "collectives": colls,
         "report": report,
     }
+
+
+def program_report_state(title: str, mesh, facts, run_ms: float, line_text) -> dict:
+    """A result-view state with no per-device outputs: what the compiled program communicates."""
+    ids, _ = mesh_coords(mesh)
+    colls, _ = program_state(facts, len(ids), line_text)
+    return {
+        "title": title,
+        "axes": [{"name": n, "size": int(s)} for n, s in zip(mesh.axis_names, mesh.devices.shape)],
+        "device_ids": ids,
+        "outputs": [],
+        "collectives": colls,
+        "report": report_figures(facts, run_ms),
+    }
+
+
+def report_figures(facts, run_ms: float) -> dict:
+    """--report's figures: first compile, this run, and XLA's cost analysis."""
+    return {"compile_ms": facts.compile_ms, "run_ms": run_ms, "flops": facts.flops,
+            "bytes_accessed": facts.bytes_accessed}
+
+
+# --- meshes and shardings ----------------------------------------------------------------------
+
+MAX_SHARDING_TILES = 4096
+
+
+def mesh_state(mesh, name: str = "mesh") -> dict:
+    """The mesh view's state: axes, device ids in row-major mesh order (positions when abstract)."""
+    import jax
+
+    abstract = isinstance(mesh, jax.sharding.AbstractMesh)
+    sizes = tuple(int(s) for s in mesh.shape.values())
+    total = 1
+    for s in sizes:
+        total *= s
+    ids = list(range(total)) if abstract else [int(d.id) for d in mesh.devices.flat]
+    kinds = [] if abstract else sorted({str(d.device_kind) for d in mesh.devices.flat})
+    types = getattr(mesh, "axis_types", None) or ()
+    return {
+        "name": name,
+        "axes": [{"name": str(n), "size": s} for n, s in zip(mesh.axis_names, sizes)],
+        "device_ids": ids,
+        "axis_types": [getattr(t, "name", str(t)) for t in types],
+        "abstract": abstract,
+        "kinds": kinds,
+    }
+
+
+def _spec_entry(entry):
+    if entry is None or isinstance(entry, str):
+        return entry
+    return [str(e) for e in entry]
+
+
+def sharding_state(name: str, value) -> dict:
+    """The sharding view's state for a jax.Array, a ShapeDtypeStruct with a sharding, or host data.
+
+    Built from shape, dtype and sharding only: its size depends on the number of shards.
+    """
+    import jax
+    import numpy as np
+
+    from .layout import named_tiles, spec_axes, tiles_from_index_map
+
+    shape = tuple(int(n) for n in value.shape)
+    dtype = np.dtype(value.dtype)
+    sharding = getattr(value, "sharding", None)
+    mesh_axes, spec, replicated, abstract = [], [], [], not isinstance(value, jax.Array)
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        mesh = sharding.mesh
+        state = mesh_state(mesh)
+        names = tuple(a["name"] for a in state["axes"])
+        sizes = tuple(a["size"] for a in state["axes"])
+        tiles = named_tiles(shape, names, sizes, state["device_ids"], sharding.spec)
+        mesh_axes = state["axes"]
+        spec = [_spec_entry(e) for e in sharding.spec]
+        used = {a for axes in spec_axes(sharding.spec, len(shape)) for a in axes}
+        replicated = [n for n in names if n not in used]
+        total = len(state["device_ids"])
+    elif sharding is not None:
+        tiles = tiles_from_index_map(shape, sharding.devices_indices_map(shape))
+        total = len(sharding.device_set)
+    else:  # a NumPy array: in host memory, on no device
+        from .layout import Tile
+
+        tiles = [Tile((0,) * len(shape), tuple((0, n) for n in shape), ())]
+        total = 0
+    grid = [max((t.block[d] for t in tiles), default=0) + 1 for d in range(len(shape))]
+    return {
+        "name": name,
+        "shape": list(shape),
+        "dtype": dtype.name,
+        "spec": spec,
+        "mesh_axes": mesh_axes,
+        "grid": grid,
+        "tiles": [
+            {"block": list(t.block), "index": [list(i) for i in t.index], "shard_shape": list(t.shard_shape),
+             "devices": list(t.devices)}
+            for t in tiles[:MAX_SHARDING_TILES]
+        ],
+        "replicated_over": replicated,
+        "total_devices": total,
+        "abstract": abstract,
+        "process_count": jax.process_count(),
+        "nbytes": int(np.prod(shape, dtype=object)) * dtype.itemsize,
+    }

@@ -1,0 +1,260 @@
+"""The `%%shard` engine: place named inputs with PartitionSpecs, run the cell's code unchanged under
+`jax.jit` with the mesh set, and let the compiler partition the work.
+
+Also the plain-Python twins of `%mesh` and `%sharding`: `make_mesh`, `place`, `plan`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import cell as cells
+from .errors import UsageError
+from .runner import (
+    BoundedCache, CellProgram, ProgramFacts, capture_outputs, facts_for, fingerprint, is_array, plan_inputs,
+    run_program,
+)
+from .specs import MeshShape, parse_mesh_shape
+
+AUTO_AXIS = "devices"  # the axis of the 1-D mesh that `NAME=8` ("split over 8 devices") builds
+
+_cache = BoundedCache()
+
+
+# --- meshes ------------------------------------------------------------------------------------
+
+def make_mesh(shape: str | MeshShape, devices=None, axis_types: str = "auto", abstract: bool = False):
+    """Plain-Python twin of `%mesh data=4 model=2`: a Mesh over exactly the devices asked for.
+
+    Axes are Auto by default, so the seeds' unannotated code partitions automatically; JAX 0.10's
+    `jax.make_mesh` defaults to Explicit, where e.g. `vmap(dot)` can raise ShardingTypeError.
+    """
+    from .meshes import axis_types as types_of, build_mesh
+
+    if isinstance(shape, str):
+        shape = parse_mesh_shape(shape, "%mesh")
+    if abstract:
+        import jax
+
+        return jax.sharding.AbstractMesh(shape.sizes, shape.names, axis_types=types_of(axis_types, len(shape.names)))
+    return build_mesh(shape, devices, axis_types)
+
+
+def is_mesh(value) -> bool:
+    import jax
+
+    return isinstance(value, (jax.sharding.Mesh, jax.sharding.AbstractMesh))
+
+
+def _mesh_sizes(mesh) -> dict[str, int]:
+    return {str(n): int(s) for n, s in mesh.shape.items()}  # Mesh and AbstractMesh alike
+
+
+# --- specs against a mesh and a shape ----------------------------------------------------------
+
+def check_spec(name: str, shape: tuple, spec: tuple, mesh, option: str = "--in") -> None:
+    """A spec fits a shape on a mesh, or a UsageError says which dimension and what to change."""
+    sizes = _mesh_sizes(mesh)
+    if len(spec) > len(shape):
+        raise UsageError(
+            f"{option} {name}: the spec has {len(spec)} entries but {name!r} has shape {shape} ({len(shape)} "
+            f"dimension{'s' if len(shape) != 1 else ''}); give at most one entry per dimension."
+        )
+    used = []
+    for dim, entry in enumerate(spec):
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        count = 1
+        for axis in axes:
+            if axis not in sizes:
+                raise UsageError(
+                    f"{option} {name}: {axis!r} is not an axis of the mesh (its axes are "
+                    f"{', '.join(f'{a}={s}' for a, s in sizes.items())}); use one of those names, or None."
+                )
+            if axis in used:
+                raise UsageError(f"{option} {name}: mesh axis {axis!r} is used twice; each mesh axis may split one dimension.")
+            used.append(axis)
+            count *= sizes[axis]
+        if count > 1 and shape[dim] % count:
+            raise UsageError(
+                f"{option} {name}: dimension {dim} of {name!r} has {shape[dim]} elements, which does not divide "
+                f"over {' x '.join(f'{a}={sizes[a]}' for a in axes)} = {count} devices. Pick a mesh axis whose size "
+                f"divides {shape[dim]}, leave that dimension unsplit (None), or pad/trim it to a multiple of {count}."
+            )
+
+
+def resolve_mesh(mesh_arg, namespace: dict, specs: list[dict]):
+    """The mesh of a %%shard cell: a Mesh by name, an inline `data=4,model=2`, or the 1-D mesh that
+    `NAME=8` asks for; with none given, the namespace's `mesh`."""
+    counts = {e for spec in (s for d in specs for s in d.values()) for e in spec if isinstance(e, int)}
+    if mesh_arg:
+        words = mesh_arg if isinstance(mesh_arg, list) else [mesh_arg]
+        text = " ".join(words)
+        if "=" in text:
+            return make_mesh(parse_mesh_shape(words, "--mesh"))
+        if text in namespace and is_mesh(namespace[text]):
+            return namespace[text]
+        raise UsageError(
+            f"--mesh {text}: no mesh called {text!r} in your namespace. Build one with `%mesh data=8` (it binds "
+            f"`mesh`), or describe it inline: `--mesh data=4,model=2`."
+        )
+    if counts:
+        if len(counts) > 1:
+            raise UsageError(f"device counts in specs disagree ({sorted(counts)}); split every array over the same number of devices.")
+        import jax
+
+        count = counts.pop()
+        return make_mesh(MeshShape((AUTO_AXIS,), (count,)), devices=None if count == len(jax.local_devices()) else count)
+    if is_mesh(namespace.get("mesh")):
+        return namespace["mesh"]
+    raise UsageError(
+        "%%shard needs a mesh: pass `--mesh NAME` (a Mesh from `%mesh data=8`), `--mesh data=8` inline, or split "
+        "over N devices without naming axes with `--in x=8`."
+    )
+
+
+def _with_auto_axis(spec: tuple) -> tuple:
+    return tuple(AUTO_AXIS if isinstance(e, int) else e for e in spec)
+
+
+def place(value, mesh, spec, name: str = "value"):
+    """Put `value` on `mesh` laid out by `spec` (a PartitionSpec or our tuple form)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    spec = _with_auto_axis(tuple(spec))
+    check_spec(name, tuple(value.shape), spec, mesh)
+    target = NamedSharding(mesh, P(*spec))
+    if isinstance(value, jax.Array) and value.sharding == target:
+        return value  # re-running a cell: already where it belongs
+    return jax.device_put(value, target)
+
+
+def plan(shape, dtype, mesh, spec):
+    """An abstract array (no memory) laid out by `spec`: plan a 4,096-device layout on a laptop."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    spec = _with_auto_axis(tuple(spec))
+    check_spec("the planned array", tuple(shape), spec, mesh, "plan():")
+    return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=NamedSharding(mesh, P(*spec)))
+
+
+def split(value, devices: int | None = None, axis: int = 0):
+    """The one-liner for PositionalSharding's users: split `axis` over `devices` devices (all by default)."""
+    import jax
+
+    count = devices or len(jax.local_devices())
+    spec = (None,) * axis + (count,)
+    mesh = make_mesh(MeshShape((AUTO_AXIS,), (count,)), devices=None if count == len(jax.local_devices()) else count)
+    return place(value, mesh, spec)
+
+
+# --- running a cell ----------------------------------------------------------------------------
+
+@dataclass
+class ShardResult:
+    outputs: dict
+    device_outputs: tuple[str, ...]
+    placed: dict  # inputs named in --in, as placed on the mesh
+    final: object
+    final_is_array: bool
+    has_final: bool
+    mesh: object
+    facts: ProgramFacts | None
+    run_ms: float
+    cell: cells.Cell
+
+
+def _compile(cell, inputs, namespace, mesh, out_specs) -> CellProgram:
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    fn = cells.build_function(cell, inputs, namespace)
+    program = CellProgram(jitted=None)
+
+    def whole_program(*args):
+        outs, final = fn(*args)
+        for name, spec in out_specs.items():
+            outs[name] = jax.lax.with_sharding_constraint(outs[name], NamedSharding(mesh, P(*spec)))
+        return capture_outputs(program, outs, final, lambda v: v)
+
+    program.jitted = jax.jit(whole_program)
+    return program
+
+
+def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict,
+              want_facts: bool = False) -> ShardResult:
+    """Run a cell's unchanged code on sharded inputs; the namespace is read, never written."""
+    inputs, constants = plan_inputs(cell, namespace)
+    for name, spec in in_specs.items():
+        if name not in namespace:
+            raise UsageError(f"--in {name}: {name!r} is not defined; --in names arrays from your namespace.")
+        if not is_array(namespace[name]):
+            raise UsageError(
+                f"--in {name}: {name!r} is a {type(namespace[name]).__name__}, not an array; only arrays can be "
+                f"sharded. Convert it first (`{name} = jnp.asarray({name})`) or drop it from --in."
+            )
+        if name not in inputs:
+            raise UsageError(
+                f"--in {name}: the cell does not read {name!r} before assigning it; --in names the cell's inputs "
+                f"({', '.join(inputs) or 'none'})."
+            )
+    out_specs = {n: _with_auto_axis(s) for n, s in out_specs.items()}
+    for name in out_specs:
+        if name not in cell.writes:
+            raise UsageError(
+                f"--out {name}: the cell does not assign {name!r}; --out constrains names the cell assigns "
+                f"({', '.join(cell.writes) or 'none'})."
+            )
+        for entry in out_specs[name]:
+            for axis in (() if entry is None else (entry,) if isinstance(entry, str) else entry):
+                if axis not in mesh.axis_names:
+                    raise UsageError(f"--out {name}: {axis!r} is not an axis of the mesh {tuple(mesh.axis_names)}.")
+    placed = {name: place(namespace[name], mesh, spec, name) for name, spec in in_specs.items()}
+    args = [placed.get(n, namespace[n]) for n in inputs]
+    key = (cell.source, inputs, mesh, tuple(sorted(in_specs.items())), tuple(sorted(out_specs.items())),
+           tuple((n, fingerprint(namespace[n])) for n in constants))
+    program = _cache.lookup(key, lambda: _compile(cell, inputs, namespace, mesh, out_specs))
+    (device, final), run_ms, signature = run_program(_cache, key, program, args, cell, mesh.axis_names, mesh)
+    facts = facts_for(program, signature, args, mesh, cell, context_mesh=mesh) if want_facts else None
+    outputs = dict(program.static_outputs)
+    outputs.update(device)
+    final_is_array = bool(program.final_per_device and program.final_per_device[0])
+    return ShardResult(
+        outputs=outputs,
+        device_outputs=tuple(program.device_outputs),
+        placed=placed,
+        final=final if final_is_array else (program.static_final[0] if program.static_final else None),
+        final_is_array=final_is_array,
+        has_final=cell.has_final_expression,
+        mesh=mesh,
+        facts=facts,
+        run_ms=run_ms,
+        cell=cell,
+    )
+
+
+def shard_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None,
+               want_facts: bool = False, bind: bool = True) -> ShardResult:
+    """Plain-Python twin of `%%shard`: specs as dicts of tuples, e.g. in_specs={'v1s': ('data',)}.
+
+    With `bind`, the placed inputs and the outputs go into `namespace` only after the cell succeeded
+    (placed inputs are rebound like the seed's `v1sp = jax.device_put(v1s, sharding)`, so a re-run
+    moves no data).
+    """
+    from .pmap import analyse_cached
+
+    in_specs = {n: tuple(s) for n, s in (in_specs or {}).items()}
+    out_specs = {n: tuple(s) for n, s in (out_specs or {}).items()}
+    cell = analyse_cached(source, "shard-cell")
+    if cell.mode == "function":
+        raise UsageError(
+            "%%shard runs code on sharded data; this cell only defines functions. Define them in a normal cell "
+            "and call them from the %%shard cell (the computation code stays unchanged)."
+        )
+    if not is_mesh(mesh):
+        mesh = resolve_mesh(mesh, namespace, [in_specs, out_specs])
+    result = run_shard(cell, namespace, mesh, in_specs, out_specs, want_facts)
+    if bind:
+        namespace.update(result.placed)
+        namespace.update(result.outputs)
+    return result
