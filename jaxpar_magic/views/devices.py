@@ -1,0 +1,121 @@
+"""DevicesView: the devices JAX sees (``js/devices.js``), with static HTML and text renderings
+of the same state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import ViewBase, bundle_esm, chip, esc, format_bytes, style_block, swatch_style
+
+
+def describe(d: dict[str, Any]) -> str:
+    """One line per device; the twin of ``describe`` in ``js/devices.js``."""
+    parts = [f"device {d['id']}", str(d.get("platform")), str(d.get("kind")), f"process {d.get('process')}"]
+    if d.get("coords"):
+        parts.append(f"coords [{', '.join(str(c) for c in d['coords'])}]")
+    if d.get("core") is not None:
+        parts.append(f"core {d['core']}")
+    if d.get("mem_used") is not None:
+        limit = f" of {format_bytes(d['mem_limit'])}" if d.get("mem_limit") else ""
+        parts.append(f"memory {format_bytes(d['mem_used'])}{limit}")
+    return " · ".join(parts)
+
+
+def _summary(state: dict[str, Any]) -> str:
+    devices = state.get("devices") or []
+    total = state.get("total", len(devices))
+    platforms = [p for p, n in (state.get("counts") or {}).items() if n]
+    kind = f"{platforms[0]} " if len(platforms) == 1 else ""
+    procs = state.get("processes") or []
+    extra = f" · {len(procs)} processes" if len(procs) > 1 else ""
+    return f"{total} {kind}device{'' if total == 1 else 's'} · backend {state.get('backend', '?')}{extra}"
+
+
+def _groups(state: dict[str, Any]) -> list[tuple[dict[str, Any] | None, list[dict[str, Any]]]]:
+    devices = state.get("devices") or []
+    procs = state.get("processes") or []
+    if len(procs) <= 1:
+        return [(None, devices)]
+    return [(p, [d for d in devices if d.get("process") == p["process"]]) for p in procs]
+
+
+def to_html(state: dict[str, Any]) -> str:
+    """Static HTML of a devices state (no script; every string escaped)."""
+    devices = state.get("devices") or []
+    total = state.get("total", len(devices))
+    kinds = sorted({str(d.get("kind")) for d in devices})
+    out = [
+        style_block(),
+        '<div class="jpm-view jpm-devices"><div class="jpm-head"><span class="jpm-title">Devices</span>'
+        f'<span class="jpm-sub">{esc(_summary(state))}</span>'
+        + ('<span class="jpm-badge">simulated</span>' if state.get("simulated") else "")
+        + "</div>",
+        '<div class="jpm-chips">'
+        + "".join(chip(str(p), str(n), cls="" if n else "jpm-zero") for p, n in (state.get("counts") or {}).items())
+        + (f'<span class="jpm-sub">kind </span><span class="jpm-mono">{esc(kinds[0])}</span>' if len(kinds) == 1 else "")
+        + "</div>",
+    ]
+    multi = len(state.get("processes") or []) > 1
+    for proc, mine in _groups(state):
+        out.append('<div class="jpm-section">')
+        if proc is not None:
+            listed = f" ({len(mine)} listed)" if len(mine) < proc["count"] else ""
+            s = "" if proc["count"] == 1 else "s"
+            out.append(f'<div class="jpm-h">process {esc(str(proc["process"]))} · {proc["count"]} device{s}{listed}</div>')
+        out.append('<div class="jpm-cards">')
+        for d in mine:
+            rows = [str(d.get("kind"))] if len(kinds) > 1 else []
+            place = []
+            if d.get("coords"):
+                place.append(f"({', '.join(str(c) for c in d['coords'])})")
+            if d.get("core") is not None:
+                place.append(f"core {d['core']}")
+            if place:
+                rows.append(" · ".join(place))
+            bar = ""
+            if d.get("mem_used") is not None:
+                used, limit = d["mem_used"], d.get("mem_limit")
+                rows.append(f"{format_bytes(used)} / {format_bytes(limit)}" if limit else f"{format_bytes(used)} used")
+                if limit:
+                    pct = max(0.0, min(100.0, 100 * used / limit))
+                    bar = f'<div class="jpm-bar"><span style="width:{pct:.1f}%"></span></div>'
+            body = "".join(f'<div class="jpm-line">{esc(v)}</div>' for v in rows)
+            proc = f"<span>p{esc(str(d.get('process')))}</span>" if multi else ""
+            out.append(
+                f'<div class="jpm-card" title="{esc(describe(d))}"><div class="jpm-card-head" style="{swatch_style(d["id"])}">'
+                f"<span>{esc(str(d.get('platform')))}:{int(d['id'])}</span>{proc}</div>"
+                + (f'<div class="jpm-card-body">{body}{bar}</div>' if body or bar else "")
+                + "</div>"
+            )
+        out.append("</div></div>")
+    if state.get("omitted"):
+        out.append(
+            f'<div class="jpm-note">… {int(state["omitted"])} more devices not listed ({len(devices)} of {total} shown)</div>'
+        )
+    out.append("</div>")
+    return "".join(out)
+
+
+def to_text(state: dict[str, Any]) -> str:
+    """A terminal rendering of a devices state."""
+    devices = state.get("devices") or []
+    total = state.get("total", len(devices))
+    head = "Devices: " + _summary(state) + (" [simulated]" if state.get("simulated") else "")
+    counts = "  ".join(f"{p}: {n}" for p, n in (state.get("counts") or {}).items())
+    lines = [head, counts]
+    for proc, mine in _groups(state):
+        if proc is not None:
+            lines.append(f"process {proc['process']} ({proc['count']} devices)")
+        for d in mine:
+            lines.append("  " + describe(d))
+    if state.get("omitted"):
+        lines.append(f"  … {int(state['omitted'])} more devices not listed ({len(devices)} of {total} shown)")
+    return "\n".join(lines)
+
+
+class DevicesView(ViewBase):
+    """The devices JAX sees: ``DevicesView(state={...})`` with the DevicesView state dict."""
+
+    _esm = bundle_esm("devices.js")
+    _render_html = staticmethod(to_html)
+    _render_text = staticmethod(to_text)

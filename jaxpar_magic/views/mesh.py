@@ -1,0 +1,179 @@
+"""MeshView: a device mesh laid out by its coordinates (``js/mesh.js``), with static HTML and
+text renderings of the same state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import (
+    ViewBase,
+    bundle_esm,
+    chip,
+    esc,
+    format_coords,
+    png_data_uri,
+    product,
+    style_block,
+    swatch_style,
+    unravel,
+)
+from .palette import device_rgb
+
+#: Past this many cells the static HTML draws each facet as a small PNG (one pixel per cell).
+HTML_CELL_LIMIT = 1024
+#: Past this many cells the text rendering prints only the first facet.
+TEXT_CELL_LIMIT = 512
+WRAP_1D = 64
+_NEUTRAL_RGB = (201, 206, 212)
+
+
+def _axes(state: dict[str, Any]) -> list[dict[str, Any]]:
+    axes = state.get("axes") or [{"name": "", "size": len(state.get("device_ids") or [0])}]
+    return [{"name": str(a["name"]), "size": int(a["size"])} for a in axes]
+
+
+def _layout(state: dict[str, Any]) -> tuple[list[dict[str, Any]], list[int], list[tuple[list[int], int, int]]]:
+    """Axes, ids, and facets as ``(prefix coords, rows, cols)``; a 1-D mesh is one facet."""
+    axes = _axes(state)
+    sizes = [a["size"] for a in axes]
+    ids = [int(i) for i in (state.get("device_ids") or [])][: product(sizes)]
+    if len(axes) == 1:
+        n = len(ids)
+        cols = min(n, WRAP_1D) or 1
+        return axes, ids, [([], -(-n // cols), cols)]
+    lead = sizes[:-2]
+    rows, cols = sizes[-2:]
+    return axes, ids, [(unravel(f, lead), rows, cols) for f in range(product(lead))]
+
+
+def _header(state: dict[str, Any], axes: list[dict[str, Any]], total: int) -> tuple[str, str]:
+    abstract = bool(state.get("abstract"))
+    noun = "positions" if abstract else ("device" if total == 1 else "devices")
+    dims = " × ".join(f"{a['name']}={a['size']}" for a in axes)
+    sub = f"{dims} · {total} {noun}"
+    return sub, noun
+
+
+def to_html(state: dict[str, Any]) -> str:
+    """Static HTML of a mesh state (no script; every string escaped)."""
+    axes, ids, facets = _layout(state)
+    total = len(ids)
+    abstract = bool(state.get("abstract"))
+    sub, _ = _header(state, axes, total)
+    chips = "".join(chip(k) for k in state.get("kinds") or [])
+    for k, t in enumerate(state.get("axis_types") or []):
+        if t and t != "Auto" and k < len(axes):
+            chips += chip(f"{axes[k]['name']}:", str(t))
+    if abstract:
+        chips += '<span class="jpm-badge jpm-warn">abstract</span>'
+    out = [
+        style_block(),
+        '<div class="jpm-view jpm-mesh">',
+        f'<div class="jpm-head"><span class="jpm-title">Mesh <code>{esc(str(state.get("name") or "mesh"))}</code></span>'
+        f'<span class="jpm-sub">{esc(sub)}</span><span class="jpm-chips">{chips}</span></div>',
+        '<div class="jpm-section jpm-facets">',
+    ]
+    big = total <= HTML_CELL_LIMIT
+    one_d = len(axes) == 1
+    col_axis = axes[-1]
+    row_axis = None if one_d else axes[-2]
+    per = facets[0][1] * facets[0][2] if not one_d else 0
+    for f, (prefix, rows, cols) in enumerate(facets):
+        chunk = ids if one_d else ids[f * per : (f + 1) * per]
+        label = format_coords(axes, prefix)
+        out.append(f'<div class="jpm-facet" title="{esc(label)}">')
+        if prefix and len(facets) <= 64:
+            out.append(f'<div class="jpm-facet-title">{esc(label)}</div>')
+        note = f" (wrapped every {WRAP_1D})" if one_d and total > WRAP_1D else ""
+        out.append(
+            '<div class="jpm-frame">'
+            f'<div class="jpm-axis-x"><span class="jpm-axis-name">{esc(col_axis["name"])}</span> · {col_axis["size"]} →{note}</div>'
+        )
+        if row_axis is not None:
+            out.append(
+                f'<div class="jpm-axis-y"><span class="jpm-axis-label"><span class="jpm-axis-name">{esc(row_axis["name"])}</span>'
+                f" · {row_axis['size']} →</span></div>"
+            )
+        if big:
+            px = 40 if cols <= 16 and total <= 256 else 26 if cols <= 32 else 11
+            label_ids = px >= 26 and (px == 40 or max(ids, default=0) < 1000)
+            font = 13 if px == 40 else 10
+            out.append(
+                f'<div class="jpm-grid{" jpm-tight" if px < 20 else ""}" style="grid-template-columns:repeat({cols},{px}px)">'
+            )
+            for k, dev in enumerate(chunk):
+                where = format_coords(axes, prefix + unravel(k, [rows, cols] if not one_d else [total]))
+                what = f"{'position' if abstract else 'device'} {dev} · {where}"
+                style = f"width:{px}px;height:{px}px" + ("" if abstract else ";" + swatch_style(dev))
+                if label_ids:
+                    style += f";font-size:{font}px"
+                cls = "jpm-cell jpm-abstract" if abstract else "jpm-cell"
+                out.append(f'<div class="{cls}" style="{style}" title="{esc(what)}">{dev if label_ids else ""}</div>')
+            out.append("</div>")
+        else:
+            px = 11 if cols <= 64 else 6
+            pixels = [
+                [
+                    (_NEUTRAL_RGB if abstract else device_rgb(chunk[r * cols + c]))
+                    if r * cols + c < len(chunk)
+                    else (255, 255, 255)
+                    for c in range(cols)
+                ]
+                for r in range(rows)
+            ]
+            out.append(
+                f'<img class="jpm-pixels jpm-grid" src="{png_data_uri(pixels)}" width="{cols * px}" '
+                f'height="{rows * px}" alt="{esc(label or "mesh")}: {rows}×{cols} cells">'
+            )
+        out.append("</div></div>")
+    out.append("</div>")
+    if not big:
+        out.append('<div class="jpm-note">Static view: one coloured square per device; the live widget shows ids on hover.</div>')
+    out.append("</div>")
+    return "".join(out)
+
+
+def _text_grid(ids: list[int], rows: int, cols: int, row_name: str | None, col_name: str) -> list[str]:
+    width = max([len(str(i)) for i in ids] + [len(str(cols - 1))])
+    rlabel = max(len(str(rows - 1)), 1)
+    lead = f"{row_name} " if row_name else ""
+    pad = " " * (len(lead) + rlabel + 2)
+    lines = [pad + col_name + " →", pad + " ".join(str(c).rjust(width) for c in range(cols))]
+    for r in range(rows):
+        cells = " ".join(str(i).rjust(width) for i in ids[r * cols : (r + 1) * cols])
+        name = lead if r == 0 else " " * len(lead)
+        lines.append(f"{name}{str(r).rjust(rlabel)}  {cells}")
+    return lines
+
+
+def to_text(state: dict[str, Any]) -> str:
+    """A terminal rendering of a mesh state."""
+    axes, ids, facets = _layout(state)
+    total = len(ids)
+    sub, _ = _header(state, axes, total)
+    kinds = ", ".join(str(k) for k in state.get("kinds") or [])
+    title = f"Mesh {state.get('name') or 'mesh'!r}: {sub}" + (f" ({kinds})" if kinds else "")
+    if state.get("abstract"):
+        title += " [abstract]"
+    lines = [title]
+    if len(axes) == 1:
+        cols = facets[0][2]
+        lines += _text_grid(ids, facets[0][1], cols, None, f"{axes[0]['name']}")
+        return "\n".join(lines)
+    per = facets[0][1] * facets[0][2]
+    shown = facets if total <= TEXT_CELL_LIMIT else facets[:1]
+    for f, (prefix, rows, cols) in enumerate(shown):
+        if prefix:
+            lines.append(f"[{format_coords(axes, prefix)}]")
+        lines += _text_grid(ids[f * per : (f + 1) * per], rows, cols, axes[-2]["name"], axes[-1]["name"])
+    if len(shown) < len(facets):
+        lines.append(f"… {len(facets) - len(shown)} more facets over {', '.join(a['name'] for a in axes[:-2])}")
+    return "\n".join(lines)
+
+
+class MeshView(ViewBase):
+    """A device mesh: ``MeshView(state={...})`` with the MeshView state dict."""
+
+    _esm = bundle_esm("mesh.js")
+    _render_html = staticmethod(to_html)
+    _render_text = staticmethod(to_text)

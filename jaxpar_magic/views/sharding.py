@@ -1,0 +1,222 @@
+"""ShardingView: how an array is split over a mesh (``js/sharding.js``), with static HTML and
+text renderings of the same state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import (
+    ViewBase,
+    bundle_esm,
+    chip,
+    esc,
+    format_bytes,
+    format_ids,
+    format_shape,
+    format_slices,
+    format_spec,
+    png_data_uri,
+    product,
+    style_block,
+    swatch_style,
+    unravel,
+)
+from .palette import device_color, device_rgb
+
+MAX_FACETS = 16
+#: Past this many blocks in one facet the static HTML draws a PNG (one pixel per block).
+HTML_BLOCK_LIMIT = 256
+#: The text rendering lists this many blocks.
+TEXT_BLOCKS = 16
+MAX_STRIPES = 8
+
+
+def _entry_axes(entry: Any) -> list[str]:
+    if entry is None:
+        return []
+    return [str(a) for a in entry] if isinstance(entry, (list, tuple)) else [str(entry)]
+
+
+def _dim_caption(state: dict[str, Any], k: int) -> str:
+    spec = state.get("spec") or []
+    axes = _entry_axes(spec[k] if k < len(spec) else None)
+    n = (state.get("grid") or [])[k] if k < len(state.get("grid") or []) else 1
+    split = f"split {n}× over {'×'.join(axes)}" if axes else "not split"
+    return f"dim {k} · {state['shape'][k]} · {split}"
+
+
+def _who(devs: list[int]) -> str:
+    return f"device {devs[0]}" if len(devs) == 1 else f"devices {format_ids(devs, 8)} ({len(devs)}, replicated)"
+
+
+def _legend_rows(state: dict[str, Any]) -> list[tuple[str, int, str]]:
+    shape = state.get("shape") or []
+    used: dict[str, int] = {}
+    for k, e in enumerate(state.get("spec") or []):
+        for a in _entry_axes(e):
+            used[a] = k
+    rows = []
+    for a in state.get("mesh_axes") or []:
+        name = str(a["name"])
+        where = (
+            f"splits dim {used[name]} ({shape[used[name]]})"
+            if name in used
+            else "replicated: every block is on all its devices"
+        )
+        rows.append((name, int(a["size"]), where))
+    return rows
+
+
+def _head_sub(state: dict[str, Any]) -> str:
+    tiles = state.get("tiles") or []
+    n = state.get("total_devices", "?")
+    return f"{len(tiles)} distinct block{'' if len(tiles) == 1 else 's'} on {n} device{'' if n == 1 else 's'}"
+
+
+def _block_html(tile: dict[str, Any] | None, dtype: str, style: str) -> str:
+    if tile is None:
+        return f'<div class="jpm-block" style="{style};background:var(--jpm-panel)"></div>'
+    devs = [int(d) for d in tile.get("devices") or []]
+    detail = (
+        f"block ({', '.join(str(b) for b in tile['block'])}) · index {format_slices(tile['index'])} · "
+        f"shard {format_shape(dtype, tile['shard_shape'])} · {_who(devs)}"
+    )
+    if len(devs) == 1:
+        return f'<div class="jpm-block" style="{style};{swatch_style(devs[0])}" title="{esc(detail)}">{devs[0]}</div>'
+    stripes = "".join(f'<i style="background:{device_color(d)[0]}"></i>' for d in devs[:MAX_STRIPES])
+    return (
+        f'<div class="jpm-block" style="{style}" title="{esc(detail)}"><div class="jpm-stripes">{stripes}</div>'
+        f'<span class="jpm-blabel">{esc(format_ids(devs, 2))}</span></div>'
+    )
+
+
+def box_size(facets: int, rows: int, cols: int, grid_rows: int, grid_cols: int) -> tuple[int, int]:
+    """Pixel size of one facet's drawing; the twin of ``boxSize`` in ``js/sharding.js``."""
+    max_w = 520 if facets == 1 else 300 if facets <= 4 else 200
+    max_h = 340 if facets == 1 else 240 if facets <= 4 else 160
+    aspect = max(0.15, min(6.0, rows / max(1, cols)))
+    width, height = float(max_w), max_w * aspect
+    if height > max_h:
+        height = float(max_h)
+        width = height / aspect
+    width = max(width, 60, min(grid_cols * 6, 600))
+    height = max(height, 36, min(grid_rows * 8, 600))
+    return round(width), round(height)
+
+
+def to_html(state: dict[str, Any]) -> str:
+    """Static HTML of a sharding state (no script; every string escaped)."""
+    shape = [int(s) for s in state.get("shape") or []]
+    grid = [int(g) for g in state.get("grid") or [1] * len(shape)]
+    tiles = state.get("tiles") or []
+    dtype = str(state.get("dtype") or "")
+    by_block = {tuple(t["block"]): t for t in tiles}
+    head = f'<span class="jpm-title"><code>{esc(str(state.get("name") or "array"))}</code></span>' + chip(
+        "", format_shape(dtype, shape)
+    )
+    if state.get("nbytes") is not None:
+        head += chip(format_bytes(state["nbytes"]))
+    head += f'<span class="jpm-sub">{esc(_head_sub(state))}</span>'
+    if state.get("abstract"):
+        head += '<span class="jpm-badge jpm-warn">abstract</span>'
+    if (state.get("process_count") or 1) > 1:
+        head += f'<span class="jpm-badge">{int(state["process_count"])} processes</span>'
+    rep = state.get("replicated_over") or []
+    legend = "".join(
+        f'<span class="jpm-mono">{esc(n)}</span><span>{s}</span><span>→ {esc(w)}</span>' for n, s, w in _legend_rows(state)
+    )
+    out = [
+        style_block(),
+        f'<div class="jpm-view jpm-sharding"><div class="jpm-head">{head}</div>',
+        f'<div class="jpm-section"><div class="jpm-head"><span class="jpm-spec">{esc(format_spec(state.get("spec") or []))}</span>'
+        + (f'<span class="jpm-sub">replicated over {esc(", ".join(str(r) for r in rep))}</span>' if rep else "")
+        + f'</div><div class="jpm-legend">{legend}</div></div>',
+        '<div class="jpm-section"><div class="jpm-facets">',
+    ]
+    nd = len(shape)
+    if nd <= 1:
+        rows_n, cols_n, lead, facets = 1, (grid[0] if nd else 1), [], 1
+    else:
+        rows_n, cols_n, lead = grid[-2], grid[-1], grid[:-2]
+        facets = product(lead)
+    for f in range(min(facets, MAX_FACETS)):
+        prefix = unravel(f, lead)
+
+        def at(r: int, c: int, prefix: list[int] = prefix) -> dict[str, Any] | None:
+            key = tuple(prefix + [r, c]) if nd >= 2 else ((c,) if nd == 1 else ())
+            return by_block.get(key)
+
+        caption_x = _dim_caption(state, nd - 1) + " →" if nd else "scalar"
+        caption_y = _dim_caption(state, nd - 2) + " →" if nd >= 2 else ""
+        out.append('<div class="jpm-facet">')
+        if lead:
+            sample = at(0, 0)
+            slices = [f"{a}:{b}" for a, b in sample["index"][: len(lead)]] if sample else [str(p) for p in prefix]
+            out.append(f'<div class="jpm-facet-title">[{esc(", ".join(slices + [":", ":"]))}]</div>')
+        out.append(f'<div class="jpm-frame"><div class="jpm-axis-x">{esc(caption_x)}</div>')
+        if caption_y:
+            out.append(f'<div class="jpm-axis-y"><span class="jpm-axis-label">{esc(caption_y)}</span></div>')
+        width = 520 if facets == 1 else 300 if facets <= 4 else 200
+        if rows_n * cols_n > HTML_BLOCK_LIMIT:
+            px = max(2, min(12, width // max(cols_n, 1)))
+            pixels = [
+                [device_rgb((at(r, c) or {"devices": [0]})["devices"][0]) for c in range(cols_n)] for r in range(rows_n)
+            ]
+            out.append(
+                f'<img class="jpm-pixels jpm-grid" src="{png_data_uri(pixels)}" width="{cols_n * px}" '
+                f'height="{rows_n * px}" alt="{rows_n}×{cols_n} blocks, coloured by device">'
+            )
+        else:
+            if nd >= 2:
+                width, height = box_size(facets, shape[-2], shape[-1], rows_n, cols_n)
+            else:
+                width, height = min(560, max(120, cols_n * 40)), 36
+            out.append(
+                f'<div class="jpm-blocks jpm-grid" style="width:{width}px;height:{height}px;'
+                f'grid-template-columns:repeat({cols_n},minmax(0,1fr));grid-template-rows:repeat({rows_n},minmax(0,1fr))">'
+            )
+            for r in range(rows_n):
+                for c in range(cols_n):
+                    out.append(_block_html(at(r, c), dtype, "min-height:0"))
+            out.append("</div>")
+        out.append("</div></div>")
+    if facets > MAX_FACETS:
+        out.append(f'<div class="jpm-more">… {facets - MAX_FACETS} more facets over the leading dimensions</div>')
+    out.append("</div></div></div>")
+    return "".join(out)
+
+
+def to_text(state: dict[str, Any]) -> str:
+    """A terminal rendering of a sharding state."""
+    shape = [int(s) for s in state.get("shape") or []]
+    dtype = str(state.get("dtype") or "")
+    tiles = state.get("tiles") or []
+    head = f"{state.get('name') or 'array'}: {format_shape(dtype, shape)}"
+    if state.get("nbytes") is not None:
+        head += f" ({format_bytes(state['nbytes'])})"
+    head += f" · {format_spec(state.get('spec') or [])}"
+    rep = state.get("replicated_over") or []
+    if rep:
+        head += f" · replicated over {', '.join(str(r) for r in rep)}"
+    if state.get("abstract"):
+        head += " [abstract]"
+    lines = [head, "  " + _head_sub(state)]
+    lines += [f"  mesh axis {n} ({s}) → {w}" for n, s, w in _legend_rows(state)]
+    lines += ["  " + _dim_caption(state, k) for k in range(len(shape))]
+    for t in tiles[:TEXT_BLOCKS]:
+        devs = [int(d) for d in t.get("devices") or []]
+        lines.append(
+            f"  block ({', '.join(str(b) for b in t['block'])}) {format_slices(t['index'])} "
+            f"{format_shape(dtype, t['shard_shape'])} → {_who(devs)}"
+        )
+    if len(tiles) > TEXT_BLOCKS:
+        lines.append(f"  … {len(tiles) - TEXT_BLOCKS} more blocks")
+    return "\n".join(lines)
+
+
+class ShardingView(ViewBase):
+    """An array's sharding: ``ShardingView(state={...})`` with the ShardingView state dict."""
+
+    _esm = bundle_esm("sharding.js")
+    _render_html = staticmethod(to_html)
+    _render_text = staticmethod(to_text)

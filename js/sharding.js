@@ -1,0 +1,246 @@
+// @ts-check
+/**
+ * ShardingView: how an array is split over a mesh.
+ *
+ * The array's blocks are drawn to relative scale (1-D: a row; 2-D: a grid; N-D: facets over
+ * the leading dimensions, at most 16), each coloured by the device that holds it; a block
+ * held by several devices is striped with their colours and labelled with their ids. The
+ * legend maps mesh axes to array dimensions and writes the PartitionSpec. Hover or click a
+ * block for its index slices and shard shape.
+ */
+import { deviceColor } from "./palette.js";
+import { h, formatBytes, formatShape, formatSpec, formatSlices, formatIds, unravel, product, detailLine, mount } from "./format.js";
+
+/** Facets drawn for N-D arrays (the rest are counted). */
+const MAX_FACETS = 16;
+/** A 1-D array with more blocks than this wraps into rows of equal blocks. */
+const WRAP_1D = 64;
+/** Stripes drawn for a block held by several devices. */
+const MAX_STRIPES = 8;
+
+/**
+ * @typedef {{block: number[], index: number[][], shard_shape: number[], devices: number[]}} Tile
+ * @typedef {{name: string, size: number}} Axis
+ */
+
+/**
+ * The mesh axes an entry of the spec names.
+ * @param {string | string[] | null} entry
+ * @returns {string[]}
+ */
+function entryAxes(entry) {
+  if (entry === null || entry === undefined) return [];
+  return Array.isArray(entry) ? entry.map(String) : [String(entry)];
+}
+
+/**
+ * Caption of one array dimension: `dim 0 · 4000 · split 8× over data`.
+ * @param {any} state
+ * @param {number} k
+ */
+function dimCaption(state, k) {
+  const axes = entryAxes((state.spec || [])[k] ?? null);
+  const n = (state.grid || [])[k] || 1;
+  const split = axes.length ? `split ${n}× over ${axes.join("×")}` : "not split";
+  return `dim ${k} · ${state.shape[k]} · ${split}`;
+}
+
+/**
+ * One block.
+ * @param {Tile | undefined} tile
+ * @param {string} dtype
+ * @param {number} wpx approximate width in pixels
+ * @param {number} hpx approximate height in pixels
+ */
+function block(tile, dtype, wpx, hpx) {
+  if (!tile) return h("div", { class: "jpm-block", style: { background: "var(--jpm-panel)" } });
+  const devs = tile.devices || [];
+  const who = devs.length === 1 ? `device ${devs[0]}` : `devices ${formatIds(devs, 8)} (${devs.length}, replicated)`;
+  const detail = `block (${tile.block.join(", ")}) · index ${formatSlices(tile.index)} · shard ${formatShape(dtype, tile.shard_shape)} · ${who}`;
+  const el = h("div", { class: wpx >= 48 && hpx >= 40 ? "jpm-block jpm-big" : "jpm-block", title: detail, data: { detail } });
+  if (devs.length === 1) {
+    const c = deviceColor(devs[0]);
+    el.style.background = c.bg;
+    el.style.color = c.fg;
+  } else {
+    const stripes = h("div", { class: "jpm-stripes" });
+    for (const id of devs.slice(0, MAX_STRIPES)) stripes.append(h("i", { style: { background: deviceColor(id).bg } }));
+    el.append(stripes);
+  }
+  const label = devs.length === 1 ? String(devs[0]) : formatIds(devs, 2);
+  const fits = hpx >= 15 && wpx >= 7 * label.length + 8;
+  if (fits) el.append(h("span", { class: devs.length === 1 ? "" : "jpm-blabel", text: label }));
+  return el;
+}
+
+/**
+ * Extents (stop - start) of each block along each dimension, from the tiles.
+ * @param {any} state
+ * @param {Tile[]} tiles
+ */
+function extents(state, tiles) {
+  const shape = state.shape || [];
+  const grid = state.grid || shape.map(() => 1);
+  const ext = grid.map((/** @type {number} */ n, /** @type {number} */ k) => new Array(n).fill(Math.max(1, shape[k] / n)));
+  for (const t of tiles) t.block.forEach((b, k) => (ext[k][b] = Math.max(0, t.index[k][1] - t.index[k][0])));
+  return ext;
+}
+
+/**
+ * A 2-D grid of blocks (relative sizes).
+ * @param {{rows: number[], cols: number[], width: number, height: number, at: (r: number, c: number) => Tile | undefined, dtype: string}} g
+ */
+function blockGrid(g) {
+  const rsum = g.rows.reduce((a, b) => a + b, 0) || 1;
+  const csum = g.cols.reduce((a, b) => a + b, 0) || 1;
+  const gap = g.rows.length > 32 || g.cols.length > 32 ? 1 : 2;
+  const el = h("div", {
+    class: "jpm-blocks",
+    style: {
+      width: `${g.width}px`,
+      height: `${g.height}px`,
+      gap: `${gap}px`,
+      "grid-template-columns": g.cols.map((c) => `minmax(0, ${c / csum}fr)`).join(" "),
+      "grid-template-rows": g.rows.map((r) => `minmax(0, ${r / rsum}fr)`).join(" "),
+    },
+  });
+  for (let r = 0; r < g.rows.length; r++) {
+    for (let c = 0; c < g.cols.length; c++) {
+      el.append(block(g.at(r, c), g.dtype, (g.width * g.cols[c]) / csum, (g.height * g.rows[r]) / rsum));
+    }
+  }
+  return el;
+}
+
+/**
+ * Pixel size of one facet's drawing: the array's aspect ratio (clamped) inside a box that
+ * shrinks as facets multiply, never so small that blocks vanish.
+ * @param {number} facets
+ * @param {number} R rows of the array (elements)
+ * @param {number} C columns of the array (elements)
+ * @param {number} gr blocks down
+ * @param {number} gc blocks across
+ */
+export function boxSize(facets, R, C, gr, gc) {
+  const maxW = facets === 1 ? 520 : facets <= 4 ? 300 : 200;
+  const maxH = facets === 1 ? 340 : facets <= 4 ? 240 : 160;
+  const aspect = Math.max(0.15, Math.min(6, R / Math.max(1, C)));
+  let width = maxW;
+  let height = width * aspect;
+  if (height > maxH) {
+    height = maxH;
+    width = height / aspect;
+  }
+  width = Math.max(width, 60, Math.min(gc * 6, 600));
+  height = Math.max(height, 36, Math.min(gr * 8, 600));
+  return { width: Math.round(width), height: Math.round(height) };
+}
+
+/** @param {any} state */
+export function draw(state) {
+  const shape = (state.shape || []).map(Number);
+  const grid = (state.grid || shape.map(() => 1)).map(Number);
+  /** @type {Tile[]} */
+  const tiles = state.tiles || [];
+  /** @type {Axis[]} */
+  const meshAxes = state.mesh_axes || [];
+  const byBlock = new Map(tiles.map((t) => [t.block.join(","), t]));
+  const ext = extents(state, tiles);
+  const dtype = String(state.dtype || "");
+
+  const root = h("div", { class: "jpm-view jpm-sharding" });
+  root.append(
+    h(
+      "div",
+      { class: "jpm-head" },
+      h("span", { class: "jpm-title" }, h("code", { text: state.name || "array" })),
+      h("span", { class: "jpm-chip" }, h("b", { text: formatShape(dtype, shape) })),
+      state.nbytes !== null && state.nbytes !== undefined ? h("span", { class: "jpm-chip", text: formatBytes(state.nbytes) }) : null,
+      h("span", { class: "jpm-sub", text: `${tiles.length} distinct block${tiles.length === 1 ? "" : "s"} on ${state.total_devices ?? "?"} device${state.total_devices === 1 ? "" : "s"}` }),
+      state.abstract ? h("span", { class: "jpm-badge jpm-warn", text: "abstract", title: "no devices yet: positions in an abstract mesh" }) : null,
+      state.process_count > 1 ? h("span", { class: "jpm-badge", text: `${state.process_count} processes` }) : null,
+    ),
+  );
+
+  // Legend: the spec, then mesh axis -> array dimension.
+  const legend = h("div", { class: "jpm-legend" });
+  const used = new Map();
+  (state.spec || []).forEach((/** @type {any} */ e, /** @type {number} */ k) => entryAxes(e).forEach((a) => used.set(a, k)));
+  for (const a of meshAxes) {
+    const where = used.has(a.name) ? `splits dim ${used.get(a.name)} (${shape[used.get(a.name)]})` : "replicated: every block is on all its devices";
+    legend.append(h("span", { class: "jpm-mono", text: a.name }), h("span", { text: `${a.size}` }), h("span", { text: `→ ${where}` }));
+  }
+  root.append(
+    h(
+      "div",
+      { class: "jpm-section" },
+      h("div", { class: "jpm-head" }, h("span", { class: "jpm-spec", text: formatSpec(state.spec || []) }), (state.replicated_over || []).length ? h("span", { class: "jpm-sub", text: `replicated over ${(state.replicated_over || []).join(", ")}` }) : null),
+      legend,
+    ),
+  );
+
+  const body = h("div", { class: "jpm-section" });
+  const nd = shape.length;
+  if (nd <= 1) {
+    const n = nd === 0 ? 1 : grid[0];
+    const at = (/** @type {number} */ b) => byBlock.get(nd === 0 ? "" : String(b));
+    let g;
+    if (n <= WRAP_1D) {
+      g = blockGrid({ rows: [1], cols: nd === 0 ? [1] : ext[0], width: Math.min(560, Math.max(120, n * 40)), height: 36, at: (_r, c) => at(c), dtype });
+    } else {
+      const rows = Math.ceil(n / WRAP_1D);
+      g = blockGrid({ rows: new Array(rows).fill(1), cols: new Array(WRAP_1D).fill(1), width: 560, height: rows * 14, at: (r, c) => (r * WRAP_1D + c < n ? at(r * WRAP_1D + c) : undefined), dtype });
+    }
+    const frame = h("div", { class: "jpm-frame" }, h("div", { class: "jpm-axis-x", text: nd === 0 ? "scalar" : `${dimCaption(state, 0)} →${n > WRAP_1D ? ` (wrapped every ${WRAP_1D} blocks, equal widths)` : ""}` }));
+    g.style.gridColumn = "2";
+    g.style.gridRow = "2";
+    frame.append(g);
+    body.append(frame);
+  } else {
+    const lead = grid.slice(0, -2);
+    const facets = product(lead);
+    const shown = Math.min(facets, MAX_FACETS);
+    const [R, C] = [shape[nd - 2], shape[nd - 1]];
+    const { width, height } = boxSize(facets, R, C, grid[nd - 2], grid[nd - 1]);
+    const wrap = h("div", { class: "jpm-facets" });
+    for (let f = 0; f < shown; f++) {
+      const prefix = unravel(f, lead);
+      const g = blockGrid({
+        rows: ext[nd - 2],
+        cols: ext[nd - 1],
+        width,
+        height,
+        at: (r, c) => byBlock.get(prefix.concat([r, c]).join(",")),
+        dtype,
+      });
+      const frame = h(
+        "div",
+        { class: "jpm-frame" },
+        h("div", { class: "jpm-axis-x", text: `${dimCaption(state, nd - 1)} →` }),
+        h("div", { class: "jpm-axis-y" }, h("span", { class: "jpm-axis-label", text: `${dimCaption(state, nd - 2)} →` })),
+        g,
+      );
+      g.style.gridColumn = "2";
+      g.style.gridRow = "2";
+      if (lead.length) {
+        const sample = byBlock.get(prefix.concat([0, 0]).join(","));
+        const slices = sample ? sample.index.slice(0, lead.length).map(([a, b]) => `${a}:${b}`) : prefix.map(String);
+        const title = `[${slices.concat([":", ":"]).join(", ")}]`;
+        wrap.append(h("div", { class: "jpm-facet" }, h("div", { class: "jpm-facet-title", text: title }), frame));
+      } else wrap.append(frame);
+    }
+    if (facets > shown) wrap.append(h("div", { class: "jpm-more", text: `… ${facets - shown} more facets over the leading dimension${lead.length > 1 ? "s" : ""}` }));
+    body.append(wrap);
+  }
+  root.append(body);
+  const detail = detailLine(root, "hover or click a block for its index slices, shard shape and devices");
+  root.append(detail.line);
+  return { node: root, dispose: detail.dispose };
+}
+
+export default {
+  /** @param {{model: any, el: HTMLElement}} ctx */
+  render({ model, el }) {
+    return mount(model, el, draw);
+  },
+};
