@@ -1,0 +1,318 @@
+"""Browser fixtures: one Debian Chromium per session, driven by Playwright (PyPI), and a page
+on a made-up origin (``http://jpm.test/``) that serves the harness, the installed ``js/``
+files, and each view's bundled ES module exactly as the widget class ships it.
+
+Never run ``playwright install`` here: it downloads a browser. We launch /usr/bin/chromium.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import mimetypes
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+ORIGIN = "http://jpm.test"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+HARNESS = Path(__file__).with_name("harness.html")
+
+
+def _view_classes() -> dict[str, Any]:
+    from jaxpar_magic.views import DevicesView, MeshView, ResultView, ShardingView
+
+    return {"devices": DevicesView, "results": ResultView, "mesh": MeshView, "sharding": ShardingView}
+
+
+@pytest.fixture(scope="session")
+def jpm_browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        msg = f"browser tests need Debian Chromium at {CHROMIUM} (apt-get install -y chromium)"
+        if os.environ.get("CI"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@pytest.fixture(scope="session")
+def artifacts(pytestconfig: pytest.Config) -> Path:
+    out = pytestconfig.rootpath / "test-artifacts"
+    out.mkdir(exist_ok=True)
+    return out
+
+
+def _serve(route: Any) -> None:
+    from urllib.parse import urlparse
+
+    path = urlparse(route.request.url).path
+    body: bytes | None = None
+    ctype = "text/plain"
+    if path == "/harness.html":
+        body, ctype = HARNESS.read_bytes(), "text/html"
+    elif path.startswith("/js/"):
+        name = path[len("/js/") :]
+        asset = importlib.resources.files("jaxpar_magic.js").joinpath(name)
+        if "/" not in name and asset.is_file():
+            body = asset.read_bytes()
+            ctype = mimetypes.guess_type(name)[0] or "text/plain"
+            if name.endswith(".js"):
+                ctype = "text/javascript"
+    elif path.startswith("/bundle/") and path.endswith(".js"):
+        cls = _view_classes().get(path[len("/bundle/") : -len(".js")])
+        if cls is not None:
+            body, ctype = cls._esm.encode("utf-8"), "text/javascript"
+    if body is None:
+        route.fulfill(status=404, body="not found")
+    else:
+        route.fulfill(status=200, body=body, headers={"content-type": f"{ctype}; charset=utf-8"})
+
+
+class ViewPage:
+    """A harness page plus helpers to mount views and take screenshots."""
+
+    def __init__(self, page: Any, artifacts: Path) -> None:
+        self.page = page
+        self.artifacts = artifacts
+
+    def mount(self, view: str, state: dict[str, Any], *, mode: str = "bundle", theme: str = "light") -> Any:
+        index = self.page.evaluate(
+            "([v, s, o]) => window.jpm.mount(v, s, o)", [view, state, {"mode": mode, "theme": theme}]
+        )
+        return self.page.locator(f'.jpm-host[data-index="{index}"]')
+
+    def set_state(self, host: Any, state: dict[str, Any]) -> None:
+        index = int(host.get_attribute("data-index"))
+        self.page.evaluate("([i, s]) => window.jpm.mounted[i].model.set('state', s)", [index, state])
+
+    def shot(self, host: Any, name: str) -> Path:
+        path = self.artifacts / f"{name}.png"
+        host.screenshot(path=str(path))
+        return path
+
+
+@pytest.fixture
+def view_page(jpm_browser: Any, artifacts: Path) -> Iterator[ViewPage]:
+    context = jpm_browser.new_context(viewport={"width": 1000, "height": 900}, device_scale_factor=1)
+    errors: list[str] = []
+    page = context.new_page()
+    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+    page.on("console", lambda msg: errors.append(f"console.{msg.type}: {msg.text}") if msg.type == "error" else None)
+    # Everything on the made-up origin is served from here; nothing else is reachable.
+    context.route("**/*", lambda route: _serve(route) if route.request.url.startswith(ORIGIN + "/") else route.abort())
+    page.goto(f"{ORIGIN}/harness.html")
+    page.wait_for_function("window.jpmReady === true")
+    try:
+        yield ViewPage(page, artifacts)
+    finally:
+        context.close()
+    assert not errors, errors
+
+
+# ---------------------------------------------------------------------------------------------
+# Sample states, shaped exactly like the engines' output.
+
+HOSTILE = "<img src=x onerror=window.__xss=1>"
+
+
+def devices_state(n: int = 8, *, processes: int = 1, platform: str = "cpu", kind: str = "cpu") -> dict[str, Any]:
+    listed = min(n, 64)
+    per = n // processes
+    devices = [
+        {
+            "id": i,
+            "platform": platform,
+            "kind": kind,
+            "process": i // per,
+            "coords": None if platform == "cpu" else [i % 2, (i // 2) % 2, i // 4],
+            "core": None if platform == "cpu" else i % 2,
+            "mem_used": None if platform == "cpu" else (i % 16 + 1) * 900_000_000,
+            "mem_limit": None if platform == "cpu" else 16 * 2**30,
+        }
+        for i in range(listed)
+    ]
+    counts = {"cpu": 0, "gpu": 0, "tpu": 0}
+    counts[platform] = n
+    return {
+        "devices": devices,
+        "total": n,
+        "omitted": n - listed,
+        "counts": counts,
+        "processes": [{"process": p, "count": per} for p in range(processes)],
+        "simulated": platform == "cpu",
+        "backend": platform,
+    }
+
+
+def mesh_state(sizes: list[int], names: list[str] | None = None, *, abstract: bool = False) -> dict[str, Any]:
+    names = names or ["data", "model", "seq", "x", "y"][: len(sizes)]
+    n = 1
+    for s in sizes:
+        n *= s
+    return {
+        "name": "mesh",
+        "axes": [{"name": a, "size": s} for a, s in zip(names, sizes)],
+        "device_ids": list(range(n)),
+        "axis_types": ["Auto"] * len(sizes),
+        "abstract": abstract,
+        "kinds": ["cpu"],
+    }
+
+
+def result_state(n: int = 8) -> dict[str, Any]:
+    ids = list(range(n))
+    shown = ids[:16]
+    return {
+        "title": f"%%pmap over {n} devices",
+        "axes": [{"name": "i", "size": n}],
+        "device_ids": ids,
+        "outputs": [
+            {
+                "name": "y",
+                "shape": [5],
+                "dtype": "float32",
+                "same_on_all": False,
+                "tiles": [
+                    {"devices": [i], "coords": [i], "text": "[" + " ".join(f"{i * 5 + k}." for k in range(5)) + "]"}
+                    for i in shown
+                ],
+                "omitted": n - len(shown),
+                "same_text": None,
+            },
+            {
+                "name": "total",
+                "shape": [],
+                "dtype": "float32",
+                "same_on_all": True,
+                "tiles": [{"devices": ids[:64], "coords": None, "text": "780."}],
+                "omitted": 0,
+                "same_text": f"same on all {n} devices",
+            },
+        ],
+        "collectives": [
+            {
+                "op": "all-reduce",
+                "shape": "f32[]",
+                "bytes": 4,
+                "groups": [ids],
+                "groups_text": f"1 group of {n}",
+                "pairs": [],
+                "pairs_omitted": 0,
+                "source_line": "total = lax.psum(x.sum(), 'i')",
+            },
+            {
+                "op": "collective-permute",
+                "shape": "f32[5]",
+                "bytes": 20,
+                "groups": [],
+                "groups_text": f"{n} pairs",
+                "pairs": [[i, (i + 1) % n] for i in ids][:256],
+                "pairs_omitted": max(0, n - 256),
+                "source_line": "y = lax.ppermute(x, 'i', perm)",
+            },
+            {
+                "op": "all-gather",
+                "shape": "f32[2,5]",
+                "bytes": 40,
+                "groups": [ids[k : k + 2] for k in range(0, n, 2)][:64],
+                "groups_text": f"{n // 2} groups of 2",
+                "pairs": [],
+                "pairs_omitted": 0,
+                "source_line": None,
+            },
+        ],
+        "report": {"compile_ms": 12.3, "run_ms": 0.402, "flops": 1234.0, "bytes_accessed": 5678.0},
+    }
+
+
+def sharding_state(
+    shape: list[int],
+    mesh: list[tuple[str, int]],
+    spec: list[Any],
+    *,
+    dtype: str = "float32",
+    name: str = "x",
+) -> dict[str, Any]:
+    """A sharding state computed the way jax does for evenly divisible shapes."""
+    import itertools
+
+    sizes = dict(mesh)
+    names = [a for a, _ in mesh]
+    entries = [[] if e is None else ([e] if isinstance(e, str) else list(e)) for e in spec]
+    entries += [[]] * (len(shape) - len(entries))
+    grid = [1] * len(shape)
+    for k, e in enumerate(entries):
+        for a in e:
+            grid[k] *= sizes[a]
+    used = {a for e in entries for a in e}
+    tiles: dict[tuple[int, ...], dict[str, Any]] = {}
+    total = 1
+    for _, s in mesh:
+        total *= s
+    for dev, coords in enumerate(itertools.product(*[range(s) for _, s in mesh])):
+        at = dict(zip(names, coords))
+        block = []
+        for e in entries:
+            b = 0
+            for a in e:
+                b = b * sizes[a] + at[a]
+            block.append(b)
+        key = tuple(block)
+        if key not in tiles:
+            index = [[b * (d // g), (b + 1) * (d // g)] for b, d, g in zip(block, shape, grid)]
+            tiles[key] = {
+                "block": block,
+                "index": index,
+                "shard_shape": [d // g for d, g in zip(shape, grid)],
+                "devices": [],
+            }
+        tiles[key]["devices"].append(dev)
+    nbytes = 4
+    for d in shape:
+        nbytes *= d
+    return {
+        "name": name,
+        "shape": shape,
+        "dtype": dtype,
+        "spec": spec,
+        "mesh_axes": [{"name": a, "size": s} for a, s in mesh],
+        "grid": grid,
+        "tiles": [tiles[k] for k in sorted(tiles)],
+        "replicated_over": [a for a in names if a not in used],
+        "total_devices": total,
+        "abstract": False,
+        "process_count": 1,
+        "nbytes": nbytes,
+    }
+
+
+@pytest.fixture
+def samples() -> Any:
+    """The sample-state builders above, for the tests (fixtures, not imports of conftest)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        HOSTILE=HOSTILE,
+        devices=devices_state,
+        mesh=mesh_state,
+        result=result_state,
+        sharding=sharding_state,
+    )

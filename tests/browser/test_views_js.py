@@ -1,0 +1,247 @@
+"""The views' ES modules in a real Chromium: rendering, re-rendering, cleanup, escaping,
+colours equal to palette.py, and screenshots into test-artifacts/ (look at them)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from jaxpar_magic.views.palette import device_color
+
+pytestmark = pytest.mark.browser
+
+
+def _contrast(a: tuple[int, ...], b: tuple[int, ...]) -> float:
+    def lum(c: tuple[int, ...]) -> float:
+        lin = [(v / 255) / 12.92 if v / 255 <= 0.04045 else ((v / 255 + 0.055) / 1.055) ** 2.4 for v in c]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    hi, lo = sorted([lum(a), lum(b)], reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def test_palette_js_matches_palette_py(view_page: Any) -> None:
+    js = view_page.page.evaluate(
+        """async () => {
+            const mod = await import('/js/palette.js');
+            return Array.from({length: 4096}, (_, i) => { const c = mod.deviceColor(i); return [c.bg, c.fg]; });
+        }"""
+    )
+    py = [list(device_color(i)) for i in range(4096)]
+    assert js == py
+    # Survives 4,096 devices: no short cycle (any 64 consecutive ids get 64 distinct colours),
+    # and mesh neighbours (ids 1, 2, 4 apart; 8 and 16 apart in wide grids) differ visibly:
+    # RGB distance > 35 and > 10 (the golden angle brings ids 8 apart within 20 degrees of hue;
+    # saturation and lightness then differ).
+    rgb = [tuple(int(bg[k : k + 2], 16) for k in (1, 3, 5)) for bg, _ in py]
+    assert all(len(set(rgb[i : i + 64])) == 64 for i in range(0, 4096 - 64))
+    for gap, least in [(1, 35), (2, 35), (4, 35), (8, 10), (16, 10)]:
+        assert min(math.dist(rgb[i], rgb[i + gap]) for i in range(4096 - gap)) > least, gap
+    # Dark text on every tile keeps at least WCAG AA contrast (4.5:1).
+    assert {fg for _, fg in py} == {"#111111"}
+    assert min(_contrast(c, (17, 17, 17)) for c in rgb) >= 4.5
+
+
+@pytest.mark.parametrize("view", ["devices", "results", "mesh", "sharding"])
+def test_native_modules_and_bundle_agree(view_page: Any, samples: Any, view: str) -> None:
+    """js/*.js load as plain ES modules (relative imports) and as the shipped blob bundle,
+    and both draw the same DOM."""
+    state = {
+        "devices": samples.devices(8),
+        "results": samples.result(8),
+        "mesh": samples.mesh([2, 4]),
+        "sharding": samples.sharding([4000, 10000], [("data", 8)], ["data", None]),
+    }[view]
+    native = view_page.mount(view, state, mode="native")
+    bundled = view_page.mount(view, state, mode="bundle")
+    assert native.inner_html() == bundled.inner_html()
+    assert native.locator(".jpm-view").count() == 1
+
+
+def test_rerender_on_change_and_cleanup(view_page: Any, samples: Any) -> None:
+    host = view_page.mount("mesh", samples.mesh([2, 4]))
+    assert host.locator(".jpm-cell").count() == 8
+    view_page.set_state(host, samples.mesh([4, 4]))
+    assert host.locator(".jpm-cell").count() == 16
+    assert host.locator(".jpm-view").count() == 1
+    counts = view_page.page.evaluate(
+        """() => { const m = window.jpm.mounted[0]; const before = m.model.listenerCount();
+                   m.cleanup(); return [before, m.model.listenerCount(), m.el.childElementCount]; }"""
+    )
+    assert counts == [1, 0, 0]
+
+
+@pytest.mark.parametrize("view", ["devices", "results", "mesh", "sharding"])
+def test_hostile_strings_are_text(view_page: Any, samples: Any, view: str) -> None:
+    bad = samples.HOSTILE
+    if view == "devices":
+        state = samples.devices(8)
+        for d in state["devices"]:
+            d["kind"] = bad
+        state["backend"] = bad
+    elif view == "results":
+        state = samples.result(8)
+        state["title"] = bad
+        state["axes"][0]["name"] = bad
+        state["outputs"][0]["name"] = bad
+        state["outputs"][0]["tiles"][0]["text"] = bad
+        state["collectives"][0]["source_line"] = bad
+    elif view == "mesh":
+        state = samples.mesh([2, 4], [bad, "model"])
+        state["name"] = bad
+    else:
+        state = samples.sharding([8, 8], [(bad, 2), ("model", 2)], [bad, None], name=bad)
+    host = view_page.mount(view, state)
+    assert bad in host.inner_text()
+    assert host.locator("img").count() == 0
+    assert view_page.page.evaluate("window.__xss") is None
+
+
+def test_result_view_8_devices(view_page: Any, samples: Any) -> None:
+    host = view_page.mount("results", samples.result(8))
+    tiles = host.locator(".jpm-tile")
+    assert tiles.count() == 8
+    # Each tile's head carries its device's colour, as palette.py computes it.
+    for i in range(8):
+        bg = tiles.nth(i).locator(".jpm-tile-head").evaluate("e => e.style.background")
+        r, g, b = (int(device_color(i)[0][k : k + 2], 16) for k in (1, 3, 5))
+        assert bg == f"rgb({r}, {g}, {b})"
+    assert "[0. 1. 2. 3. 4.]" in tiles.nth(0).inner_text()
+    assert host.locator(".jpm-same").count() == 1
+    assert "same on all 8 devices" in host.locator(".jpm-same").inner_text()
+    # The ring: 8 nodes, 8 arrows.
+    ring = host.locator("svg.jpm-ring")
+    assert ring.locator("circle.jpm-node").count() == 8
+    assert ring.locator("path.jpm-arrow").count() == 8
+    assert "sends to the next one in mesh order" in host.inner_text()
+    assert "compile 12.3 ms" in host.inner_text()
+    # Inspection: hovering a tile fills the detail line.
+    tiles.nth(3).hover()
+    assert "device 3" in host.locator(".jpm-detail").inner_text()
+    view_page.shot(host, "results-8")
+    dark = view_page.mount("results", samples.result(8), theme="dark")
+    view_page.shot(dark, "results-8-dark")
+
+
+def test_result_view_large(view_page: Any, samples: Any) -> None:
+    host = view_page.mount("results", samples.result(4096))
+    assert host.locator(".jpm-tile").count() == 16
+    assert "4080 more devices not shown" in host.inner_text()
+    assert host.locator("svg.jpm-ring").count() == 0
+    assert "too many to draw the ring" in host.inner_text()
+    gather = host.locator(".jpm-coll").nth(2)
+    assert gather.locator(".jpm-group").count() == 16
+    assert "48 more groups not drawn" in gather.inner_text()
+    view_page.shot(host, "results-4096")
+
+
+def test_devices_view(view_page: Any, samples: Any) -> None:
+    host = view_page.mount("devices", samples.devices(8))
+    assert host.locator(".jpm-card").count() == 8
+    assert host.locator(".jpm-chip.jpm-zero").count() == 2  # gpu 0, tpu 0
+    assert "simulated" in host.inner_text().lower()
+    view_page.shot(host, "devices-8")
+    multi = view_page.mount("devices", samples.devices(128, processes=2, platform="tpu", kind="TPU v5 lite"))
+    assert multi.locator(".jpm-card").count() == 64
+    assert multi.locator(".jpm-h").count() == 2
+    assert "64 more devices not listed" in multi.inner_text()
+    view_page.shot(multi, "devices-tpu-2proc")
+
+
+def test_mesh_2x4(view_page: Any, samples: Any) -> None:
+    host = view_page.mount("mesh", samples.mesh([2, 4]))
+    cells = host.locator(".jpm-cell")
+    assert cells.count() == 8
+    assert cells.nth(5).inner_text() == "5"
+    # First axis down, second across: device 5 sits in row 1, column 1.
+    box0 = cells.nth(0).bounding_box()
+    box5 = cells.nth(5).bounding_box()
+    assert box5["y"] > box0["y"] and box5["x"] > box0["x"]
+    assert "data" in host.locator(".jpm-axis-y").inner_text()
+    assert "model" in host.locator(".jpm-axis-x").inner_text()
+    cells.nth(5).click()
+    assert "device 5 · data=1, model=1" in host.locator(".jpm-detail").inner_text()
+    view_page.shot(host, "mesh-2x4")
+    view_page.shot(view_page.mount("mesh", samples.mesh([2, 4]), theme="dark"), "mesh-2x4-dark")
+
+
+def test_mesh_4096(view_page: Any, samples: Any) -> None:
+    host = view_page.mount("mesh", samples.mesh([16, 16, 16]))
+    assert host.locator(".jpm-cell").count() == 4096
+    assert host.locator(".jpm-facet").count() == 16
+    # Compact: no per-cell text labels at this size.
+    labelled = host.evaluate("e => [...e.querySelectorAll('.jpm-cell')].filter(c => c.textContent).length")
+    assert labelled == 0
+    assert host.locator(".jpm-facet-title").nth(3).inner_text() == "data=3"
+    last = host.locator(".jpm-cell").nth(4095)
+    assert last.get_attribute("title") == "device 4095 · data=15, model=15, seq=15"
+    box = host.bounding_box()
+    assert box["width"] <= 1000 and box["height"] <= 1400
+    view_page.shot(host, "mesh-16x16x16")
+
+
+def test_mesh_1d_and_abstract(view_page: Any, samples: Any) -> None:
+    host = view_page.mount("mesh", samples.mesh([8], ["i"]))
+    assert host.locator(".jpm-cell").count() == 8
+    ys = {round(host.locator(".jpm-cell").nth(k).bounding_box()["y"]) for k in range(8)}
+    assert len(ys) == 1  # one row
+    view_page.shot(host, "mesh-1d-8")
+    wide = view_page.mount("mesh", samples.mesh([256], ["i"]))
+    assert "wrapped every 64" in wide.inner_text()
+    abstract = view_page.mount("mesh", samples.mesh([2, 2, 2], abstract=True))
+    assert abstract.locator(".jpm-cell.jpm-abstract").count() == 8
+    assert "position 7" in abstract.locator(".jpm-cell").nth(7).get_attribute("title")
+    view_page.shot(abstract, "mesh-abstract-2x2x2")
+
+
+def test_sharding_2d(view_page: Any, samples: Any) -> None:
+    state = samples.sharding([4000, 10000], [("data", 4), ("model", 2)], ["data", None], name="v1s")
+    host = view_page.mount("sharding", state)
+    blocks = host.locator(".jpm-block")
+    assert blocks.count() == 4
+    assert "P('data', None)" in host.inner_text()
+    assert "replicated over model" in host.inner_text()
+    # Replicated blocks: striped with both devices' colours and labelled "0,1".
+    assert blocks.nth(0).locator(".jpm-stripes > i").count() == 2
+    assert blocks.nth(0).inner_text() == "0,1"
+    blocks.nth(1).hover()
+    detail = host.locator(".jpm-detail").inner_text()
+    assert "[1000:2000, 0:10000]" in detail and "float32[1000, 10000]" in detail
+    # Relative sizes: 4 equal rows spanning the full width.
+    b0, b1 = blocks.nth(0).bounding_box(), blocks.nth(1).bounding_box()
+    assert b1["y"] > b0["y"] and abs(b0["height"] - b1["height"]) < 2
+    view_page.shot(host, "sharding-2d")
+    both = samples.sharding([4000, 10000], [("data", 4), ("model", 2)], ["data", "model"], name="w")
+    host2 = view_page.mount("sharding", both)
+    assert host2.locator(".jpm-block").count() == 8
+    assert "P('data', 'model')" in host2.inner_text()
+    view_page.shot(host2, "sharding-2d-both")
+
+
+def test_sharding_3d(view_page: Any, samples: Any) -> None:
+    state = samples.sharding([8, 1024, 512], [("a", 2), ("b", 2), ("c", 2)], ["a", "b", "c"], name="act")
+    host = view_page.mount("sharding", state)
+    assert host.locator(".jpm-facet").count() == 2
+    assert host.locator(".jpm-block").count() == 8
+    assert host.locator(".jpm-facet-title").nth(1).inner_text() == "[4:8, :, :]"
+    view_page.shot(host, "sharding-3d")
+    many = samples.sharding([64, 64, 64], [("a", 32), ("b", 2)], ["a", "b", None], name="big")
+    host2 = view_page.mount("sharding", many)
+    assert host2.locator(".jpm-facet").count() == 16
+    assert "16 more facets" in host2.inner_text()
+
+
+def test_sharding_1d_and_tuple_spec(view_page: Any, samples: Any) -> None:
+    state = samples.sharding([4096], [("a", 4), ("b", 2)], [["a", "b"]], name="v")
+    host = view_page.mount("sharding", state)
+    assert "P(('a', 'b'))" in host.inner_text()
+    assert host.locator(".jpm-block").count() == 8
+    view_page.shot(host, "sharding-1d")
+    big = samples.sharding([64, 64], [("x", 64), ("y", 64)], ["x", "y"], name="g")
+    host2 = view_page.mount("sharding", big)
+    assert host2.locator(".jpm-block").count() == 4096
+    labelled = host2.evaluate("e => [...e.querySelectorAll('.jpm-block')].filter(c => c.textContent).length")
+    assert labelled == 0
+    view_page.shot(host2, "sharding-64x64")
