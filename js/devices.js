@@ -16,7 +16,9 @@ import { h, formatBytes, detailLine, mount } from "./format.js";
  * @param {Device} d
  */
 export function describe(d) {
-  const parts = [`device ${d.id}`, `${d.platform}`, `${d.kind}`, `process ${d.process}`];
+  const parts = [`device ${d.id}`, `${d.platform}`];
+  if (d.kind !== d.platform) parts.push(`${d.kind}`);
+  parts.push(`process ${d.process}`);
   if (d.coords) parts.push(`coords [${d.coords.join(", ")}]`);
   if (d.core !== null && d.core !== undefined) parts.push(`core ${d.core}`);
   if (d.mem_used !== null && d.mem_used !== undefined) {

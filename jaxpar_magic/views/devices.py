@@ -10,7 +10,10 @@ from .base import ViewBase, bundle_esm, chip, esc, format_bytes, style_block, sw
 
 def describe(d: dict[str, Any]) -> str:
     """One line per device; the twin of ``describe`` in ``js/devices.js``."""
-    parts = [f"device {d['id']}", str(d.get("platform")), str(d.get("kind")), f"process {d.get('process')}"]
+    parts = [f"device {d['id']}", str(d.get("platform"))]
+    if d.get("kind") != d.get("platform"):
+        parts.append(str(d.get("kind")))
+    parts.append(f"process {d.get('process')}")
     if d.get("coords"):
         parts.append(f"coords [{', '.join(str(c) for c in d['coords'])}]")
     if d.get("core") is not None:

@@ -1,0 +1,358 @@
+"""The views without a browser: static HTML (escaped, bounded, no script), text renderings,
+mime bundles, the ES-module bundler, and the palette's fixed values.
+
+Browser checks of the same views live in tests/browser/test_views_js.py.
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.resources
+import itertools
+import json
+import re
+from html.parser import HTMLParser
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jaxpar_magic.views import DevicesView, MeshView, ResultView, ShardingView
+from jaxpar_magic.views import base, devices, mesh, results, sharding
+from jaxpar_magic.views.palette import device_color
+
+HOSTILE = "<img src=x onerror=window.__xss=1>"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+#: Tags the static HTML may contain; anything else means a string got in unescaped.
+ALLOWED_TAGS = {"style", "div", "span", "code", "b", "i", "pre", "img"}
+
+
+# --- sample states (the engines' shapes) ---------------------------------------------------
+
+
+def devices_state(n: int = 8, kind: str = "cpu", processes: int = 1) -> dict[str, Any]:
+    listed = min(n, 64)
+    return {
+        "devices": [
+            {"id": i, "platform": "cpu", "kind": kind, "process": i * processes // n, "coords": None,
+             "core": None, "mem_used": None, "mem_limit": None}
+            for i in range(listed)
+        ],
+        "total": n,
+        "omitted": n - listed,
+        "counts": {"cpu": n, "gpu": 0, "tpu": 0},
+        "processes": [{"process": p, "count": n // processes} for p in range(processes)],
+        "simulated": True,
+        "backend": "cpu",
+    }
+
+
+def mesh_state(sizes: list[int], names: list[str] | None = None) -> dict[str, Any]:
+    names = names or ["data", "model", "seq"][: len(sizes)]
+    n = 1
+    for s in sizes:
+        n *= s
+    return {"name": "mesh", "axes": [{"name": a, "size": s} for a, s in zip(names, sizes)],
+            "device_ids": list(range(n)), "axis_types": ["Auto"] * len(sizes), "abstract": False, "kinds": ["cpu"]}
+
+
+def result_state(n: int = 8, name: str = "y", axis: str = "i") -> dict[str, Any]:
+    ids = list(range(n))
+    return {
+        "title": f"%%pmap over {n} devices",
+        "axes": [{"name": axis, "size": n}],
+        "device_ids": ids,
+        "outputs": [
+            {"name": name, "shape": [3], "dtype": "float32", "same_on_all": False,
+             "tiles": [{"devices": [i], "coords": [i], "text": f"[{i}. {i + 1}. {i + 2}.]"} for i in ids[:16]],
+             "omitted": max(0, n - 16), "same_text": None},
+            {"name": "s", "shape": [], "dtype": "float32", "same_on_all": True,
+             "tiles": [{"devices": ids[:64], "coords": None, "text": "28."}], "omitted": 0,
+             "same_text": f"same on all {n} devices"},
+        ],
+        "collectives": [
+            {"op": "all-reduce", "shape": "f32[]", "bytes": 4, "groups": [ids], "groups_text": f"1 group of {n}",
+             "pairs": [], "pairs_omitted": 0, "source_line": f"s = lax.psum(x, '{axis}')"},
+            {"op": "collective-permute", "shape": "f32[3]", "bytes": 12, "groups": [], "groups_text": f"{n} pairs",
+             "pairs": [[i, (i + 1) % n] for i in ids][:256], "pairs_omitted": max(0, n - 256), "source_line": None},
+            {"op": "all-gather", "shape": "f32[2,3]", "bytes": 24, "groups": [ids[k : k + 2] for k in range(0, n, 2)][:64],
+             "groups_text": f"{n // 2} groups of 2", "pairs": [], "pairs_omitted": 0, "source_line": None},
+        ],
+        "report": {"compile_ms": 12.3, "run_ms": 0.4, "flops": 1234.0, "bytes_accessed": None},
+    }
+
+
+def sharding_state(shape: list[int], mesh_axes: list[tuple[str, int]], spec: list[Any], name: str = "x") -> dict[str, Any]:
+    sizes = dict(mesh_axes)
+    names = [a for a, _ in mesh_axes]
+    entries = [[] if e is None else ([e] if isinstance(e, str) else list(e)) for e in spec]
+    grid = [1] * len(shape)
+    for k, e in enumerate(entries):
+        for a in e:
+            grid[k] *= sizes[a]
+    tiles: dict[tuple[int, ...], dict[str, Any]] = {}
+    for dev, coords in enumerate(itertools.product(*[range(s) for _, s in mesh_axes])):
+        at = dict(zip(names, coords))
+        block = []
+        for e in entries:
+            b = 0
+            for a in e:
+                b = b * sizes[a] + at[a]
+            block.append(b)
+        t = tiles.setdefault(tuple(block), {
+            "block": block, "index": [[b * (d // g), (b + 1) * (d // g)] for b, d, g in zip(block, shape, grid)],
+            "shard_shape": [d // g for d, g in zip(shape, grid)], "devices": []})
+        t["devices"].append(dev)
+    used = {a for e in entries for a in e}
+    total = 1
+    for _, s in mesh_axes:
+        total *= s
+    return {"name": name, "shape": shape, "dtype": "float32", "spec": spec,
+            "mesh_axes": [{"name": a, "size": s} for a, s in mesh_axes], "grid": grid,
+            "tiles": [tiles[k] for k in sorted(tiles)], "replicated_over": [a for a in names if a not in used],
+            "total_devices": total, "abstract": False, "process_count": 1, "nbytes": 4 * total}
+
+
+class _Tags(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.attrs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        self.attrs += [k for k, _ in attrs]
+
+
+def parse(markup: str) -> _Tags:
+    p = _Tags()
+    p.feed(markup)
+    p.close()
+    return p
+
+
+HOSTILE_CASES = {
+    "devices": lambda: devices.to_html({**devices_state(8, kind=HOSTILE), "backend": HOSTILE}),
+    "results": lambda: results.to_html({**result_state(8, name=HOSTILE, axis=HOSTILE), "title": HOSTILE}),
+    "mesh": lambda: mesh.to_html({**mesh_state([2, 4], [HOSTILE, "model"]), "name": HOSTILE, "kinds": [HOSTILE]}),
+    "sharding": lambda: sharding.to_html(sharding_state([8, 8], [(HOSTILE, 2), ("m", 2)], [HOSTILE, None], name=HOSTILE)),
+}
+
+
+@pytest.mark.parametrize("view", sorted(HOSTILE_CASES))
+def test_to_html_escapes_hostile_strings(view: str) -> None:
+    out = HOSTILE_CASES[view]()
+    assert HOSTILE not in out
+    assert html.escape(HOSTILE) in out
+    parsed = parse(out)
+    assert "img" not in parsed.tags  # small states draw no images; an <img> here is the injected one
+    assert "script" not in parsed.tags
+    assert not [a for a in parsed.attrs if a.startswith("on")]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.text(min_size=1, max_size=30), st.text(min_size=1, max_size=30))
+def test_to_html_any_names_stay_text(axis: str, var: str) -> None:
+    outs = [
+        mesh.to_html({**mesh_state([2, 2], [axis, var]), "name": var}),
+        results.to_html({**result_state(4, name=var, axis=axis), "title": var}),
+        sharding.to_html(sharding_state([4, 4], [(axis, 2), (axis + "_", 2)], [axis, None], name=var)),
+        devices.to_html(devices_state(4, kind=var)),
+    ]
+    for out in outs:
+        parsed = parse(out)
+        assert set(parsed.tags) <= ALLOWED_TAGS - {"img"}
+        assert not [a for a in parsed.attrs if a.startswith("on")]
+
+
+VIEWS = {
+    "devices": (DevicesView, devices, lambda: devices_state(8)),
+    "results": (ResultView, results, lambda: result_state(8)),
+    "mesh": (MeshView, mesh, lambda: mesh_state([2, 4])),
+    "sharding": (ShardingView, sharding, lambda: sharding_state([4000, 10000], [("data", 8)], ["data", None])),
+}
+
+
+@pytest.mark.parametrize("view", sorted(VIEWS))
+def test_mimebundle_has_widget_html_and_text(view: str) -> None:
+    cls, module, make = VIEWS[view]
+    state = make()
+    widget = cls(state=state)
+    data, _metadata = widget._repr_mimebundle_()
+    assert set(data) == {WIDGET_MIME, "text/html", "text/plain"}
+    assert data[WIDGET_MIME]["model_id"] == widget.model_id
+    assert data["text/html"] == module.to_html(state)
+    assert data["text/plain"] == module.to_text(state)
+    assert "<script" not in data["text/html"]
+    # The static HTML carries the views' stylesheet, every rule scoped under .jpm-.
+    assert data["text/html"].startswith("<style>")
+    assert 'class="jpm-view' in data["text/html"]
+    # The widget syncs exactly one state trait, and the positional form works too.
+    assert cls(state).state == state
+    assert widget.trait_metadata("state", "sync") is True
+    widget.close()
+
+
+def test_css_rules_are_scoped() -> None:
+    css = base.read_asset("views.css")
+    css = re.sub(r"/\*.*?\*/", "", css, flags=re.S)
+    css = re.sub(r"@media[^{]*\{", "", css)
+    selectors = [s.strip() for block in re.findall(r"([^{}]+)\{", css) for s in block.split(",")]
+    assert selectors
+    bad = [s for s in selectors if s and not s.startswith((".jpm-", "table.jpm-"))]
+    assert bad == []
+
+
+def test_text_renderings() -> None:
+    assert mesh.to_text(mesh_state([2, 4])).splitlines() == [
+        "Mesh 'mesh': data=2 × model=4 · 8 devices (cpu)",
+        "        model →",
+        "        0 1 2 3",
+        "data 0  0 1 2 3",
+        "     1  4 5 6 7",
+    ]
+    big = mesh.to_text(mesh_state([16, 16, 16]))
+    assert "[data=0]" in big and "… 15 more facets over data" in big
+    assert len(big.splitlines()) < 25
+
+    text = results.to_text(result_state(8))
+    assert "  dev 3 (i=3): [3. 4. 5.]" in text
+    assert "  same on all 8 devices: 28." in text
+    assert "8 pairs: 0→1, 1→2" in text and "sends to the next one in mesh order" in text
+    assert "groups: {0–7}" in text
+    assert "Cost: compile 12.3 ms · run 0.4 ms · FLOPs 1.23 k" in text
+
+    text = sharding.to_text(sharding_state([4000, 10000], [("data", 4), ("model", 2)], ["data", None], name="v"))
+    assert text.splitlines()[0] == "v: float32[4000, 10000] (32 B) · P('data', None) · replicated over model"
+    assert "  block (1, 0) [1000:2000, 0:10000] float32[1000, 10000] → devices 2,3 (2, replicated)" in text
+
+    text = devices.to_text(devices_state(8))
+    assert text.splitlines()[:3] == [
+        "Devices: 8 cpu devices · backend cpu [simulated]",
+        "cpu: 8  gpu: 0  tpu: 0",
+        "  device 0 · cpu · process 0",
+    ]
+    two = devices.to_text(devices_state(8, processes=2))
+    assert "process 1 (4 devices)" in two
+
+
+def test_formatting_twins() -> None:
+    assert base.format_spec(["data", None]) == "P('data', None)"
+    assert base.format_spec([["a", "b"], None]) == "P(('a', 'b'), None)"
+    assert base.format_spec([["a"]]) == "P(('a',))"
+    assert base.format_slices([[0, 500], [0, 10000]]) == "[0:500, 0:10000]"
+    assert base.format_ids([0, 1, 2, 3, 4, 5, 6, 7]) == "0–7"
+    assert base.format_ids([0, 1]) == "0,1"
+    assert base.format_ids([0, 1, 2, 3, 8, 9, 10, 11]) == "0–3,8–11"
+    assert base.format_ids(list(range(0, 40, 2)), 3) == "0,2,4,…(+17)"
+    assert base.format_bytes(20) == "20 B"
+    assert base.format_bytes(160_000_000) == "152.6 MiB"
+    assert base.format_si(1234.0) == "1.23 k"
+    assert base.format_ms(0.402) == "0.402 ms"
+
+
+# --- size bounds at 4,096 devices ----------------------------------------------------------
+#
+# A notebook stores every output's HTML and widget state; a view should weigh about what a
+# small plot does. 64 KiB of HTML holds the stylesheet (~10 KiB) plus the drawing, with large
+# grids drawn as PNGs of one pixel per device (16 facets of 16x16 cost ~10 KiB). Mesh state is
+# 4,096 ids (<= 5 characters each): under 32 KiB.
+
+HTML_LIMIT = 64 * 1024
+
+
+def test_sizes_bounded_at_4096_devices() -> None:
+    cases = {
+        "mesh 16x16x16": (mesh_state([16, 16, 16]), mesh.to_html, 32 * 1024),
+        "mesh 4096": (mesh_state([4096], ["i"]), mesh.to_html, 32 * 1024),
+        # device_ids (~24 KiB) + one all-device replica group (~24 KiB) + 256 pairs + 16 tiles.
+        "results 4096": (result_state(4096), results.to_html, 64 * 1024),
+        "devices 4096": (devices_state(4096), devices.to_html, 16 * 1024),
+        "sharding 64x64": (sharding_state([64, 64], [("x", 64), ("y", 64)], ["x", "y"]), sharding.to_html, None),
+        "sharding replicated": (sharding_state([64, 64], [("x", 64), ("y", 64)], [None, None]), sharding.to_html, 64 * 1024),
+    }
+    for label, (state, render, state_limit) in cases.items():
+        page = render(state)
+        assert len(page.encode()) < HTML_LIMIT, (label, len(page))
+        if state_limit is not None:
+            assert len(json.dumps(state).encode()) < state_limit, label
+    # Large grids are images, not thousands of elements.
+    page = mesh.to_html(mesh_state([16, 16, 16]))
+    assert page.count("<img") == 16 and page.count('class="jpm-cell') == 0
+    page = sharding.to_html(sharding_state([64, 64], [("x", 64), ("y", 64)], ["x", "y"]))
+    assert page.count("<img") == 1 and page.count('class="jpm-block') == 0
+    # The 4,096-device text rendering stays a screenful or two.
+    assert len(results.to_text(result_state(4096)).splitlines()) < 40
+    assert len(mesh.to_text(mesh_state([4096], ["i"])).splitlines()) < 80
+
+
+def test_png_is_valid() -> None:
+    import base64
+    import struct
+    import zlib
+
+    uri = base.png_data_uri([[(255, 0, 0), (0, 255, 0)], [(0, 0, 255), (1, 2, 3)]])
+    raw = base64.b64decode(uri.split(",", 1)[1])
+    assert raw[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", raw[16:24])
+    assert (width, height) == (2, 2)
+    idat_len = struct.unpack(">I", raw[33:37])[0]
+    pixels = zlib.decompress(raw[41 : 41 + idat_len])
+    assert pixels == b"\x00\xff\x00\x00\x00\xff\x00" + b"\x00\x00\x00\xff\x01\x02\x03"
+
+
+# --- palette -------------------------------------------------------------------------------
+
+
+def test_palette_fixed_values() -> None:
+    # Pinned: palette.js must produce the same (the browser test compares all 4,096 ids).
+    assert device_color(0) == ("#ecacac", "#111111")
+    assert [device_color(i)[0] for i in (1, 2, 3, 7, 4095)] == ["#94dba9", "#e0c1f6", "#e8de9c", "#cbc9ed", "#e8ecac"]
+    assert len({device_color(i)[0] for i in range(64)}) == 64
+    # Static HTML colours a device exactly as the palette says.
+    page = mesh.to_html(mesh_state([2, 4]))
+    for i in range(8):
+        assert f"background:{device_color(i)[0]}" in page
+
+
+# --- the ES-module bundler -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [DevicesView, ResultView, MeshView, ShardingView])
+def test_bundles_are_self_contained(cls: type) -> None:
+    esm = cls._esm
+    assert not re.search(r"^\s*import\b", esm, re.M)
+    assert "export default" in esm
+    assert "const __jpm_palette = " in esm and "const __jpm_format = " in esm
+    assert cls._css == base.read_asset("views.css")
+
+
+def test_js_never_uses_html_sinks() -> None:
+    folder = importlib.resources.files("jaxpar_magic.js")
+    # Code only: comments may (and do) name the sinks they avoid.
+    strip = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+    sources = {p.name: strip.sub("", p.read_text()) for p in folder.iterdir() if p.name.endswith(".js")}
+    assert set(sources) >= {"palette.js", "format.js", "devices.js", "results.js", "mesh.js", "sharding.js"}
+    for name, src in sources.items():
+        for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+            assert sink not in src, (name, sink)
+
+
+def test_bundler_rejects_what_it_cannot_inline(monkeypatch: pytest.MonkeyPatch) -> None:
+    files = {
+        "view.js": 'import { a } from "./helper.js";\nexport default { render() {} };\n',
+        "aliased.js": 'import { a as b } from "./helper.js";\nexport default {};\n',
+        "missing.js": 'import { nope } from "./helper.js";\nexport default {};\n',
+        "bare.js": 'import * as x from "./helper.js";\nexport default {};\n',
+        "helper.js": "export function a() { return 1; }\nconst hidden = 2;\n",
+        "bad.js": 'import { a } from "./badhelper.js";\nexport default {};\n',
+        "badhelper.js": "export default function a() {}\n",
+    }
+    monkeypatch.setattr(base, "read_asset", lambda name: files[name])
+    out = base.bundle_esm("view.js")
+    assert "const { a } = __jpm_helper;" in out
+    assert "return { a };" in out and "function a()" in out
+    for name in ("aliased.js", "missing.js", "bare.js", "bad.js"):
+        with pytest.raises(ValueError):
+            base.bundle_esm(name)
