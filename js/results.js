@@ -267,7 +267,6 @@ export function draw(state) {
   root.append(h("div", { class: "jpm-head" }, h("span", { class: "jpm-title jpm-mono", text: state.title || "per-device results" }), chips));
 
   const outputs = state.outputs || [];
-  if (outputs.length === 0) root.append(h("div", { class: "jpm-note", text: "no outputs" }));
   for (const out of outputs) root.append(drawOutput(out, axes));
 
   const colls = state.collectives || [];

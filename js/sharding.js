@@ -46,6 +46,17 @@ function dimCaption(state, k) {
 }
 
 /**
+ * The caption written sideways along a drawing `px` tall: shortened when it would not fit.
+ * @param {any} state
+ * @param {number} k
+ * @param {number} px
+ */
+export function sideCaption(state, k, px) {
+  const full = dimCaption(state, k);
+  return full.length * 7 <= px ? full : px >= 70 ? `dim ${k} · ${state.shape[k]}` : `dim ${k}`;
+}
+
+/**
  * One block.
  * @param {Tile | undefined} tile
  * @param {string} dtype
@@ -167,7 +178,7 @@ export function draw(state) {
   const used = new Map();
   (state.spec || []).forEach((/** @type {any} */ e, /** @type {number} */ k) => entryAxes(e).forEach((a) => used.set(a, k)));
   for (const a of meshAxes) {
-    const where = used.has(a.name) ? `splits dim ${used.get(a.name)} (${shape[used.get(a.name)]})` : "replicated: every block is on all its devices";
+    const where = used.has(a.name) ? `splits dim ${used.get(a.name)} (${shape[used.get(a.name)]})` : `replicates: each block is copied across its ${a.size} positions`;
     legend.append(h("span", { class: "jpm-mono", text: a.name }), h("span", { text: `${a.size}` }), h("span", { text: `→ ${where}` }));
   }
   root.append(
@@ -217,7 +228,7 @@ export function draw(state) {
         "div",
         { class: "jpm-frame" },
         h("div", { class: "jpm-axis-x", text: `${dimCaption(state, nd - 1)} →` }),
-        h("div", { class: "jpm-axis-y" }, h("span", { class: "jpm-axis-label", text: `${dimCaption(state, nd - 2)} →` })),
+        h("div", { class: "jpm-axis-y" }, h("span", { class: "jpm-axis-label", title: dimCaption(state, nd - 2), text: `${sideCaption(state, nd - 2, height)} →` })),
         g,
       );
       g.style.gridColumn = "2";

@@ -45,6 +45,14 @@ def _dim_caption(state: dict[str, Any], k: int) -> str:
     return f"dim {k} · {state['shape'][k]} · {split}"
 
 
+def _side_caption(state: dict[str, Any], k: int, px: int) -> str:
+    """The twin of ``sideCaption`` in ``js/sharding.js``."""
+    full = _dim_caption(state, k)
+    if len(full) * 7 <= px:
+        return full
+    return f"dim {k} · {state['shape'][k]}" if px >= 70 else f"dim {k}"
+
+
 def _who(devs: list[int]) -> str:
     return f"device {devs[0]}" if len(devs) == 1 else f"devices {format_ids(devs, 8)} ({len(devs)}, replicated)"
 
@@ -61,7 +69,7 @@ def _legend_rows(state: dict[str, Any]) -> list[tuple[str, int, str]]:
         where = (
             f"splits dim {used[name]} ({shape[used[name]]})"
             if name in used
-            else "replicated: every block is on all its devices"
+            else f"replicates: each block is copied across its {int(a['size'])} positions"
         )
         rows.append((name, int(a["size"]), where))
     return rows
@@ -147,16 +155,22 @@ def to_html(state: dict[str, Any]) -> str:
             return by_block.get(key)
 
         caption_x = _dim_caption(state, nd - 1) + " →" if nd else "scalar"
-        caption_y = _dim_caption(state, nd - 2) + " →" if nd >= 2 else ""
+        caption_y = _dim_caption(state, nd - 2) if nd >= 2 else ""
         out.append('<div class="jpm-facet">')
         if lead:
             sample = at(0, 0)
             slices = [f"{a}:{b}" for a, b in sample["index"][: len(lead)]] if sample else [str(p) for p in prefix]
             out.append(f'<div class="jpm-facet-title">[{esc(", ".join(slices + [":", ":"]))}]</div>')
         out.append(f'<div class="jpm-frame"><div class="jpm-axis-x">{esc(caption_x)}</div>')
-        if caption_y:
-            out.append(f'<div class="jpm-axis-y"><span class="jpm-axis-label">{esc(caption_y)}</span></div>')
         width = 520 if facets == 1 else 300 if facets <= 4 else 200
+        height = 36
+        if nd >= 2:
+            width, height = box_size(facets, shape[-2], shape[-1], rows_n, cols_n)
+        if caption_y:
+            side = _side_caption(state, nd - 2, height)
+            out.append(
+                f'<div class="jpm-axis-y"><span class="jpm-axis-label" title="{esc(caption_y)}">{esc(side)} →</span></div>'
+            )
         if rows_n * cols_n > HTML_BLOCK_LIMIT:
             px = max(2, min(12, width // max(cols_n, 1)))
             pixels = [
@@ -167,9 +181,7 @@ def to_html(state: dict[str, Any]) -> str:
                 f'height="{rows_n * px}" alt="{rows_n}×{cols_n} blocks, coloured by device">'
             )
         else:
-            if nd >= 2:
-                width, height = box_size(facets, shape[-2], shape[-1], rows_n, cols_n)
-            else:
+            if nd < 2:
                 width, height = min(560, max(120, cols_n * 40)), 36
             out.append(
                 f'<div class="jpm-blocks jpm-grid" style="width:{width}px;height:{height}px;'

@@ -245,3 +245,49 @@ def test_sharding_1d_and_tuple_spec(view_page: Any, samples: Any) -> None:
     labelled = host2.evaluate("e => [...e.querySelectorAll('.jpm-block')].filter(c => c.textContent).length")
     assert labelled == 0
     view_page.shot(host2, "sharding-64x64")
+
+
+def test_static_html_renders_offline(view_page: Any, samples: Any) -> None:
+    """text/html as an exported notebook shows it: no script, no network; it must still draw."""
+    from jaxpar_magic.views import devices, mesh, results, sharding
+
+    pages = {
+        "results-8": results.to_html(samples.result(8)),
+        "mesh-2x4": mesh.to_html(samples.mesh([2, 4])),
+        "mesh-16x16x16": mesh.to_html(samples.mesh([16, 16, 16])),
+        "sharding-2d": sharding.to_html(
+            samples.sharding([4000, 10000], [("data", 4), ("model", 2)], ["data", None], name="v1s")
+        ),
+        "sharding-3d": sharding.to_html(
+            samples.sharding([8, 1024, 512], [("a", 2), ("b", 2), ("c", 2)], ["a", "b", "c"], name="act")
+        ),
+        "devices-8": devices.to_html(samples.devices(8)),
+    }
+    page = view_page.page
+    page.set_content(
+        '<!doctype html><meta charset="utf-8"><body style="margin:0;padding:12px;font-family:sans-serif">'
+        + "".join(f'<div class="out" id="{name}" style="width:940px;margin-bottom:16px">{body}</div>' for name, body in pages.items())
+        + "</body>"
+    )
+    assert page.evaluate("document.scripts.length") == 0
+    for name in pages:
+        out = page.locator(f"#{name}")
+        box = out.locator(".jpm-view").bounding_box()
+        assert box["height"] > 40, name
+        view_page.shot(out, f"static-{name}")
+    # Device colours survive: the 2x4 mesh's cells carry palette colours.
+    cell = page.locator("#mesh-2x4 .jpm-cell").nth(5)
+    r, g, b = (int(device_color(5)[0][k : k + 2], 16) for k in (1, 3, 5))
+    assert cell.evaluate("e => getComputedStyle(e).backgroundColor") == f"rgb({r}, {g}, {b})"
+    # The 4,096-device mesh is 16 images, and they decoded.
+    imgs = page.locator("#mesh-16x16x16 img")
+    assert imgs.count() == 16
+    assert imgs.first.evaluate("e => e.complete && e.naturalWidth") == 16
+
+
+def test_malformed_state_says_so(view_page: Any) -> None:
+    host = view_page.mount("sharding", {"shape": [4], "grid": [1], "tiles": [{"block": [0]}]})
+    assert "cannot draw this view" in host.inner_text()
+    # An empty state (a widget before its first sync) draws an empty view, not an error.
+    for view in ("devices", "results", "mesh", "sharding"):
+        assert "cannot draw" not in view_page.mount(view, {}).inner_text()
