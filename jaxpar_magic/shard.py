@@ -84,24 +84,41 @@ def check_spec(name: str, shape: tuple, spec: tuple, mesh, option: str = "--in")
 def resolve_mesh(mesh_arg, namespace: dict, specs: list[dict]):
     """The mesh of a %%shard cell: a Mesh by name, an inline `data=4,model=2`, or the 1-D mesh that
     `NAME=8` asks for; with none given, the namespace's `mesh`."""
-    counts = {e for spec in (s for d in specs for s in d.values()) for e in spec if isinstance(e, int)}
+    counted = [(n, e) for d in specs for n, spec in d.items() for e in spec if isinstance(e, int)]
+    counts = {e for _, e in counted}
     if mesh_arg:
         words = mesh_arg if isinstance(mesh_arg, list) else [mesh_arg]
         text = " ".join(words)
         if "=" in text:
-            return make_mesh(parse_mesh_shape(words, "--mesh"))
-        if text in namespace and is_mesh(namespace[text]):
-            return namespace[text]
-        raise UsageError(
-            f"--mesh {text}: no mesh called {text!r} in your namespace. Build one with `%mesh data=8` (it binds "
-            f"`mesh`), or describe it inline: `--mesh data=4,model=2`."
-        )
+            mesh = make_mesh(parse_mesh_shape(words, "--mesh"))
+        elif text in namespace and is_mesh(namespace[text]):
+            mesh = namespace[text]
+        else:
+            raise UsageError(
+                f"--mesh {text}: no mesh called {text!r} in your namespace. Build one with `%mesh data=8` (it binds "
+                f"`mesh`), or describe it inline: `--mesh data=4,model=2`."
+            )
+        if counted:
+            name, count = counted[0]
+            raise UsageError(
+                f"--in {name}={count}: a device count builds its own 1-D mesh, so it does not go with --mesh. Either "
+                f"drop --mesh, or name an axis of the mesh ({', '.join(mesh.axis_names)}) instead, e.g. "
+                f"`{name}={mesh.axis_names[0]}`."
+            )
+        return mesh
     if counts:
         if len(counts) > 1:
             raise UsageError(f"device counts in specs disagree ({sorted(counts)}); split every array over the same number of devices.")
         import jax
 
         count = counts.pop()
+        have = len(jax.local_devices())
+        if not 1 <= count <= have:
+            name = next(n for n, e in counted if e == count)
+            raise UsageError(
+                f"--in {name}={count}: this process has {have} device(s), so an array can be split over 1 to {have} "
+                f"of them; use `{name}={have}` for all of them."
+            )
         return make_mesh(MeshShape((AUTO_AXIS,), (count,)), devices=None if count == len(jax.local_devices()) else count)
     if is_mesh(namespace.get("mesh")):
         return namespace["mesh"]

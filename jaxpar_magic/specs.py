@@ -123,7 +123,10 @@ def parse_spec(text: str, where: str) -> tuple:
             break
     if not text:
         return ()
-    return tuple(_spec_entry(item, where) for item in _top_level_split(text, ","))
+    items = _top_level_split(text, ",")
+    if len(items) > 1 and not items[-1].strip():
+        items.pop()  # P('data',) is a one-entry spec, as in Python
+    return tuple(_spec_entry(item, where) for item in items)
 
 
 def parse_assignments(words: list[str] | None, option: str) -> dict[str, tuple]:
@@ -148,5 +151,7 @@ def parse_assignments(words: list[str] | None, option: str) -> dict[str, tuple]:
                 f"{option}: cannot read {piece!r}; write NAME=SPEC, e.g. `{option} v1s=data` or "
                 f"`{option} w=P('data', 'model')`."
             )
+        if name in specs:
+            raise UsageError(f"{option}: {name!r} appears twice; give each name one spec.")
         specs[name] = parse_spec(spec, f"{option} {name}")
     return specs

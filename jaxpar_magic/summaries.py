@@ -184,7 +184,8 @@ def sharding_state(name: str, value) -> dict:
     shape = tuple(int(n) for n in value.shape)
     dtype = np.dtype(value.dtype)
     sharding = getattr(value, "sharding", None)
-    mesh_axes, spec, replicated, abstract = [], [], [], not isinstance(value, jax.Array)
+    mesh_axes, spec, replicated = [], [], []
+    abstract = isinstance(value, jax.ShapeDtypeStruct)  # a plan: a shape and a layout, no data
     if isinstance(sharding, jax.sharding.NamedSharding):
         mesh = sharding.mesh
         state = mesh_state(mesh)

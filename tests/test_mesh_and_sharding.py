@@ -328,7 +328,6 @@ def test_sharding_of_a_plain_jax_array_is_one_device(jx):
     assert state["total_devices"] == 1 and state["spec"] == [] and state["abstract"] is False
 
 
-@pytest.mark.xfail(strict=True, reason="bug: summaries.sharding_state sets abstract = not isinstance(value, jax.Array), true for NumPy arrays")
 def test_sharding_of_a_numpy_array_is_not_abstract(jx):
     # A NumPy array lives in host memory: it has data, unlike a ShapeDtypeStruct.
     jx.user_ns["h"] = np.ones((3, 4))

@@ -485,7 +485,6 @@ def test_device_counts_that_disagree(jx):
     assert "disagree" in message
 
 
-@pytest.mark.xfail(strict=True, reason="bug: with --mesh, `v=8` becomes the internal axis 'devices' and check_spec reports that name")
 def test_a_device_count_beside_a_named_mesh_blames_what_the_user_wrote(jx):
     mesh(jx, "data=8")
     jx.user_ns["v"] = jnp.ones(8)
@@ -496,7 +495,6 @@ def test_a_device_count_beside_a_named_mesh_blames_what_the_user_wrote(jx):
     assert "v=8" in message and "data" in message
 
 
-@pytest.mark.xfail(strict=True, reason="bug: `--in v=16` / `v=0` fail in select_devices, whose message talks about --devices and --simulate")
 @pytest.mark.parametrize("count", [16, 0])
 def test_a_device_count_the_process_cannot_give(jx, count):
     jx.user_ns["v"] = jnp.ones(16)

@@ -95,7 +95,6 @@ def test_spec_syntax_variants(text, expected):
     assert parse_spec(text, "--in w") == expected
 
 
-@pytest.mark.xfail(strict=True, reason="bug: specs.parse_spec reads the empty item after a trailing comma as None, so P('data',) becomes ('data', None)")
 def test_a_trailing_comma_inside_P_adds_no_dimension():
     # In Python P('data',) == P('data'): one entry. Reading it as ('data', None) would make a
     # 1-D array's spec "too long" and the user would get an error for valid Python syntax.
@@ -167,7 +166,6 @@ def test_assignments_survive_ipythons_word_splitting(line, expected):
     assert parse_assignments(words(line), "--in") == expected
 
 
-@pytest.mark.xfail(strict=True, reason="bug: specs.parse_assignments keeps only the last spec of a repeated NAME, silently")
 def test_a_name_given_twice_is_refused():
     # Keeping only the last spec would silently drop what the user wrote first.
     with pytest.raises(UsageError, match="'v'.*twice"):
