@@ -15,9 +15,11 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
+import jaxpar_magic
 from conftest import N_DEVICES, pmap, snapshot
 
-engine = importlib.import_module("jaxpar_magic.pmap")  # the engine module (`jaxpar_magic.pmap` names the twin)
+# The engine module, found through its class: `jaxpar_magic.pmap` names the plain-Python twin.
+engine = importlib.import_module(jaxpar_magic.ParallelFunction.__module__)
 
 
 # The seed's train step (`params @ x` there has mismatched shapes for its own data; `x @ params`
@@ -40,6 +42,10 @@ def train_step(params, batch, lr):
     new_params = params - lr * grads
     return new_params, loss(params, batch)
 """
+
+QUOTED_LITERAL_BUG = pytest.mark.xfail(
+    strict=True, reason="bug: IPython's parse_argstring keeps quotes, and specs.parse_literal turns a quoted "
+    "literal into a str (in_axes='(None, 0, None)'), which fails later or slips through unchecked")
 
 LR = 0.1
 W0 = np.array([0.5, -1.0, 2.0], np.float32)
@@ -81,6 +87,8 @@ def test_defs_are_bound_as_pmapped_versions_with_the_original_at_wrapped(ip):
     np.testing.assert_array_equal(out, np.arange(N_DEVICES) * 2)
 
 
+@pytest.mark.xfail(strict=True, reason="bug: magics.pmap takes the mesh from the first bound value, which is an "
+                   "imported module when the cell imports anything (AttributeError: no attribute 'mesh')")
 def test_function_mode_with_show_prints_what_was_bound(ip):
     # Shown by default; the cell's imports are bound beside the functions.
     with capture_output() as captured:
@@ -136,6 +144,7 @@ def test_train_step_with_broadcast_params_is_not_n_times_too_large(ip, data):
         np.testing.assert_allclose(row, expected, rtol=1e-5, atol=1e-6)
 
 
+@QUOTED_LITERAL_BUG
 def test_train_step_in_axes_written_as_the_help_suggests(ip, data):
     # The help and our own error message write the literal quoted: `--in-axes "(0, None)"`.
     X, Y = data
@@ -164,13 +173,14 @@ def test_python_float_arguments_are_broadcast(ip):
     np.testing.assert_allclose(ip.user_ns["scale"](v, 3), v * 3)
 
 
-def test_plain_python_twin_is_callable_after_the_engine_was_imported():
+@pytest.mark.xfail(strict=True, reason="bug: the submodule jaxpar_magic.pmap replaces the lazy twin attribute of "
+                   "the same name once imported, so jaxpar_magic.pmap is a module")
+def test_plain_python_twin_is_callable_after_a_cell_ran(ip):
     # `jaxpar_magic.pmap` is documented as the twin of %%pmap in function mode. Importing the
     # engine submodule of the same name (every %%pmap cell does) must not turn it into a module.
-    import jaxpar_magic
     from jax import lax
 
-    importlib.import_module("jaxpar_magic.pmap")
+    pmap(ip, "--no-show", "def f(v):\n    return v\n")  # a cell imports the engine
     twin = jaxpar_magic.pmap
     assert callable(twin), type(twin)
     f = twin(lambda v: lax.psum(v, "k"), axis_name="k")
@@ -178,7 +188,6 @@ def test_plain_python_twin_is_callable_after_the_engine_was_imported():
 
 
 def test_parallel_function_twin_over_a_given_mesh():
-    import jaxpar_magic
     from jax import lax
 
     mesh = engine.mesh_for(mesh="a=2,b=4")
@@ -233,7 +242,11 @@ def test_donate_argnums_reuses_the_input_buffer(ip):
 
 
 @pytest.mark.parametrize("option", ["--in-axes", "--out-axes", "--static-broadcasted-argnums", "--donate-argnums"])
-@pytest.mark.parametrize("text", ["__import__('os').getcwd()", "\"__import__('os').getcwd()\"", "open('x')"])
+@pytest.mark.parametrize("text", [
+    "__import__('os').getcwd()",
+    pytest.param("\"__import__('os').getcwd()\"", marks=QUOTED_LITERAL_BUG),
+    "open('x')",
+])
 def test_option_literals_are_never_evaluated(ip, option, text):
     before = snapshot(ip.user_ns)
     modules = set(sys.modules)
