@@ -10,9 +10,9 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 _TWINS = {
-    "pmap": ("pmap", "pmap"),
-    "pmap_cell": ("pmap", "pmap_cell"),
-    "ParallelFunction": ("pmap", "ParallelFunction"),
+    "pmap": ("pmapping", "pmap"),
+    "pmap_cell": ("pmapping", "pmap_cell"),
+    "ParallelFunction": ("pmapping", "ParallelFunction"),
     "simulate": ("devices", "simulate"),
     "show_devices": ("magics", "show_devices"),
     "show_mesh": ("magics", "show_mesh"),

@@ -111,8 +111,12 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
         if not m:
             continue
         arrays = _ARRAY.findall(m.group("type"))
-        if m.group("start") and len(arrays) > 1:
-            arrays = arrays[len(arrays) // 2:]  # async starts carry (operands, results)
+        if m.group("start"):
+            # Async starts return (operands, results[, u32[] context buffers]): keep the results.
+            while len(arrays) > 2 and arrays[-1][1] == "" and arrays[-1][0] in ("u32", "s32", "token"):
+                arrays.pop()
+            if len(arrays) > 1:
+                arrays = arrays[len(arrays) // 2:]
         shape = ", ".join(f"{d}[{s}]" for d, s in arrays)
         size = sum(_array_bytes(d, s) for d, s in arrays)
         groups = [[to_device(i) for i in g] for g in parse_replica_groups(line)]

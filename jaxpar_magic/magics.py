@@ -100,7 +100,7 @@ class JaxparMagics(Magics, Configurable):
         names it assigns come back with a leading device axis. Function mode (a cell that only
         defines functions): each function is bound as its pmapped version.
         """
-        from .pmap import pmap_cell
+        from .pmapping import pmap_cell
 
         args = parse_argstring(self.pmap, line)
         show = self.show if args.show is None else args.show
@@ -123,10 +123,12 @@ class JaxparMagics(Magics, Configurable):
         )
         if isinstance(result, dict):  # function mode
             if show:
-                mesh = next(iter(result.values())).mesh if result else None
+                from .pmapping import ParallelFunction
+
                 for name, fn in result.items():
-                    if hasattr(fn, "axis_names"):
-                        print(f"{name}: pmapped over {mesh.devices.size} devices, axes {fn.axis_names}; original at {name}.__wrapped__")
+                    if isinstance(fn, ParallelFunction):
+                        print(f"{name}: pmapped over {fn.mesh.devices.size} devices, axes {fn.axis_names}; "
+                              f"original at {name}.__wrapped__")
             return None
         if show:
             sizes = "x".join(str(s) for s in result.mesh.devices.shape)

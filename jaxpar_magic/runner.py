@@ -50,7 +50,26 @@ def fingerprint(value):
         return ("tuple",) + tuple(fingerprint(v) for v in value)
     if isinstance(value, (list, dict, set)) and len(value) <= 64:
         return ("repr", type(value).__name__, repr(value))
-    return ("id", id(value))
+    return _Identity(value)
+
+
+class _Identity:
+    """A cache-key part equal only to the very same object, which it keeps alive.
+
+    Keying on id() alone is not enough: a freed object's address is reused, and a new helper
+    function at the old one's address would hit the old compiled cell.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __eq__(self, other):
+        return isinstance(other, _Identity) and other.value is self.value
+
+    def __hash__(self):
+        return id(self.value)
 
 
 # --- the collectives view's facts, shared with %%shard -------------------------------------------
@@ -181,6 +200,12 @@ def traced(value) -> bool:
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(value))
 
 
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def analyse_cached(source: str, label: str) -> cells.Cell:
+    """A cell's analysis, computed once per source (a re-run skips parsing)."""
+    return cells.analyse(source, label)
 
 
 class BoundedCache(OrderedDict):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from . import cell as cells
 from .errors import UsageError
 from .runner import (
-    BoundedCache, CellProgram, ProgramFacts, capture_outputs, facts_for, fingerprint, is_array, plan_inputs,
+    BoundedCache, analyse_cached, CellProgram, ProgramFacts, capture_outputs, facts_for, fingerprint, is_array, plan_inputs,
     run_program,
 )
 from .specs import MeshShape, parse_mesh_shape
@@ -258,8 +258,6 @@ def shard_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_sp
     (placed inputs are rebound like the seed's `v1sp = jax.device_put(v1s, sharding)`, so a re-run
     moves no data).
     """
-    from .pmap import analyse_cached
-
     in_specs = {n: tuple(s) for n, s in (in_specs or {}).items()}
     out_specs = {n: tuple(s) for n, s in (out_specs or {}).items()}
     cell = analyse_cached(source, "shard-cell")

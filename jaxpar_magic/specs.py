@@ -53,17 +53,32 @@ def parse_mesh_shape(text: str | list[str], option: str = "--mesh") -> MeshShape
     return MeshShape(tuple(names), tuple(sizes))
 
 
+_NOT_ALLOWED = object()
+
+
+def _ints_and_nones(value) -> bool:
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return True
+    return isinstance(value, (tuple, list)) and all(_ints_and_nones(v) for v in value)
+
+
 def parse_literal(text: str | None, option: str):
     """A Python literal from the magic line (tuples, ints, None), read without executing anything."""
     if text is None:
         return None
+    stripped = text.strip()
+    if len(stripped) >= 2 and stripped[0] == stripped[-1] and stripped[0] in "'\"":
+        stripped = stripped[1:-1]  # IPython keeps the quotes of `--in-axes "(0, None)"`
     try:
-        return ast.literal_eval(text)
+        value = ast.literal_eval(stripped)
     except (ValueError, SyntaxError):
+        value = _NOT_ALLOWED
+    if not _ints_and_nones(value):
         raise UsageError(
-            f"{option}: {text!r} is not a Python literal; write numbers, None and tuples only, "
-            f"e.g. `{option} \"(0, None)\"`."
-        ) from None
+            f"{option}: {text!r} is not a literal of whole numbers, None and tuples; write e.g. "
+            f"`{option} \"(0, None)\"`."
+        )
+    return value
 
 
 def parse_device_selection(words: list[str] | None) -> int | tuple[int, ...] | None:

@@ -106,8 +106,6 @@ def test_async_collective_permute_start_without_context_buffers():
     assert (c.op, c.shape, c.bytes, c.pairs) == ("collective-permute", "f32[2,16]", 128, [(0, 1), (1, 0)])
 
 
-@pytest.mark.xfail(strict=True, reason="bug: hlo.collectives halves the start tuple, so (operand, result, u32[], u32[]) "
-                   "reports the two u32[] context scalars as the permute's shape and bytes")
 def test_async_collective_permute_start_with_u32_context_buffers():
     # XLA's GPU pipeline prints the start as (operand, result, u32[], u32[]): the two scalars are
     # synchronisation contexts, not data the permute moves.

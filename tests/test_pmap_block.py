@@ -282,8 +282,6 @@ def test_a_changed_constant_takes_effect_on_the_next_run(jx, x):
     np.testing.assert_array_equal(jx.user_ns["y"], x * 5.0)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: runner.fingerprint keys other constants on id() without holding them; "
-                   "a new object at a dead one's address hits the stale compiled cell")
 def test_a_new_helper_at_a_dead_helpers_address_takes_effect(jx, x):
     # Rebinding a name frees the old object, and CPython soon gives a new object the same id().
     # A cache keyed on id() without holding the object would then run the stale helper.

@@ -43,10 +43,6 @@ def train_step(params, batch, lr):
     return new_params, loss(params, batch)
 """
 
-QUOTED_LITERAL_BUG = pytest.mark.xfail(
-    strict=True, reason="bug: IPython's parse_argstring keeps quotes, and specs.parse_literal turns a quoted "
-    "literal into a str (in_axes='(None, 0, None)'), which fails later or slips through unchecked")
-
 LR = 0.1
 W0 = np.array([0.5, -1.0, 2.0], np.float32)
 
@@ -87,8 +83,6 @@ def test_defs_are_bound_as_pmapped_versions_with_the_original_at_wrapped(ip):
     np.testing.assert_array_equal(out, np.arange(N_DEVICES) * 2)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: magics.pmap takes the mesh from the first bound value, which is an "
-                   "imported module when the cell imports anything (AttributeError: no attribute 'mesh')")
 def test_function_mode_with_show_prints_what_was_bound(ip):
     # Shown by default; the cell's imports are bound beside the functions.
     with capture_output() as captured:
@@ -144,7 +138,6 @@ def test_train_step_with_broadcast_params_is_not_n_times_too_large(ip, data):
         np.testing.assert_allclose(row, expected, rtol=1e-5, atol=1e-6)
 
 
-@QUOTED_LITERAL_BUG
 def test_train_step_in_axes_written_as_the_help_suggests(ip, data):
     # The help and our own error message write the literal quoted: `--in-axes "(0, None)"`.
     X, Y = data
@@ -173,8 +166,6 @@ def test_python_float_arguments_are_broadcast(ip):
     np.testing.assert_allclose(ip.user_ns["scale"](v, 3), v * 3)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: the submodule jaxpar_magic.pmap replaces the lazy twin attribute of "
-                   "the same name once imported, so jaxpar_magic.pmap is a module")
 def test_plain_python_twin_is_callable_after_a_cell_ran(ip):
     # `jaxpar_magic.pmap` is documented as the twin of %%pmap in function mode. Importing the
     # engine submodule of the same name (every %%pmap cell does) must not turn it into a module.
@@ -244,7 +235,7 @@ def test_donate_argnums_reuses_the_input_buffer(ip):
 @pytest.mark.parametrize("option", ["--in-axes", "--out-axes", "--static-broadcasted-argnums", "--donate-argnums"])
 @pytest.mark.parametrize("text", [
     "__import__('os').getcwd()",
-    pytest.param("\"__import__('os').getcwd()\"", marks=QUOTED_LITERAL_BUG),
+    "\"__import__('os').getcwd()\"",
     "open('x')",
 ])
 def test_option_literals_are_never_evaluated(ip, option, text):

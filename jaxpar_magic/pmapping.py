@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from . import cell as cells
 from .errors import UsageError, explain_trace_error
 from .runner import (  # noqa: F401  (re-exported: the engine's public vocabulary)
-    CACHE_SIZE, BoundedCache, CellProgram, ProgramFacts, block_on_cpu_collectives, capture_outputs, facts_for,
+    CACHE_SIZE, BoundedCache, analyse_cached, CellProgram, ProgramFacts, block_on_cpu_collectives, capture_outputs, facts_for,
     fingerprint, has_collectives_on_cpu, is_array, is_array_tree, plan_inputs, program_facts, run_program,
     shape_signature, traced,
 )
@@ -361,11 +361,6 @@ def pmap(fn=None, *, mesh=None, axis_name: str = "i", devices=None, **options):
 
 
 # --- the plain-Python twin of %%pmap -----------------------------------------------------------
-
-@functools.lru_cache(maxsize=CACHE_SIZE)
-def analyse_cached(source: str, label: str) -> cells.Cell:
-    return cells.analyse(source, label)
-
 
 def mesh_for(axis_name: str = "i", devices=None, mesh=None):
     """The mesh a cell runs over: `mesh` (a Mesh, or 'outer=2,inner=4'), else one named axis."""
