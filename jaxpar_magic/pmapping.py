@@ -42,12 +42,6 @@ class BlockResult:
 _block_cache = BoundedCache()
 
 
-def _leading(value, k: int):
-    import jax
-
-    return {tuple(leaf.shape[:k]) for leaf in jax.tree.leaves(value)}
-
-
 def check_axis_names(source: str, axis_names: tuple[str, ...]) -> None:
     for lineno, text, axis in cells.collective_axis_literals(source):
         if axis not in axis_names:
@@ -91,17 +85,25 @@ def _mapped_value(name, value, mesh, split: bool):
     return value
 
 
-def _check_same_leading(mapped: dict, k: int) -> None:
+def _check_same_leading(mapped: dict, devices: int) -> None:
+    """Mapped inputs that disagree with each other, when none of them fits the devices: name both.
+
+    (When one fits, the others get the sharper per-input message of `_mapped_value`.)
+    """
+    import jax
+
     seen = {}
     for name, value in mapped.items():
-        for lead in _leading(value, k):
-            seen.setdefault(lead, name)
-    if len(seen) > 1:
+        for leaf in jax.tree.leaves(value):
+            if getattr(leaf, "ndim", 0) >= 1:
+                seen.setdefault(int(leaf.shape[0]), name)
+    if len(seen) > 1 and devices not in seen:
         (a, na), (b, nb) = list(seen.items())[:2]
         raise UsageError(
-            f"mapped inputs disagree on their leading axis: {na!r} has {a[0] if len(a) == 1 else a} and {nb!r} has "
-            f"{b[0] if len(b) == 1 else b}. Every mapped input needs one slice per device; reshape them to agree, "
-            f"use `--split` on a batch, or `--broadcast` an input every device should see whole."
+            f"mapped inputs disagree on their leading axis: {na!r} has {a} rows and {nb!r} has {b}, and the cell "
+            f"runs over {devices} devices. Every mapped input needs one slice per device (a leading axis of "
+            f"{devices}); reshape them, use `--split` on a batch of {devices}*k rows, or `--broadcast` an input "
+            f"every device should see whole."
         )
 
 
@@ -154,15 +156,10 @@ def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=()
                 f"({', '.join(cell.writes) or 'none'})."
             )
     k = len(axis_names)
-    args = []
-    mapped = {}
-    for name in inputs:
-        value = namespace[name]
-        if name not in broadcast:
-            value = _mapped_value(name, value, mesh, name in split)
-            mapped[name] = value
-        args.append(value)
-    _check_same_leading(mapped, k)
+    # Inputs that disagree with each other are named together, before either is held to the mesh.
+    _check_same_leading({n: namespace[n] for n in inputs if n not in broadcast and n not in split}, mesh.devices.size)
+    args = [namespace[name] if name in broadcast else _mapped_value(name, namespace[name], mesh, name in split)
+            for name in inputs]
 
     key = (cell.source, inputs, tuple(sorted(broadcast)), mesh,
            tuple((n, fingerprint(namespace[n])) for n in constants))

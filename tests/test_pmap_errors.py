@@ -197,3 +197,8 @@ def test_function_with_python_if_on_a_traced_value(jx):
     with pytest.raises(UsageError) as info:
         jx.user_ns["f"](np.ones(N_DEVICES, np.float32))
     assert "`if v > 0:`" in str(info.value)
+
+
+def test_mapped_inputs_that_disagree_and_fit_no_device_count(jx):
+    jx.push({"a": np.ones((16, 3), np.float32), "b": np.ones((4, 3), np.float32)})
+    fails(jx, "--no-show", "y = a.sum() + b.sum()", "'a' has 16", "'b' has 4", f"{N_DEVICES} devices")
