@@ -1,0 +1,70 @@
+"""Debian Chromium for the end-to-end tests, driven by Playwright (PyPI), with the network shut.
+
+Never run ``playwright install`` here: it downloads a browser. We launch /usr/bin/chromium.
+Without it a browser test is skipped with a message, except under CI, where it fails: CI must
+install Chromium (``.ci/run`` does).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+# Without the background-networking flags Chromium keeps trying hosts it cannot reach.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def require_chromium() -> None:
+    """Skip (or, under CI, fail) when Debian Chromium is missing."""
+    if CHROMIUM.exists():
+        return
+    msg = f"browser tests need Debian Chromium at {CHROMIUM} (apt-get install -y chromium)"
+    if os.environ.get("CI"):
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+@contextmanager
+def browser() -> Iterator[Any]:
+    """A headless Chromium; the caller makes contexts and pages."""
+    require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def collect_errors(page: Any, errors: list[str], ignore: Callable[[str], bool] = lambda text: False) -> None:
+    """Record uncaught page errors and console errors (minus those ``ignore`` accepts)."""
+
+    def on_console(msg: Any) -> None:
+        if msg.type == "error" and not ignore(msg.text):
+            errors.append(f"console.error: {msg.text}")
+
+    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+    page.on("console", on_console)
+
+
+def artifacts_dir() -> Path:
+    """test-artifacts/ at the repository root (git ignores it): screenshots to look at."""
+    out = Path(__file__).resolve().parents[1] / "test-artifacts"
+    out.mkdir(exist_ok=True)
+    return out
