@@ -63,6 +63,9 @@ def simulate(count: int) -> None:
         raise UsageError(f"--simulate needs a positive device count, got {count}.")
     try:
         jax.config.update("jax_num_cpu_devices", count)
+        # On a GPU/TPU host, JAX would still pick the accelerator as the default backend; the user
+        # asked for a CPU simulation, so the CPU devices are the ones every cell should see.
+        jax.config.update("jax_platforms", "cpu")
     except RuntimeError:
         have = jax.device_count("cpu") if jax.default_backend() == "cpu" else None
         if have == count:

@@ -45,7 +45,7 @@ def result_view(result, title: str, report: bool):
     from .summaries import report_figures, result_state
     from .views.results import ResultView
 
-    outputs = {n: result.outputs[n] for n in result.device_outputs}
+    outputs = dict(result.per_device)
     if result.has_final and result.final_per_device:
         outputs["(result)"] = result.final
     facts = result.facts

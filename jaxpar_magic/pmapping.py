@@ -18,10 +18,9 @@ from dataclasses import dataclass
 
 from . import cell as cells
 from .errors import UsageError, explain_trace_error
-from .runner import (  # noqa: F401  (re-exported: the engine's public vocabulary)
-    CACHE_SIZE, BoundedCache, analyse_cached, CellProgram, ProgramFacts, block_on_cpu_collectives, capture_outputs, facts_for,
-    fingerprint, has_collectives_on_cpu, is_array, is_array_tree, plan_inputs, program_facts, run_program,
-    shape_signature, traced,
+from .runner import (
+    CACHE_SIZE, BoundedCache, CellProgram, ProgramFacts, analyse_cached, block_on_cpu_collectives, capture_outputs,
+    facts_for, fingerprint, has_collectives_on_cpu, plan_inputs, program_facts, run_program, traced,
 )
 
 # --- block mode --------------------------------------------------------------------------------
@@ -37,6 +36,7 @@ class BlockResult:
     facts: ProgramFacts | None
     run_ms: float
     cell: cells.Cell | None = None
+    per_device: dict | None = None  # device outputs before --merge: what the view shows per device
 
 
 _block_cache = BoundedCache()
@@ -184,6 +184,7 @@ def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=()
         facts=facts,
         run_ms=run_ms,
         cell=cell,
+        per_device={n: device[n] for n in program.device_outputs},
     )
 
 
@@ -231,7 +232,6 @@ class ParallelFunction:
 
         k = len(self.axis_names)
         total = len(all_in_axes)
-        count = total - len(statics)
         dynamic = [i for i in range(total) if i not in dict(statics)]
         in_axes = [all_in_axes[i] for i in dynamic]
         fn = self.__wrapped__

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import run_python
+from shell_helpers import run_python
 
 LOOP = r'''
 import numpy as np

@@ -10,7 +10,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
-from conftest import N_DEVICES, shown_widgets
+from shell_helpers import N_DEVICES, shown_widgets
 from jaxpar_magic import devices as dev
 
 

@@ -5,7 +5,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
-from conftest import pmap, run_python
+from shell_helpers import pmap, run_python
 
 
 def test_loading_twice_is_harmless(ip):

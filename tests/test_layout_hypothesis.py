@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from conftest import N_DEVICES
+from shell_helpers import N_DEVICES
 from jaxpar_magic.layout import named_tiles, spec_axes, tiles_from_index_map
 from jaxpar_magic.summaries import sharding_state
 

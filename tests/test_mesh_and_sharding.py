@@ -18,7 +18,7 @@ from IPython.utils.capture import capture_output
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jaxpar_magic
-from conftest import N_DEVICES, pmap, shown_widgets, snapshot
+from shell_helpers import N_DEVICES, pmap, shown_widgets, snapshot
 from jaxpar_magic.summaries import mesh_state, sharding_state
 
 

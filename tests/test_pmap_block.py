@@ -14,7 +14,7 @@ import pytest
 from jax import lax
 
 import jaxpar_magic
-from conftest import N_DEVICES, pmap, shown_state
+from shell_helpers import N_DEVICES, pmap, shown_state
 from jaxpar_magic import summaries
 
 # The engine module, found through its class: `jaxpar_magic.pmap` names the plain-Python twin.
@@ -476,3 +476,13 @@ def test_per_device_summary_shows_a_few_values_of_a_wide_block():
     assert len(_numbers(text)) <= summaries.VALUES_PER_TILE
     assert "…" in text
     assert summary["shape"] == [1000]
+
+
+def test_merge_with_the_view_shows_each_devices_block(jx):
+    batch = np.arange(64, dtype=np.float32).reshape(32, 2)
+    jx.push({"batch": batch})
+    _, state = shown_state(jx, "--split batch --merge y", "y = batch * 2")
+    assert jx.user_ns["y"].shape == (32, 2)  # merged back for the user
+    (out,) = state["outputs"]
+    assert out["name"] == "y" and out["shape"] == [4, 2]  # the view shows one device's block
+    assert len(out["tiles"]) == N_DEVICES and out["tiles"][1]["text"].startswith("[16. 18.")

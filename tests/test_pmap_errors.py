@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from IPython.core.error import UsageError
 
-from conftest import N_DEVICES, pmap, snapshot
+from shell_helpers import N_DEVICES, pmap, snapshot
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 import jaxpar_magic
-from conftest import N_DEVICES, pmap, snapshot
+from shell_helpers import N_DEVICES, pmap, snapshot
 
 # The engine module, found through its class: `jaxpar_magic.pmap` names the plain-Python twin.
 engine = importlib.import_module(jaxpar_magic.ParallelFunction.__module__)

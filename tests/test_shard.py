@@ -15,7 +15,7 @@ from IPython.utils.capture import capture_output
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jaxpar_magic
-from conftest import N_DEVICES, shown_widgets, snapshot
+from shell_helpers import N_DEVICES, shown_widgets, snapshot
 
 
 def shard(ip, line: str, source: str):

@@ -37,7 +37,15 @@ _NAME_RE = re.compile(r"^[A-Za-z_$][\w$]*$")
 
 def read_asset(name: str) -> str:
     """Text of one file of the installed ``jaxpar_magic.js`` package (``js/`` in the repo)."""
-    return importlib.resources.files("jaxpar_magic.js").joinpath(name).read_text(encoding="utf-8")
+    try:
+        folder = importlib.resources.files("jaxpar_magic.js")
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError(
+            "jaxpar_magic's widget code (js/) ships inside an installed copy only, and this Python imported "
+            "jaxpar_magic from a source checkout (the repo root is on sys.path). Run `pip install .` and start "
+            "Python/the kernel outside the repo root (or use scripts/demo)."
+        ) from None
+    return folder.joinpath(name).read_text(encoding="utf-8")
 
 
 def _helper_module(name: str) -> tuple[str, set[str]]:

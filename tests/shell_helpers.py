@@ -1,0 +1,62 @@
+"""Helpers the tests import (a plain module: `from conftest import ...` is ambiguous once
+tests/browser/conftest.py is collected too)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+from IPython.utils.capture import capture_output
+
+N_DEVICES = 8
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+def pmap(ip, line: str, source: str):
+    """Run a `%%pmap` cell the way a notebook does; returns what the cell returns."""
+    return ip.run_cell_magic("pmap", line, textwrap.dedent(source))
+
+
+def snapshot(ns: dict) -> dict:
+    """Names and identities of a namespace, to show a failed cell changed nothing."""
+    return {name: id(value) for name, value in ns.items()}
+
+
+def shown_widgets(captured) -> list:
+    """The widget objects a cell displayed, found by the model ids in the captured mime bundles."""
+    from ipywidgets.widgets.widget import _instances
+
+    found = []
+    for output in captured.outputs:
+        ref = output.data.get("application/vnd.jupyter.widget-view+json")
+        if ref is not None:
+            found.append(_instances[ref["model_id"]])
+    return found
+
+
+def shown_state(ip, line: str, source: str) -> tuple[object, dict]:
+    """Run a cell with --show and return (its return value, the displayed ResultView's state)."""
+    with capture_output() as captured:
+        value = pmap(ip, line, source)
+    views = [w for w in shown_widgets(captured) if type(w).__name__ == "ResultView"]
+    assert len(views) == 1, f"expected one ResultView, got {captured.outputs!r}"
+    return value, views[0].state
+
+
+def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter (a fresh JAX backend) with this Python, importing the
+    installed package (the working directory is a temporary one, not the checkout)."""
+    env = dict(os.environ)
+    env["JAX_PLATFORMS"] = "cpu"
+    env.pop("XLA_FLAGS", None)
+    env.pop("JAXPAR_SIMULATED_DEVICES", None)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=tempfile.gettempdir(),
+    )
