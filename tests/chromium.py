@@ -38,18 +38,33 @@ def require_chromium() -> None:
     pytest.skip(msg)
 
 
+_shared: list = []  # [playwright, browser] once started: one per test process
+
+
+def shared_browser() -> Any:
+    """The test process's one headless Chromium (Playwright's sync API allows one driver per
+    thread: a second `sync_playwright()` while the first runs fails)."""
+    require_chromium()
+    if not _shared:
+        from playwright.sync_api import sync_playwright
+
+        pw = sync_playwright().start()
+        _shared[:] = [pw, pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)]
+    return _shared[1]
+
+
+def stop_shared_browser() -> None:
+    if _shared:
+        pw, b = _shared
+        _shared.clear()
+        b.close()
+        pw.stop()
+
+
 @contextmanager
 def browser() -> Iterator[Any]:
-    """A headless Chromium; the caller makes contexts and pages."""
-    require_chromium()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
+    """A headless Chromium; the caller makes contexts (and closes them) and pages."""
+    yield shared_browser()
 
 
 def collect_errors(page: Any, errors: list[str], ignore: Callable[[str], bool] = lambda text: False) -> None:

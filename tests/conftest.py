@@ -19,6 +19,14 @@ from traitlets.config import Config  # noqa: E402
 from shell_helpers import COMPILE_EVENT  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _stop_chromium_at_the_end():
+    yield
+    from chromium import stop_shared_browser
+
+    stop_shared_browser()
+
+
 @pytest.fixture(scope="session")
 def _shell():
     config = Config()

@@ -9,24 +9,13 @@ from __future__ import annotations
 
 import importlib.resources
 import mimetypes
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-CHROMIUM = Path("/usr/bin/chromium")
 ORIGIN = "http://jpm.test"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 HARNESS = Path(__file__).with_name("harness.html")
 
 
@@ -38,19 +27,9 @@ def _view_classes() -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def jpm_browser() -> Iterator[Any]:
-    if not CHROMIUM.exists():
-        msg = f"browser tests need Debian Chromium at {CHROMIUM} (apt-get install -y chromium)"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    from playwright.sync_api import sync_playwright
+    from chromium import shared_browser
 
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield browser
-        finally:
-            browser.close()
+    yield shared_browser()  # one Chromium for every browser test of the run; tests/conftest.py stops it
 
 
 @pytest.fixture(scope="session")
