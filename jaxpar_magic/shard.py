@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from . import cell as cells
 from .errors import UsageError
+from .layout import spec_axes
 from .runner import (
     BoundedCache, analyse_cached, CellProgram, ProgramFacts, capture_outputs, facts_for, fingerprint, is_array, plan_inputs,
     run_program,
@@ -60,8 +61,7 @@ def check_spec(name: str, shape: tuple, spec: tuple, mesh, option: str = "--in")
             f"dimension{'s' if len(shape) != 1 else ''}); give at most one entry per dimension."
         )
     used = []
-    for dim, entry in enumerate(spec):
-        axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    for dim, axes in enumerate(spec_axes(spec, len(spec))):
         count = 1
         for axis in axes:
             if axis not in sizes:
@@ -222,8 +222,8 @@ def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs
                 f"--out {name}: the cell does not assign {name!r}; --out constrains names the cell assigns "
                 f"({', '.join(cell.writes) or 'none'})."
             )
-        for entry in out_specs[name]:
-            for axis in (() if entry is None else (entry,) if isinstance(entry, str) else entry):
+        for axes in spec_axes(out_specs[name], len(out_specs[name])):
+            for axis in axes:
                 if axis not in mesh.axis_names:
                     raise UsageError(f"--out {name}: {axis!r} is not an axis of the mesh {tuple(mesh.axis_names)}.")
     placed = {name: place(namespace[name], mesh, spec, name) for name, spec in in_specs.items()}
