@@ -71,7 +71,8 @@ def collective_state(c: Collective, total: int, source_line: str | None) -> dict
         "shape": c.shape,
         "bytes": c.bytes,
         "groups": c.groups[:MAX_GROUPS],
-        "groups_text": _groups_text(c.groups, total),
+        "groups_text": (f"{len(c.pairs)} send{'s' if len(c.pairs) != 1 else ''} between pairs of devices"
+                        if c.pairs and not c.groups else _groups_text(c.groups, total)),
         "pairs": [list(p) for p in c.pairs[:MAX_PAIRS]],
         "pairs_omitted": max(0, len(c.pairs) - MAX_PAIRS),
         "source_line": source_line,

@@ -486,3 +486,11 @@ def test_merge_with_the_view_shows_each_devices_block(jx):
     (out,) = state["outputs"]
     assert out["name"] == "y" and out["shape"] == [4, 2]  # the view shows one device's block
     assert len(out["tiles"]) == N_DEVICES and out["tiles"][1]["text"].startswith("[16. 18.")
+
+
+def test_a_ppermute_is_described_by_its_sends_not_as_a_group(jx):
+    jx.push({"x": np.arange(N_DEVICES, dtype=np.float32)})
+    _, state = shown_state(jx, "", f"y = lax.ppermute(x, 'i', [(k, (k + 1) % {N_DEVICES}) for k in range({N_DEVICES})])")
+    (permute,) = [c for c in state["collectives"] if c["op"] == "collective-permute"]
+    assert permute["groups_text"] == f"{N_DEVICES} sends between pairs of devices"
+    assert permute["pairs"][:2] == [[0, 1], [1, 2]]
