@@ -5,6 +5,9 @@ for at most MAX_TILES devices, whatever the array's size.
 """
 from __future__ import annotations
 
+import itertools
+import math
+
 from .hlo import Collective
 
 MAX_TILES = 16  # per-device tiles shipped per output
@@ -141,6 +144,7 @@ def report_figures(facts, run_ms: float) -> dict:
 
 # --- meshes and shardings ----------------------------------------------------------------------
 
+#: Blocks listed per sharding state; past this, `blocks` stops (row-major) and the rest are not sent.
 MAX_SHARDING_TILES = 4096
 
 
@@ -175,7 +179,20 @@ def _spec_entry(entry):
 def sharding_state(name: str, value) -> dict:
     """The sharding view's state for a jax.Array, a ShapeDtypeStruct with a sharding, or host data.
 
-    Built from shape, dtype and sharding only: its size depends on the number of shards.
+    Built from shape, dtype and sharding only: its size depends on the number of shards. Where
+    the blocks are is written once per dimension, who holds them once per block:
+
+    - ``grid[d]``: how many blocks dimension ``d`` is cut into.
+    - ``bounds[d]``: the ``grid[d] + 1`` cut points along dimension ``d``, non-decreasing, from 0
+      to ``shape[d]`` (``[0, 500, 1000, ..., 4000]``); block ``b`` spans ``[bounds[d][b],
+      bounds[d][b + 1])``, so its index slices and shard shape follow.
+    - ``blocks[k]``: who holds the ``k``-th block in row-major order over ``grid``: a device id
+      when one device holds it, else the list of ids (several: replicas; none: host data, or a
+      part of the array no device holds). At most MAX_SHARDING_TILES entries: a shorter list
+      than ``prod(grid)`` means the remaining blocks were not sent.
+
+    ``expand_sharding_tiles`` turns this back into one ``{block, index, shard_shape, devices}``
+    per block, and ``js/sharding.js`` decodes it the same way.
     """
     import jax
     import numpy as np
@@ -206,7 +223,7 @@ def sharding_state(name: str, value) -> dict:
 
         tiles = [Tile((0,) * len(shape), tuple((0, n) for n in shape), ())]
         total = 0
-    grid = [max((t.block[d] for t in tiles), default=0) + 1 for d in range(len(shape))]
+    grid, bounds, blocks = compact_tiles(shape, tiles)
     return {
         "name": name,
         "shape": list(shape),
@@ -214,14 +231,69 @@ def sharding_state(name: str, value) -> dict:
         "spec": spec,
         "mesh_axes": mesh_axes,
         "grid": grid,
-        "tiles": [
-            {"block": list(t.block), "index": [list(i) for i in t.index], "shard_shape": list(t.shard_shape),
-             "devices": list(t.devices)}
-            for t in tiles[:MAX_SHARDING_TILES]
-        ],
+        "bounds": bounds,
+        "blocks": blocks[:MAX_SHARDING_TILES],
         "replicated_over": replicated,
         "total_devices": total,
         "abstract": abstract,
         "process_count": jax.process_count(),
         "nbytes": int(np.prod(shape, dtype=object)) * dtype.itemsize,
     }
+
+
+def compact_tiles(shape, tiles) -> tuple[list[int], list[list[int]], list[int | list[int]]]:
+    """(grid, bounds, blocks) of `tiles` (layout.Tile), as `sharding_state` documents them.
+
+    Every layout JAX can describe is a product grid: an HloSharding cuts each dimension at fixed
+    points, whatever the other dimensions do, and `named_tiles` / `tiles_from_index_map` number
+    blocks by their position along each dimension. A layout whose blocks disagree on a cut point
+    is not one, and cannot be drawn as a grid: ValueError. A block no tile covers (a layout that
+    leaves part of the array on no device) is kept, held by no device: ``[]``.
+    """
+    ndim = len(shape)
+    grid = [max((t.block[d] for t in tiles), default=0) + 1 for d in range(ndim)]
+    cuts: list[list[int | None]] = [[None] * (g + 1) for g in grid]
+    held: dict[tuple[int, ...], tuple[int, ...]] = {}
+    for t in tiles:
+        for d, (b, (start, stop)) in enumerate(zip(t.block, t.index)):
+            for at, value in ((b, start), (b + 1, stop)):
+                if cuts[d][at] not in (None, value):
+                    raise ValueError(
+                        f"blocks of a {tuple(shape)} array disagree on where dimension {d} is cut "
+                        f"(cut {at}: {cuts[d][at]} or {value}): not a grid of blocks"
+                    )
+                cuts[d][at] = value
+        held[tuple(t.block)] = tuple(t.devices)
+    if any(c is None for dim in cuts for c in dim):
+        raise ValueError(f"tiles of a {tuple(shape)} array leave a row of blocks out: not a grid of blocks")
+    bounds = [[int(c) for c in dim] for dim in cuts]
+    blocks = []
+    for block in itertools.product(*(range(g) for g in grid)):
+        devices = held.get(block, ())
+        blocks.append(int(devices[0]) if len(devices) == 1 else [int(d) for d in devices])
+    return grid, bounds, blocks
+
+
+def expand_sharding_tiles(state: dict) -> list[dict]:
+    """The blocks of a sharding state, one ``{block, index, shard_shape, devices}`` each.
+
+    The one decoder of ``bounds`` and ``blocks`` on the Python side (``js/sharding.js`` has its
+    twin): blocks in row-major order over ``grid``, the blocks a capped state did not send left out.
+    """
+    grid = [int(g) for g in state.get("grid") or []]
+    bounds = state.get("bounds") or []
+    blocks = state.get("blocks") or []
+    if len(bounds) != len(grid) or any(len(b) != g + 1 for b, g in zip(bounds, grid)):
+        raise ValueError(f"sharding state: bounds {bounds!r} do not match grid {grid!r}")
+    if len(blocks) > math.prod(grid):
+        raise ValueError(f"sharding state: {len(blocks)} blocks for a grid of {math.prod(grid)}")
+    tiles = []
+    for block, held in zip(itertools.product(*(range(g) for g in grid)), blocks):
+        index = [[int(bounds[d][b]), int(bounds[d][b + 1])] for d, b in enumerate(block)]
+        tiles.append({
+            "block": list(block),
+            "index": index,
+            "shard_shape": [stop - start for start, stop in index],
+            "devices": [int(held)] if isinstance(held, int) else [int(d) for d in held],
+        })
+    return tiles

@@ -66,7 +66,7 @@ export function sideCaption(state, k, px) {
 function block(tile, dtype, wpx, hpx) {
   if (!tile) return h("div", { class: "jpm-block", style: { background: "var(--jpm-panel)" } });
   const devs = tile.devices || [];
-  const who = devs.length === 1 ? `device ${devs[0]}` : `devices ${formatIds(devs, 8)} (${devs.length}, replicated)`;
+  const who = devs.length === 0 ? "no device" : devs.length === 1 ? `device ${devs[0]}` : `devices ${formatIds(devs, 8)} (${devs.length}, replicated)`;
   const detail = `block (${tile.block.join(", ")}) · index ${formatSlices(tile.index)} · shard ${formatShape(dtype, tile.shard_shape)} · ${who}`;
   const el = h("div", { class: wpx >= 48 && hpx >= 40 ? "jpm-block jpm-big" : "jpm-block", title: detail, data: { detail } });
   if (devs.length === 1) {
@@ -85,16 +85,37 @@ function block(tile, dtype, wpx, hpx) {
 }
 
 /**
- * Extents (stop - start) of each block along each dimension, from the tiles.
+ * The state's blocks, decoded: the twin of `expand_sharding_tiles` in summaries.py.
+ *
+ * `bounds[d]` holds the grid[d] + 1 cut points of dimension d; `blocks[k]` says who holds the
+ * k-th block in row-major order over `grid`: a device id, or a list of ids (several: replicas;
+ * none: on no device). A capped state sends fewer than product(grid) blocks: the rest are absent.
  * @param {any} state
- * @param {Tile[]} tiles
+ * @returns {{byBlock: Map<string, Tile>, ext: number[][], count: number}}
  */
-function extents(state, tiles) {
-  const shape = state.shape || [];
-  const grid = state.grid || shape.map(() => 1);
-  const ext = grid.map((/** @type {number} */ n, /** @type {number} */ k) => new Array(n).fill(Math.max(1, shape[k] / n)));
-  for (const t of tiles) t.block.forEach((b, k) => (ext[k][b] = Math.max(0, t.index[k][1] - t.index[k][0])));
-  return ext;
+export function decodeBlocks(state) {
+  const shape = (state.shape || []).map(Number);
+  /** @type {number[]} */
+  const grid = (state.grid || shape.map(() => 1)).map(Number);
+  /** @type {number[][]} */
+  const bounds = state.bounds || [];
+  const blocks = state.blocks || [];
+  if (bounds.length !== grid.length || bounds.some((b, k) => !Array.isArray(b) || b.length !== grid[k] + 1)) {
+    throw new Error(`bounds ${JSON.stringify(bounds)} do not match grid ${JSON.stringify(grid)}`);
+  }
+  const count = product(grid);
+  if (blocks.length > count) throw new Error(`${blocks.length} blocks for a grid of ${count}`);
+  /** @type {Map<string, Tile>} */
+  const byBlock = new Map();
+  blocks.forEach((/** @type {number | number[]} */ held, /** @type {number} */ k) => {
+    const devices = typeof held === "number" ? [held] : Array.isArray(held) ? held.map(Number) : null;
+    if (!devices) throw new Error(`block ${k}: ${JSON.stringify(held)} is not a device id or a list of them`);
+    const block = unravel(k, grid);
+    const index = block.map((b, d) => [Number(bounds[d][b]), Number(bounds[d][b + 1])]);
+    byBlock.set(block.join(","), { block, index, shard_shape: index.map(([a, z]) => z - a), devices });
+  });
+  const ext = bounds.map((cuts) => cuts.slice(1).map((z, b) => Math.max(0, z - cuts[b])));
+  return { byBlock, ext, count: state.blocks ? count : 0 };
 }
 
 /**
@@ -151,12 +172,9 @@ export function boxSize(facets, R, C, gr, gc) {
 export function draw(state) {
   const shape = (state.shape || []).map(Number);
   const grid = (state.grid || shape.map(() => 1)).map(Number);
-  /** @type {Tile[]} */
-  const tiles = state.tiles || [];
   /** @type {Axis[]} */
   const meshAxes = state.mesh_axes || [];
-  const byBlock = new Map(tiles.map((t) => [t.block.join(","), t]));
-  const ext = extents(state, tiles);
+  const { byBlock, ext, count } = decodeBlocks(state);
   const dtype = String(state.dtype || "");
 
   const root = h("div", { class: "jpm-view jpm-sharding" });
@@ -167,7 +185,7 @@ export function draw(state) {
       h("span", { class: "jpm-title" }, h("code", { text: state.name || "array" })),
       h("span", { class: "jpm-chip" }, h("b", { text: formatShape(dtype, shape) })),
       state.nbytes !== null && state.nbytes !== undefined ? h("span", { class: "jpm-chip", text: formatBytes(state.nbytes) }) : null,
-      h("span", { class: "jpm-sub", text: `${tiles.length} distinct block${tiles.length === 1 ? "" : "s"} on ${state.total_devices ?? "?"} device${state.total_devices === 1 ? "" : "s"}` }),
+      h("span", { class: "jpm-sub", text: `${count} distinct block${count === 1 ? "" : "s"} on ${state.total_devices ?? "?"} device${state.total_devices === 1 ? "" : "s"}` }),
       state.abstract ? h("span", { class: "jpm-badge jpm-warn", text: "abstract", title: "no devices yet: positions in an abstract mesh" }) : null,
       state.process_count > 1 ? h("span", { class: "jpm-badge", text: `${state.process_count} processes` }) : null,
     ),

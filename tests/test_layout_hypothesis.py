@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from shell_helpers import N_DEVICES
 from jaxpar_magic.layout import named_tiles, spec_axes, tiles_from_index_map
-from jaxpar_magic.summaries import sharding_state
+from jaxpar_magic.summaries import expand_sharding_tiles, sharding_state
 
 MESH_SHAPES = [(8,), (2, 4), (4, 2), (2, 2, 2)]
 AXIS_NAMES = {1: ("a",), 2: ("a", "b"), 3: ("a", "b", "c")}
@@ -116,7 +116,8 @@ def test_sharding_state_of_a_real_array_agrees_with_jax(layout):
     state = sharding_state("x", array)
 
     placed = jax_layout(array)
-    from_state = {d: tuple(tuple(i) for i in tile["index"]) for tile in state["tiles"] for d in tile["devices"]}
+    tiles = expand_sharding_tiles(state)
+    from_state = {d: tuple(tuple(i) for i in tile["index"]) for tile in tiles for d in tile["devices"]}
     assert from_state == placed
     assert state["shape"] == list(shape)
     assert state["total_devices"] == N_DEVICES
@@ -126,12 +127,12 @@ def test_sharding_state_of_a_real_array_agrees_with_jax(layout):
     per_dim = spec_axes(spec, len(shape))
     size_of = dict(zip(mesh.axis_names, mesh.devices.shape))
     assert state["grid"] == [math.prod(size_of[a] for a in axes) for axes in per_dim]
-    assert len(state["tiles"]) == math.prod(state["grid"])
+    assert len(tiles) == math.prod(state["grid"])
     used = {a for axes in per_dim for a in axes}
     assert state["replicated_over"] == [a for a in mesh.axis_names if a not in used]
     copies = math.prod(size_of[a] for a in state["replicated_over"])
-    assert all(len(tile["devices"]) == copies for tile in state["tiles"])
-    for tile in state["tiles"]:
+    assert all(len(tile["devices"]) == copies for tile in tiles)
+    for tile in tiles:
         assert tile["shard_shape"] == [b - a for a, b in tile["index"]]
 
 

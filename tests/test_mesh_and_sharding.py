@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +21,8 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jaxpar_magic
 from shell_helpers import N_DEVICES, pmap, shown_widgets, snapshot
-from jaxpar_magic.summaries import mesh_state, sharding_state
+from jaxpar_magic.summaries import expand_sharding_tiles, mesh_state, sharding_state
+from jaxpar_magic.views import sharding as sharding_view
 
 
 def shown(captured, kind: str) -> list[dict]:
@@ -256,8 +259,9 @@ def test_sharding_1d(jx, grid):
     assert state["name"] == "v" and state["shape"] == [16] and state["dtype"] == "float32"
     assert state["spec"] == [["data", "model"]]
     assert state["grid"] == [8]
-    assert [t["index"] for t in state["tiles"]] == [[[2 * i, 2 * i + 2]] for i in range(8)]
-    assert all(len(t["devices"]) == 1 for t in state["tiles"])
+    tiles = expand_sharding_tiles(state)
+    assert [t["index"] for t in tiles] == [[[2 * i, 2 * i + 2]] for i in range(8)]
+    assert all(len(t["devices"]) == 1 for t in tiles)
     assert state["replicated_over"] == []
     assert state["total_devices"] == 8 and state["nbytes"] == 64 and state["abstract"] is False
 
@@ -267,8 +271,9 @@ def test_sharding_2d(jx, grid):
     (state,) = sharding_magic(jx, "w")
     assert state["grid"] == [4, 2]
     assert state["mesh_axes"] == [{"name": "data", "size": 4}, {"name": "model", "size": 2}]
-    assert {tuple(t["shard_shape"]) for t in state["tiles"]} == {(2, 3)}
-    by_block = {tuple(t["block"]): t["devices"] for t in state["tiles"]}
+    tiles = expand_sharding_tiles(state)
+    assert {tuple(t["shard_shape"]) for t in tiles} == {(2, 3)}
+    by_block = {tuple(t["block"]): t["devices"] for t in tiles}
     assert by_block[(1, 0)] == [grid.devices[1, 0].id] and by_block[(3, 1)] == [grid.devices[3, 1].id]
 
 
@@ -277,14 +282,15 @@ def test_sharding_3d(jx):
     jx.user_ns["t"] = put(jx.user_ns["mesh"], (4, 6, 8), P("x", "y", "z"))
     (state,) = sharding_magic(jx, "t")
     assert state["grid"] == [2, 2, 2]
-    assert len(state["tiles"]) == 8
-    assert {tuple(t["shard_shape"]) for t in state["tiles"]} == {(2, 3, 4)}
+    tiles = expand_sharding_tiles(state)
+    assert len(tiles) == 8
+    assert {tuple(t["shard_shape"]) for t in tiles} == {(2, 3, 4)}
 
 
 def test_sharding_replicated_lists_every_device(jx, grid):
     jx.user_ns["r"] = put(grid, (4, 4), P())
     (state,) = sharding_magic(jx, "r")
-    (tile,) = state["tiles"]
+    (tile,) = expand_sharding_tiles(state)
     assert sorted(tile["devices"]) == list(range(8))
     assert tile["index"] == [[0, 4], [0, 4]]
     assert state["replicated_over"] == ["data", "model"]
@@ -296,7 +302,7 @@ def test_sharding_partially_replicated_over_an_unused_axis(jx, grid):
     (state,) = sharding_magic(jx, "p")
     assert state["replicated_over"] == ["model"]
     assert state["grid"] == [4, 1]
-    for tile in state["tiles"]:
+    for tile in expand_sharding_tiles(state):
         row = tile["block"][0]
         assert tile["devices"] == [int(d.id) for d in grid.devices[row]]  # both model positions
 
@@ -315,14 +321,15 @@ def test_sharding_of_pmap_outputs(jx):
     (state,) = sharding_magic(jx, "y")
     assert state["shape"] == [8, 2]
     assert state["grid"] == [8, 1]
-    assert [t["devices"] for t in state["tiles"]] == [[i] for i in range(8)]
-    assert [t["index"][0] for t in state["tiles"]] == [[i, i + 1] for i in range(8)]
+    tiles = expand_sharding_tiles(state)
+    assert [t["devices"] for t in tiles] == [[i] for i in range(8)]
+    assert [t["index"][0] for t in tiles] == [[i, i + 1] for i in range(8)]
 
 
 def test_sharding_of_a_plain_jax_array_is_one_device(jx):
     jx.user_ns["z"] = jnp.ones((3, 5))
     (state,) = sharding_magic(jx, "z")
-    (tile,) = state["tiles"]
+    (tile,) = expand_sharding_tiles(state)
     assert tile["devices"] == [jx.user_ns["z"].devices().pop().id]
     assert tile["shard_shape"] == [3, 5]
     assert state["total_devices"] == 1 and state["spec"] == [] and state["abstract"] is False
@@ -368,10 +375,11 @@ def test_plan_a_terabyte_array_on_4096_abstract_devices(jx):
     (state,) = sharding_magic(jx, "big")
     assert state["abstract"] is True
     assert state["total_devices"] == 4096
-    assert len(state["tiles"]) == 4096
+    tiles = expand_sharding_tiles(state)
+    assert len(tiles) == 4096
     assert state["grid"] == [256, 16]
-    assert {tuple(t["shard_shape"]) for t in state["tiles"]} == {(2**12, 2**16)}
-    assert sorted(d for t in state["tiles"] for d in t["devices"]) == list(range(4096))
+    assert {tuple(t["shard_shape"]) for t in tiles} == {(2**12, 2**16)}
+    assert sorted(d for t in tiles for d in t["devices"]) == list(range(4096))
     assert state["nbytes"] == 2**40 * 4  # what it would take; nothing was allocated
 
 
@@ -408,8 +416,104 @@ def test_state_size_depends_on_shards_not_elements(jx):
         assert DIGITS.sub("#", small) == DIGITS.sub("#", huge)
         numbers = len(DIGITS.findall(small))
         assert len(huge) - len(small) <= numbers * 12  # at most 12 more digits per number
-    # Per shard: one tile of a 2-D array with 1 device is under 128 bytes of compact JSON, even with
-    # 13-digit element counts; the rest (axes, spec, flags) is under 1 KiB.
+    # Per shard: one block of a 2-D array with 1 device (its id in `blocks`, its share of the cut
+    # points in `bounds`) stays under 128 bytes of compact JSON, even with 13-digit element counts;
+    # the rest (axes, spec, flags) is under 1 KiB.
     for shards in (8, 4096):
         assert len(cases[shards, "huge"]) <= shards * 128 + 1024
     assert len(cases[4096, "small"]) > 100 * len(cases[8, "small"]) / 8  # it does grow with shards
+
+
+# 4,096 shards in one state. What it costs, bounded from its form: `blocks` is 4,096 device ids of
+# at most 4 digits (ids < 4,096) plus a comma each, under 5 * 4,096 = 20,480 bytes; `bounds` is
+# sum(grid) + ndim cut points of at most 7 digits (2**20 = 1,048,576) plus a comma, under 8 bytes
+# each (64 + 64 + 2 or 256 + 16 + 2 of them: under 2,200 bytes); names, axes, spec and flags under
+# 1 KiB. So under 24 KB; 40,000 bytes leaves room for 5-digit ids. Before the compact form each
+# block carried its index, shard shape and device list: about 420 KB for these two states.
+STATE_LIMIT_4096 = 40_000
+
+
+@pytest.mark.parametrize("mesh_line, spec, grid", [
+    ("x=64,y=64", ("x", "y"), [64, 64]),
+    ("x=16,y=16,z=16", (("x", "y"), "z"), [256, 16]),
+])
+def test_state_of_4096_shards_is_compact_and_loses_nothing(jx, mesh_line, spec, grid):
+    from jaxpar_magic.layout import named_tiles
+
+    mesh = jaxpar_magic.make_mesh(mesh_line, abstract=True)
+    shape = (2**20, 2**20)
+    state = sharding_state("a", jaxpar_magic.plan(shape, jnp.float32, mesh, spec))
+    size = len(state_json(state))
+    assert state["grid"] == grid
+    assert size < STATE_LIMIT_4096, size
+    cut_points = sum(grid) + len(grid)
+    assert size <= 5 * 4096 + 8 * cut_points + 1024, size
+    # Lossless: decoding gives back every block's index, shard shape and devices.
+    names = tuple(str(n) for n in mesh.axis_names)
+    sizes = tuple(int(n) for n in mesh.shape.values())
+    expected = [
+        {"block": list(t.block), "index": [list(i) for i in t.index], "shard_shape": list(t.shard_shape),
+         "devices": list(t.devices)}
+        for t in named_tiles(shape, names, sizes, list(range(4096)), spec)
+    ]
+    assert expand_sharding_tiles(state) == expected
+    assert state["bounds"][1] == [k * (2**20 // grid[1]) for k in range(grid[1] + 1)]
+    assert state["blocks"] == list(range(4096))  # one device each: bare ids, row-major
+
+
+def test_state_lists_replicas_and_caps_blocks(jx):
+    pod = jaxpar_magic.make_mesh("x=64,y=64", abstract=True)
+    rows = sharding_state("a", jaxpar_magic.plan((2**20, 8), jnp.float32, pod, ("x",)))
+    assert rows["grid"] == [64, 1] and len(rows["blocks"]) == 64
+    assert rows["blocks"][1] == list(range(64, 128))  # block 1: the 64 devices of x=1, every y
+    everywhere = sharding_state("a", jaxpar_magic.plan((64, 64), jnp.float32, pod, ()))
+    assert everywhere["blocks"] == [list(range(4096))] and everywhere["bounds"] == [[0, 64], [0, 64]]
+    assert len(state_json(everywhere)) < STATE_LIMIT_4096
+
+
+@dataclass(frozen=True)
+class _Device:
+    id: int
+
+
+class _IndexMapSharding:
+    """A stand-in for a sharding that only describes itself through devices_indices_map."""
+
+    def __init__(self, index_map):
+        self.index_map = {_Device(d): index for d, index in index_map.items()}
+        self.device_set = set(self.index_map)
+
+    def devices_indices_map(self, shape):
+        return self.index_map
+
+
+def test_state_of_a_layout_with_holes_and_of_an_irregular_one():
+    s = slice
+    # Two blocks on the diagonal of a 2x2 grid: the other two are on no device, and say so.
+    holes = SimpleNamespace(shape=(4, 4), dtype=np.float32, sharding=_IndexMapSharding(
+        {0: (s(0, 2), s(0, 2)), 1: (s(2, 4), s(2, 4))}))
+    state = sharding_state("h", holes)
+    assert state["grid"] == [2, 2] and state["bounds"] == [[0, 2, 4], [0, 2, 4]]
+    assert state["blocks"] == [0, [], [], 1]
+    assert [t["devices"] for t in expand_sharding_tiles(state)] == [[0], [], [], [1]]
+    text = sharding_view.to_text(state)
+    assert "block (0, 1) [0:2, 2:4] float32[2, 2] → no device" in text
+    assert "4 distinct blocks on 2 devices" in text and "no device" in sharding_view.to_html(state)
+    # Rows cut at different columns are no grid: an error, not a wrong picture. JAX's own shardings
+    # (HloSharding tile assignments) always cut each dimension at the same points.
+    irregular = SimpleNamespace(shape=(4, 4), dtype=np.float32, sharding=_IndexMapSharding(
+        {0: (s(0, 2), s(0, 4)), 1: (s(2, 4), s(0, 1)), 2: (s(2, 4), s(1, 4))}))
+    with pytest.raises(ValueError, match="not a grid of blocks"):
+        sharding_state("i", irregular)
+
+
+def test_expand_rejects_a_state_that_does_not_add_up():
+    good = {"shape": [4], "grid": [2], "bounds": [[0, 2, 4]], "blocks": [0, [1, 2]]}
+    assert expand_sharding_tiles(good) == [
+        {"block": [0], "index": [[0, 2]], "shard_shape": [2], "devices": [0]},
+        {"block": [1], "index": [[2, 4]], "shard_shape": [2], "devices": [1, 2]},
+    ]
+    with pytest.raises(ValueError, match="do not match grid"):
+        expand_sharding_tiles({**good, "bounds": [[0, 4]]})
+    with pytest.raises(ValueError, match="3 blocks for a grid of 2"):
+        expand_sharding_tiles({**good, "blocks": [0, 1, 2]})

@@ -16,6 +16,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jaxpar_magic
 from shell_helpers import N_DEVICES, shown_widgets, snapshot
+from jaxpar_magic.summaries import expand_sharding_tiles
 
 
 def shard(ip, line: str, source: str):
@@ -69,10 +70,11 @@ def distinct_blocks(array) -> int:
 
 def assert_eight_row_blocks(state: dict, rows: int):
     assert state["grid"][0] == N_DEVICES and all(g == 1 for g in state["grid"][1:])
-    assert len(state["tiles"]) == N_DEVICES
-    assert [t["devices"] for t in state["tiles"]] == [[i] for i in range(N_DEVICES)]
+    tiles = expand_sharding_tiles(state)
+    assert len(tiles) == N_DEVICES
+    assert [t["devices"] for t in tiles] == [[i] for i in range(N_DEVICES)]
     step = rows // N_DEVICES
-    assert [t["index"][0] for t in state["tiles"]] == [[i * step, (i + 1) * step] for i in range(N_DEVICES)]
+    assert [t["index"][0] for t in tiles] == [[i * step, (i + 1) * step] for i in range(N_DEVICES)]
 
 
 # --- the seed's listing ------------------------------------------------------------------------
@@ -111,7 +113,7 @@ def test_seed_listing_small(jx):
     mesh(jx, "data=8")
     jx.run_line_magic("sharding", "v1s")  # before: one device
     before = jaxpar_magic.show_sharding(v1s, "v1s").state
-    assert before["tiles"][0]["shard_shape"] == [40, 100] and before["total_devices"] == 1
+    assert expand_sharding_tiles(before)[0]["shard_shape"] == [40, 100] and before["total_devices"] == 1
 
     value = shard(jx, "--mesh mesh --in v1s=data v2s=data --no-show", "jax.vmap(dot)(v1s, v2s)\n")
     np.testing.assert_allclose(np.asarray(value), expected, rtol=1e-5, atol=1e-4)

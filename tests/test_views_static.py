@@ -87,11 +87,12 @@ def sharding_state(shape: list[int], mesh_axes: list[tuple[str, int]], spec: lis
     sizes = dict(mesh_axes)
     names = [a for a, _ in mesh_axes]
     entries = [[] if e is None else ([e] if isinstance(e, str) else list(e)) for e in spec]
+    entries += [[]] * (len(shape) - len(entries))
     grid = [1] * len(shape)
     for k, e in enumerate(entries):
         for a in e:
             grid[k] *= sizes[a]
-    tiles: dict[tuple[int, ...], dict[str, Any]] = {}
+    holders: dict[tuple[int, ...], list[int]] = {}
     for dev, coords in enumerate(itertools.product(*[range(s) for _, s in mesh_axes])):
         at = dict(zip(names, coords))
         block = []
@@ -100,17 +101,18 @@ def sharding_state(shape: list[int], mesh_axes: list[tuple[str, int]], spec: lis
             for a in e:
                 b = b * sizes[a] + at[a]
             block.append(b)
-        t = tiles.setdefault(tuple(block), {
-            "block": block, "index": [[b * (d // g), (b + 1) * (d // g)] for b, d, g in zip(block, shape, grid)],
-            "shard_shape": [d // g for d, g in zip(shape, grid)], "devices": []})
-        t["devices"].append(dev)
+        holders.setdefault(tuple(block), []).append(dev)
+    # The compact form summaries.sharding_state sends (see its docstring).
+    bounds = [[b * (d // g) for b in range(g + 1)] for d, g in zip(shape, grid)]
+    blocks = [devs[0] if len(devs) == 1 else devs
+              for devs in (holders[key] for key in itertools.product(*[range(g) for g in grid]))]
     used = {a for e in entries for a in e}
     total = 1
     for _, s in mesh_axes:
         total *= s
     return {"name": name, "shape": shape, "dtype": "float32", "spec": spec,
             "mesh_axes": [{"name": a, "size": s} for a, s in mesh_axes], "grid": grid,
-            "tiles": [tiles[k] for k in sorted(tiles)], "replicated_over": [a for a in names if a not in used],
+            "bounds": bounds, "blocks": blocks, "replicated_over": [a for a in names if a not in used],
             "total_devices": total, "abstract": False, "process_count": 1, "nbytes": 4 * total}
 
 
@@ -269,7 +271,8 @@ def test_sizes_bounded_at_4096_devices() -> None:
         # device_ids (~24 KiB) + one all-device replica group (~24 KiB) + 256 pairs + 16 tiles.
         "results 4096": (result_state(4096), results.to_html, 64 * 1024),
         "devices 4096": (devices_state(4096), devices.to_html, 16 * 1024),
-        "sharding 64x64": (sharding_state([64, 64], [("x", 64), ("y", 64)], ["x", "y"]), sharding.to_html, None),
+        # 4,096 one-device blocks: ids (<= 5 characters each with the comma) and 2 x 65 cut points.
+        "sharding 64x64": (sharding_state([64, 64], [("x", 64), ("y", 64)], ["x", "y"]), sharding.to_html, 40_000),
         "sharding replicated": (sharding_state([64, 64], [("x", 64), ("y", 64)], [None, None]), sharding.to_html, 64 * 1024),
     }
     for label, (state, render, state_limit) in cases.items():

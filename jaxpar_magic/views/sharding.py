@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..summaries import expand_sharding_tiles
 from .base import (
     ViewBase,
     bundle_esm,
@@ -54,6 +55,8 @@ def _side_caption(state: dict[str, Any], k: int, px: int) -> str:
 
 
 def _who(devs: list[int]) -> str:
+    if not devs:
+        return "no device"
     return f"device {devs[0]}" if len(devs) == 1 else f"devices {format_ids(devs, 8)} ({len(devs)}, replicated)"
 
 
@@ -75,10 +78,15 @@ def _legend_rows(state: dict[str, Any]) -> list[tuple[str, int, str]]:
     return rows
 
 
+def _block_count(state: dict[str, Any]) -> int:
+    """Blocks in the grid, sent or not (a capped state lists the first MAX_SHARDING_TILES)."""
+    return product(state.get("grid") or []) if state.get("blocks") is not None else 0
+
+
 def _head_sub(state: dict[str, Any]) -> str:
-    tiles = state.get("tiles") or []
+    count = _block_count(state)
     n = state.get("total_devices", "?")
-    return f"{len(tiles)} distinct block{'' if len(tiles) == 1 else 's'} on {n} device{'' if n == 1 else 's'}"
+    return f"{count} distinct block{'' if count == 1 else 's'} on {n} device{'' if n == 1 else 's'}"
 
 
 def _block_html(tile: dict[str, Any] | None, dtype: str, style: str) -> str:
@@ -96,6 +104,15 @@ def _block_html(tile: dict[str, Any] | None, dtype: str, style: str) -> str:
         f'<div class="jpm-block" style="{style}" title="{esc(detail)}"><div class="jpm-stripes">{stripes}</div>'
         f'<span class="jpm-blabel">{esc(format_ids(devs, 2))}</span></div>'
     )
+
+
+#: One pixel of a block no device holds, or one a capped state did not send (the light panel grey).
+NO_DEVICE_RGB = (0xF2, 0xF3, 0xF5)
+
+
+def _pixel(tile: dict[str, Any] | None) -> tuple[int, int, int]:
+    devs = (tile or {}).get("devices") or []
+    return device_rgb(int(devs[0])) if devs else NO_DEVICE_RGB
 
 
 def box_size(facets: int, rows: int, cols: int, grid_rows: int, grid_cols: int) -> tuple[int, int]:
@@ -116,9 +133,8 @@ def to_html(state: dict[str, Any]) -> str:
     """Static HTML of a sharding state (no script; every string escaped)."""
     shape = [int(s) for s in state.get("shape") or []]
     grid = [int(g) for g in state.get("grid") or [1] * len(shape)]
-    tiles = state.get("tiles") or []
     dtype = str(state.get("dtype") or "")
-    by_block = {tuple(t["block"]): t for t in tiles}
+    by_block = {tuple(t["block"]): t for t in expand_sharding_tiles(state)}
     head = f'<span class="jpm-title"><code>{esc(str(state.get("name") or "array"))}</code></span>' + chip(
         "", format_shape(dtype, shape)
     )
@@ -173,9 +189,7 @@ def to_html(state: dict[str, Any]) -> str:
             )
         if rows_n * cols_n > HTML_BLOCK_LIMIT:
             px = max(2, min(12, width // max(cols_n, 1)))
-            pixels = [
-                [device_rgb((at(r, c) or {"devices": [0]})["devices"][0]) for c in range(cols_n)] for r in range(rows_n)
-            ]
+            pixels = [[_pixel(at(r, c)) for c in range(cols_n)] for r in range(rows_n)]
             out.append(
                 f'<img class="jpm-pixels jpm-grid" src="{png_data_uri(pixels)}" width="{cols_n * px}" '
                 f'height="{rows_n * px}" alt="{rows_n}×{cols_n} blocks, coloured by device">'
@@ -202,7 +216,8 @@ def to_text(state: dict[str, Any]) -> str:
     """A terminal rendering of a sharding state."""
     shape = [int(s) for s in state.get("shape") or []]
     dtype = str(state.get("dtype") or "")
-    tiles = state.get("tiles") or []
+    tiles = expand_sharding_tiles(state)[:TEXT_BLOCKS]
+    count = _block_count(state)
     head = f"{state.get('name') or 'array'}: {format_shape(dtype, shape)}"
     if state.get("nbytes") is not None:
         head += f" ({format_bytes(state['nbytes'])})"
@@ -215,14 +230,14 @@ def to_text(state: dict[str, Any]) -> str:
     lines = [head, "  " + _head_sub(state)]
     lines += [f"  mesh axis {n} ({s}) → {w}" for n, s, w in _legend_rows(state)]
     lines += ["  " + _dim_caption(state, k) for k in range(len(shape))]
-    for t in tiles[:TEXT_BLOCKS]:
+    for t in tiles:
         devs = [int(d) for d in t.get("devices") or []]
         lines.append(
             f"  block ({', '.join(str(b) for b in t['block'])}) {format_slices(t['index'])} "
             f"{format_shape(dtype, t['shard_shape'])} → {_who(devs)}"
         )
-    if len(tiles) > TEXT_BLOCKS:
-        lines.append(f"  … {len(tiles) - TEXT_BLOCKS} more blocks")
+    if count > len(tiles):
+        lines.append(f"  … {count - len(tiles)} more blocks")
     return "\n".join(lines)
 
 

@@ -242,7 +242,7 @@ def sharding_state(
         for a in e:
             grid[k] *= sizes[a]
     used = {a for e in entries for a in e}
-    tiles: dict[tuple[int, ...], dict[str, Any]] = {}
+    holders: dict[tuple[int, ...], list[int]] = {}
     total = 1
     for _, s in mesh:
         total *= s
@@ -254,16 +254,14 @@ def sharding_state(
             for a in e:
                 b = b * sizes[a] + at[a]
             block.append(b)
-        key = tuple(block)
-        if key not in tiles:
-            index = [[b * (d // g), (b + 1) * (d // g)] for b, d, g in zip(block, shape, grid)]
-            tiles[key] = {
-                "block": block,
-                "index": index,
-                "shard_shape": [d // g for d, g in zip(shape, grid)],
-                "devices": [],
-            }
-        tiles[key]["devices"].append(dev)
+        holders.setdefault(tuple(block), []).append(dev)
+    # The compact form summaries.sharding_state sends: cut points per dimension, then who holds
+    # each block in row-major order (an id, or a list when several devices hold it).
+    bounds = [[b * (d // g) for b in range(g + 1)] for d, g in zip(shape, grid)]
+    blocks = [
+        devs[0] if len(devs) == 1 else devs
+        for devs in (holders[key] for key in itertools.product(*[range(g) for g in grid]))
+    ]
     nbytes = 4
     for d in shape:
         nbytes *= d
@@ -274,7 +272,8 @@ def sharding_state(
         "spec": spec,
         "mesh_axes": [{"name": a, "size": s} for a, s in mesh],
         "grid": grid,
-        "tiles": [tiles[k] for k in sorted(tiles)],
+        "bounds": bounds,
+        "blocks": blocks,
         "replicated_over": [a for a in names if a not in used],
         "total_devices": total,
         "abstract": False,

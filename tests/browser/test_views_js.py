@@ -247,6 +247,48 @@ def test_sharding_1d_and_tuple_spec(view_page: Any, samples: Any) -> None:
     view_page.shot(host2, "sharding-64x64")
 
 
+def test_sharding_js_decodes_states_as_python_does(view_page: Any, samples: Any) -> None:
+    """js/sharding.js reads `bounds` and `blocks` exactly as summaries.expand_sharding_tiles does,
+    for states the package builds (a 4,096-device plan, replicas) and for the samples."""
+    import jax.numpy as jnp
+
+    import jaxpar_magic
+    from jaxpar_magic.summaries import expand_sharding_tiles, sharding_state
+
+    pod = jaxpar_magic.make_mesh("x=16,y=16,z=16", abstract=True)
+    big = sharding_state("big", jaxpar_magic.plan((2**20, 2**20), jnp.float32, pod, (("x", "y"), "z")))
+    states = [
+        big,
+        sharding_state("rows", jaxpar_magic.plan((2**20, 8), jnp.float32, pod, ("x",))),
+        samples.sharding([8, 1024, 512], [("a", 2), ("b", 2), ("c", 2)], ["a", "b", "c"]),
+        samples.sharding([4000, 10000], [("data", 4), ("model", 2)], ["data", None]),
+        # Two blocks on no device (what sharding_state writes for a layout with holes).
+        {"name": "holes", "shape": [4, 4], "dtype": "float32", "grid": [2, 2], "bounds": [[0, 2, 4], [0, 2, 4]],
+         "blocks": [0, [], [], 1], "total_devices": 2},
+    ]
+    for state in states:
+        decoded = view_page.page.evaluate(
+            """async (state) => {
+                const mod = await import('/js/sharding.js');
+                return [...mod.decodeBlocks(state).byBlock.values()];
+            }""",
+            state,
+        )
+        assert decoded == expand_sharding_tiles(state), state["name"]
+    holes = view_page.mount("sharding", states[-1])
+    holes.locator(".jpm-block").nth(1).dispatch_event("click")
+    assert "index [0:2, 2:4] · shard float32[2, 2] · no device" in holes.locator(".jpm-detail").inner_text()
+    # The last of 4,096 blocks still says where it lies, how big it is and who holds it.
+    host = view_page.mount("sharding", big)
+    blocks = host.locator(".jpm-block")
+    assert blocks.count() == 4096
+    assert "4096 distinct blocks on 4096 devices" in host.inner_text()
+    blocks.last.dispatch_event("click")
+    detail = host.locator(".jpm-detail").inner_text()
+    assert "index [1044480:1048576, 983040:1048576]" in detail, detail
+    assert "float32[4096, 65536]" in detail and "device 4095" in detail, detail
+
+
 def test_static_html_renders_offline(view_page: Any, samples: Any) -> None:
     """text/html as an exported notebook shows it: no script, no network; it must still draw."""
     from jaxpar_magic.views import devices, mesh, results, sharding
@@ -286,8 +328,11 @@ def test_static_html_renders_offline(view_page: Any, samples: Any) -> None:
 
 
 def test_malformed_state_says_so(view_page: Any) -> None:
-    host = view_page.mount("sharding", {"shape": [4], "grid": [1], "tiles": [{"block": [0]}]})
-    assert "cannot draw this view" in host.inner_text()
+    # Cut points that do not match the grid (one block needs two), and a block held by "nobody".
+    for bad in ({"shape": [4], "grid": [1], "bounds": [[0]], "blocks": [0]},
+                {"shape": [4], "grid": [1], "bounds": [[0, 4]], "blocks": ["nobody"]}):
+        host = view_page.mount("sharding", bad)
+        assert "cannot draw this view" in host.inner_text()
     # An empty state (a widget before its first sync) draws an empty view, not an error.
     for view in ("devices", "results", "mesh", "sharding"):
         assert "cannot draw" not in view_page.mount(view, {}).inner_text()
