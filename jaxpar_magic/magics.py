@@ -4,8 +4,9 @@ Nothing here computes anything the twins in `pmap.py` / `devices.py` don't.
 """
 from __future__ import annotations
 
+import functools
+
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
-from IPython.core.magic import output_can_be_silenced
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 from traitlets import Bool, Unicode
@@ -92,7 +93,6 @@ class JaxparMagics(Magics, Configurable):
     @argument("--no-show", dest="show", action="store_const", const=False, help="Do not show the result view.")
     @argument("--report", action="store_true", help="Add compile time, run time, flops and bytes to the view.")
     @no_var_expand
-    @output_can_be_silenced
     def pmap(self, line, cell):
         """Run the cell as what ONE device runs, on every device at once.
 
@@ -102,10 +102,10 @@ class JaxparMagics(Magics, Configurable):
         """
         from .pmapping import pmap_cell
 
-        args = parse_argstring(self.pmap, line)
+        args = _parsed(self.pmap, line)
         show = self.show if args.show is None else args.show
         namespace = self.shell.user_ns
-        source = self.shell.transform_cell(cell)
+        source = _transformed(self.shell, cell)
         result = pmap_cell(
             source,
             namespace,
@@ -138,7 +138,7 @@ class JaxparMagics(Magics, Configurable):
             f = result.facts
             print(f"compile {f.compile_ms:.1f} ms, run {result.run_ms:.2f} ms, flops {f.flops}, bytes {f.bytes_accessed}, "
                   f"collectives {[c.op for c in f.collectives]}")
-        return result.final if result.has_final else None
+        return result.final if result.has_final and not _silenced(cell) else None
 
 
     # --- %mesh ------------------------------------------------------------------------------------
@@ -201,7 +201,6 @@ class JaxparMagics(Magics, Configurable):
     @argument("--no-show", dest="show", action="store_const", const=False, help="Do not show the views.")
     @argument("--report", action="store_true", help="Show the compiled program's collectives, compile and run time.")
     @no_var_expand
-    @output_can_be_silenced
     def shard(self, line, cell):
         """Run the cell's code unchanged on sharded inputs: the compiler partitions the work.
 
@@ -209,17 +208,16 @@ class JaxparMagics(Magics, Configurable):
         back as sharded arrays; the views show where every piece lives.
         """
         from .shard import shard_cell
-        from .specs import parse_assignments
 
-        args = parse_argstring(self.shard, line)
+        args = _parsed(self.shard, line)
         show = self.show if args.show is None else args.show
         namespace = self.shell.user_ns
         result = shard_cell(
-            self.shell.transform_cell(cell),
+            _transformed(self.shell, cell),
             namespace,
             mesh=args.mesh,
-            in_specs=parse_assignments(args.ins, "--in"),
-            out_specs=parse_assignments(args.outs, "--out"),
+            in_specs=_assignments(tuple(args.ins or ()), "--in"),
+            out_specs=_assignments(tuple(args.outs or ()), "--out"),
             want_facts=args.report,
         )
         if show:
@@ -237,7 +235,7 @@ class JaxparMagics(Magics, Configurable):
 
             display(ResultView(state=program_report_state(
                 "%%shard program", result.mesh, result.facts, result.run_ms, result.cell.line)))
-        return result.final if result.has_final else None
+        return result.final if result.has_final and not _silenced(cell) else None
 
 
 def _array_leaves(name, value):
@@ -245,6 +243,34 @@ def _array_leaves(name, value):
 
     for path, leaf in jax.tree_util.tree_leaves_with_path(value):
         yield name + jax.tree_util.keystr(path), leaf
+
+
+# Re-running a cell is the hot path (bench/): the line's parse and the cell's IPython transform
+# depend only on their text, so they are computed once per text.
+@functools.lru_cache(maxsize=256)
+def _parse_cached(magic, line: str):
+    return parse_argstring(magic, line)
+
+
+def _parsed(bound_magic, line: str):
+    return _parse_cached(bound_magic.__func__, line)  # the parser hangs on the function
+
+
+@functools.lru_cache(maxsize=256)
+def _transformed(shell, cell: str) -> str:
+    return shell.transform_cell(cell)
+
+
+@functools.lru_cache(maxsize=256)
+def _assignments(words: tuple[str, ...], option: str) -> dict:
+    from .specs import parse_assignments
+
+    return parse_assignments(list(words), option)
+
+
+def _silenced(cell: str) -> bool:
+    """A trailing `;` silences the cell's value, as for any IPython cell."""
+    return cell.rstrip().endswith(";")
 
 
 def _literal(text, option, default):

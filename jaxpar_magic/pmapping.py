@@ -20,7 +20,7 @@ from . import cell as cells
 from .errors import UsageError, explain_trace_error
 from .runner import (
     CACHE_SIZE, BoundedCache, CellProgram, ProgramFacts, analyse_cached, block_on_cpu_collectives, capture_outputs,
-    facts_for, fingerprint, has_collectives_on_cpu, plan_inputs, program_facts, run_program, traced,
+    Rerun, facts_for, fingerprint, has_collectives_on_cpu, plan_inputs, program_facts, run_program, traced,
 )
 
 # --- block mode --------------------------------------------------------------------------------
@@ -40,6 +40,7 @@ class BlockResult:
 
 
 _block_cache = BoundedCache()
+_reruns = BoundedCache()  # (source, mesh, options) -> Rerun of the last successful run
 
 
 def check_axis_names(source: str, axis_names: tuple[str, ...]) -> None:
@@ -144,7 +145,22 @@ def _compile_block(cell, inputs, broadcast, mesh, namespace) -> CellProgram:
 def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=(), merge=(),
               want_facts: bool = False) -> BlockResult:
     """Run a block-mode cell on every device of `mesh`; the namespace is read, never written."""
-    import jax
+    rerun_key = (cell.source, mesh, tuple(broadcast), tuple(split), tuple(merge))
+    rerun = _reruns.get(rerun_key)
+    args = rerun.args(namespace) if rerun is not None else None
+    if args is None:
+        rerun, args = _plan_block(cell, namespace, mesh, broadcast, split, merge)
+    program = rerun.program
+    (device, final), run_ms, signature = run_program(
+        _block_cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
+    rerun.remember(_reruns, rerun_key, signature)
+    facts = facts_for(program, signature, args, mesh, cell) if want_facts else None
+    return _block_result(cell, mesh, program, device, final, merge, facts, run_ms)
+
+
+def _plan_block(cell, namespace, mesh, broadcast, split, merge):
+    """The full path: check everything, find or compile the program, and remember what was checked."""
+    import builtins
 
     axis_names = tuple(mesh.axis_names)
     check_axis_names(cell.source, axis_names)
@@ -155,18 +171,25 @@ def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=()
                 f"--merge {name}: the cell does not assign {name!r}; --merge takes outputs the cell assigns "
                 f"({', '.join(cell.writes) or 'none'})."
             )
-    k = len(axis_names)
     # Inputs that disagree with each other are named together, before either is held to the mesh.
     _check_same_leading({n: namespace[n] for n in inputs if n not in broadcast and n not in split}, mesh.devices.size)
     args = [namespace[name] if name in broadcast else _mapped_value(name, namespace[name], mesh, name in split)
             for name in inputs]
-
-    key = (cell.source, inputs, tuple(sorted(broadcast)), mesh,
-           tuple((n, fingerprint(namespace[n])) for n in constants))
+    fingerprints = tuple((n, fingerprint(namespace[n])) for n in constants)
+    key = (cell.source, inputs, tuple(sorted(broadcast)), mesh, fingerprints)
     program = _block_cache.lookup(key, lambda: _compile_block(cell, inputs, frozenset(broadcast), mesh, namespace))
-    (device, final), run_ms, signature = run_program(_block_cache, key, program, args, cell, axis_names)
-    facts = facts_for(program, signature, args, mesh, cell) if want_facts else None
+    values = [namespace[n] for n in inputs]
+    absent = tuple(n for n in cell.reads if n not in namespace and hasattr(builtins, n))
+    reshape = tuple(tuple(a.shape) if n in split else None for n, a in zip(inputs, args))
+    # Pytree inputs always take this full path: their record has no inputs to compare.
+    rerun = Rerun(inputs if Rerun.possible(values) else None, values, reshape, fingerprints, absent, program, key)
+    return rerun, args
 
+
+def _block_result(cell, mesh, program, device, final, merge, facts, run_ms) -> BlockResult:
+    import jax
+
+    k = len(mesh.axis_names)
     outputs = dict(program.static_outputs)
     for name in program.device_outputs:
         value = device[name]
@@ -190,6 +213,7 @@ def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=()
 
 def clear_cache() -> None:
     _block_cache.clear()
+    _reruns.clear()
 
 
 # --- function mode: our pmap -------------------------------------------------------------------

@@ -8,6 +8,8 @@ from __future__ import annotations
 import itertools
 import math
 
+import functools
+
 from .hlo import Collective
 
 MAX_TILES = 16  # per-device tiles shipped per output
@@ -31,16 +33,14 @@ def format_values(values, shape, dtype) -> str:
 
 def per_device_summary(name: str, stacked, k: int, device_ids: list[int], coords: list[tuple]) -> dict:
     """One output's tiles: each device's value, or one line when every device holds the same."""
-    import jax.numpy as jnp
     import numpy as np
 
     total = len(device_ids)
     per_shape = tuple(stacked.shape[k:])
-    flat = jnp.reshape(stacked, (total, -1))
-    width = min(VALUES_PER_TILE, flat.shape[1])
-    same = bool(jnp.all(flat == flat[:1])) if flat.shape[1] else True
+    head, same = _summariser()(stacked, total)
+    same = bool(same)
     shown = 1 if same else min(total, MAX_TILES)
-    head = np.asarray(flat[:shown, :width])  # the only values that ever leave the device
+    head = np.asarray(head)[:shown]  # the only values that ever leave the devices
     tiles = []
     for row in range(shown):
         ids = device_ids if same else [device_ids[row]]
@@ -58,6 +58,21 @@ def per_device_summary(name: str, stacked, k: int, device_ids: list[int], coords
         "omitted": 0 if same else total - shown,
         "same_text": f"same on all {total} devices" if same else None,
     }
+
+
+@functools.lru_cache(maxsize=1)
+def _summariser():
+    import jax
+    import jax.numpy as jnp
+
+    # One compiled program per output shape, instead of a handful of eager ops (each its own
+    # compile on first use, and a dispatch every re-run).
+    @functools.partial(jax.jit, static_argnums=1)
+    def head_and_same(stacked, total):
+        flat = jnp.reshape(stacked, (total, -1))
+        return flat[:MAX_TILES, :VALUES_PER_TILE], jnp.all(flat == flat[:1])
+
+    return head_and_same
 
 
 def _groups_text(groups: list[list[int]], total: int) -> str:

@@ -517,3 +517,13 @@ def test_expand_rejects_a_state_that_does_not_add_up():
         expand_sharding_tiles({**good, "bounds": [[0, 4]]})
     with pytest.raises(ValueError, match="3 blocks for a grid of 2"):
         expand_sharding_tiles({**good, "blocks": [0, 1, 2]})
+
+
+def test_static_html_of_a_4096_shard_3d_plan_stays_light():
+    # 16 facets of 16x16 blocks: as <div>s this was ~800 KB in every exported notebook; the static
+    # form draws one pixel per block past sharding_view.HTML_BLOCK_LIMIT blocks in all.
+    pod = jax.sharding.AbstractMesh((16, 16, 16), ("x", "y", "z"), axis_types=(AxisType.Auto,) * 3)
+    plan = jaxpar_magic.plan((4096, 4096, 4096), jnp.float32, pod, ("x", "y", "z"))
+    html = sharding_view.to_html(sharding_state("plan", plan))
+    assert len(html) < 64 * 1024
+    assert html.count("<img") == 16  # one picture per facet, every block in it

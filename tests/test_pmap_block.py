@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from IPython.core.error import UsageError
 from jax import lax
 
 import jaxpar_magic
@@ -494,3 +495,19 @@ def test_a_ppermute_is_described_by_its_sends_not_as_a_group(jx):
     (permute,) = [c for c in state["collectives"] if c["op"] == "collective-permute"]
     assert permute["groups_text"] == f"{N_DEVICES} sends between pairs of devices"
     assert permute["pairs"][:2] == [[0, 1], [1, 2]]
+
+
+def test_rerun_with_new_values_of_the_same_shape_uses_them(jx):
+    jx.push({"x": np.arange(N_DEVICES, dtype=np.float32)})
+    pmap(jx, "--no-show", "y = lax.psum(x, 'i')")
+    jx.push({"x": np.ones(N_DEVICES, dtype=np.float32)})
+    pmap(jx, "--no-show", "y = lax.psum(x, 'i')")
+    np.testing.assert_array_equal(jx.user_ns["y"], np.full(N_DEVICES, float(N_DEVICES)))
+
+
+def test_rerun_with_a_wrong_shape_still_gets_the_usage_error(jx):
+    jx.push({"x": np.arange(N_DEVICES, dtype=np.float32)})
+    pmap(jx, "--no-show", "y = x + 1")
+    jx.push({"x": np.arange(N_DEVICES + 1, dtype=np.float32)})
+    with pytest.raises(UsageError, match="leading axis"):
+        pmap(jx, "--no-show", "y = x + 1")

@@ -519,3 +519,32 @@ def test_undefined_name_in_the_cell(jx, grid):
 def test_a_cell_that_only_defines_functions(jx, grid):
     message = usage_error(jx, "", "def g(x):\n    return x\n")
     assert "only defines functions" in message
+
+
+# --- the short path of an identical re-run ---------------------------------------------------------
+
+def test_rerun_after_rebinding_a_placed_input_places_the_new_array(jx, grid):
+    shard(jx, "--no-show --mesh mesh --in w=data,None", "y = w * 2\n")
+    placed = jx.user_ns["w"]
+    assert placed.sharding.spec == P("data", None)
+    fresh = jnp.ones((8, 8))  # same shape and dtype, but not placed
+    jx.user_ns["w"] = fresh
+    shard(jx, "--no-show --mesh mesh --in w=data,None", "y = w * 2\n")
+    assert jx.user_ns["w"] is not fresh and jx.user_ns["w"].sharding.spec == P("data", None)
+    np.testing.assert_array_equal(jx.user_ns["y"], np.full((8, 8), 2.0))
+
+
+def test_rerun_sees_new_values_of_an_unnamed_input(jx, grid):
+    jx.user_ns["b"] = jnp.zeros(8)
+    shard(jx, "--no-show --mesh mesh --in w=data,None", "y = w.sum(axis=1) + b\n")
+    jx.user_ns["b"] = jnp.full(8, 100.0)
+    shard(jx, "--no-show --mesh mesh --in w=data,None", "y = w.sum(axis=1) + b\n")
+    np.testing.assert_allclose(jx.user_ns["y"], np.arange(64.0).reshape(8, 8).sum(axis=1) + 100.0)
+
+
+def test_rerun_takes_the_full_path_when_a_builtin_gets_shadowed(jx, grid):
+    shard(jx, "--no-show --mesh mesh --in w=data,None", "y = w * len([1, 2])\n")
+    np.testing.assert_array_equal(jx.user_ns["y"], np.arange(64.0).reshape(8, 8) * 2)
+    jx.user_ns["len"] = lambda seq: 10  # now a constant of the cell, not the builtin
+    shard(jx, "--no-show --mesh mesh --in w=data,None", "y = w * len([1, 2])\n")
+    np.testing.assert_array_equal(jx.user_ns["y"], np.arange(64.0).reshape(8, 8) * 10)

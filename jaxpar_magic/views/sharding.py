@@ -25,7 +25,8 @@ from .base import (
 from .palette import device_color, device_rgb
 
 MAX_FACETS = 16
-#: Past this many blocks in one facet the static HTML draws a PNG (one pixel per block).
+#: Past this many blocks drawn in all (facets together) the static HTML draws PNGs (one pixel per
+#: block): 4,096 blocks as <div>s would be ~800 KB of HTML in every exported notebook.
 HTML_BLOCK_LIMIT = 256
 #: The text rendering lists this many blocks.
 TEXT_BLOCKS = 16
@@ -187,7 +188,7 @@ def to_html(state: dict[str, Any]) -> str:
             out.append(
                 f'<div class="jpm-axis-y"><span class="jpm-axis-label" title="{esc(caption_y)}">{esc(side)} →</span></div>'
             )
-        if rows_n * cols_n > HTML_BLOCK_LIMIT:
+        if rows_n * cols_n * min(facets, MAX_FACETS) > HTML_BLOCK_LIMIT:
             px = max(2, min(12, width // max(cols_n, 1)))
             pixels = [[_pixel(at(r, c)) for c in range(cols_n)] for r in range(rows_n)]
             out.append(
