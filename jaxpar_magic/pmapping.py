@@ -151,11 +151,34 @@ def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=()
     if args is None:
         rerun, args = _plan_block(cell, namespace, mesh, broadcast, split, merge)
     program = rerun.program
-    (device, final), run_ms, signature = run_program(
-        _block_cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
+    try:
+        (device, final), run_ms, signature = run_program(
+            _block_cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
+    except UsageError:
+        raise
+    except Exception as exc:  # the user's own error: unchanged, with what each device saw
+        if hasattr(exc, "add_note"):
+            exc.add_note(_per_device_note(cell, namespace, mesh, broadcast))
+        raise
     rerun.remember(_reruns, rerun_key, signature)
     facts = facts_for(program, signature, args, mesh, cell) if want_facts else None
     return _block_result(cell, mesh, program, device, final, merge, facts, run_ms)
+
+
+def _per_device_note(cell, namespace, mesh, broadcast) -> str:
+    import numpy as np
+
+    k = len(mesh.axis_names)
+    seen = []
+    for name in cell.reads:
+        value = namespace.get(name)
+        if hasattr(value, "shape"):
+            whole = f"{np.dtype(value.dtype).name}{list(value.shape)}"
+            per = whole if name in broadcast else f"{np.dtype(value.dtype).name}{list(value.shape[k:])}"
+            seen.append(f"{name}: {per}" + ("" if name in broadcast else f" (its slice of {whole})"))
+    shapes = "; ".join(seen) or "no array inputs"
+    return (f"jaxpar_magic: in a %%pmap cell the code runs once per device and each device sees its own "
+            f"slice of every mapped input: {shapes}.")
 
 
 def _plan_block(cell, namespace, mesh, broadcast, split, merge):

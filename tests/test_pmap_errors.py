@@ -202,3 +202,12 @@ def test_function_with_python_if_on_a_traced_value(jx):
 def test_mapped_inputs_that_disagree_and_fit_no_device_count(jx):
     jx.push({"a": np.ones((16, 3), np.float32), "b": np.ones((4, 3), np.float32)})
     fails(jx, "--no-show", "y = a.sum() + b.sum()", "'a' has 16", "'b' has 4", f"{N_DEVICES} devices")
+
+
+def test_an_error_of_the_users_code_is_unchanged_and_says_what_each_device_saw(jx):
+    jx.push({"readings": np.arange(N_DEVICES, dtype=np.float32)})
+    before = snapshot(jx.user_ns)
+    with pytest.raises(IndexError) as info:  # each device holds a scalar: indexing it is the user's bug
+        pmap(jx, "--no-show", "z = readings[:3] + 1")
+    assert "readings: float32[] (its slice of float32[8])" in "\n".join(info.value.__notes__)
+    assert snapshot(jx.user_ns) == before
