@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import html
 import importlib.resources
-import itertools
 import json
 import re
 from html.parser import HTMLParser
@@ -21,6 +20,7 @@ from hypothesis import strategies as st
 from jaxpar_magic.views import DevicesView, MeshView, ResultView, ShardingView
 from jaxpar_magic.views import base, devices, mesh, results, sharding
 from jaxpar_magic.views.palette import device_color
+from sample_states import sharding_state
 
 HOSTILE = "<img src=x onerror=window.__xss=1>"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -83,37 +83,6 @@ def result_state(n: int = 8, name: str = "y", axis: str = "i") -> dict[str, Any]
     }
 
 
-def sharding_state(shape: list[int], mesh_axes: list[tuple[str, int]], spec: list[Any], name: str = "x") -> dict[str, Any]:
-    sizes = dict(mesh_axes)
-    names = [a for a, _ in mesh_axes]
-    entries = [[] if e is None else ([e] if isinstance(e, str) else list(e)) for e in spec]
-    entries += [[]] * (len(shape) - len(entries))
-    grid = [1] * len(shape)
-    for k, e in enumerate(entries):
-        for a in e:
-            grid[k] *= sizes[a]
-    holders: dict[tuple[int, ...], list[int]] = {}
-    for dev, coords in enumerate(itertools.product(*[range(s) for _, s in mesh_axes])):
-        at = dict(zip(names, coords))
-        block = []
-        for e in entries:
-            b = 0
-            for a in e:
-                b = b * sizes[a] + at[a]
-            block.append(b)
-        holders.setdefault(tuple(block), []).append(dev)
-    # The compact form summaries.sharding_state sends (see its docstring).
-    bounds = [[b * (d // g) for b in range(g + 1)] for d, g in zip(shape, grid)]
-    blocks = [devs[0] if len(devs) == 1 else devs
-              for devs in (holders[key] for key in itertools.product(*[range(g) for g in grid]))]
-    used = {a for e in entries for a in e}
-    total = 1
-    for _, s in mesh_axes:
-        total *= s
-    return {"name": name, "shape": shape, "dtype": "float32", "spec": spec,
-            "mesh_axes": [{"name": a, "size": s} for a, s in mesh_axes], "grid": grid,
-            "bounds": bounds, "blocks": blocks, "replicated_over": [a for a in names if a not in used],
-            "total_devices": total, "abstract": False, "process_count": 1, "nbytes": 4 * total}
 
 
 class _Tags(HTMLParser):
@@ -226,7 +195,7 @@ def test_text_renderings() -> None:
     assert "Cost: compile 12.3 ms · run 0.4 ms · FLOPs 1.23 k" in text
 
     text = sharding.to_text(sharding_state([4000, 10000], [("data", 4), ("model", 2)], ["data", None], name="v"))
-    assert text.splitlines()[0] == "v: float32[4000, 10000] (32 B) · P('data', None) · replicated over model"
+    assert text.splitlines()[0] == "v: float32[4000, 10000] (152.6 MiB) · P('data', None) · replicated over model"
     assert "  block (1, 0) [1000:2000, 0:10000] float32[1000, 10000] → devices 2,3 (2, replicated)" in text
 
     text = devices.to_text(devices_state(8))
