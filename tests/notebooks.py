@@ -62,11 +62,42 @@ def rich_outputs(nb: nbformat.NotebookNode):
                 yield index, output
 
 
-def expected_views(nb: nbformat.NotebookNode) -> list[tuple[int, str]]:
-    """(cell index, view kind) for every view the notebook's magics should display.
+def _assigned_names(body: str) -> list[str]:
+    """Names a cell body assigns at its top level, in order (IPython syntax allowed)."""
+    import ast
 
-    `%devices` shows a ``devices`` view; a block-mode `%%pmap` cell (no `def`, no `--no-show`)
-    shows a ``results`` view; a cell tagged ``raises-exception`` shows nothing.
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    names: list[str] = []
+
+    def add(target) -> None:
+        if isinstance(target, ast.Name) and target.id not in names:
+            names.append(target.id)
+        elif isinstance(target, (ast.Tuple, ast.List)):
+            for element in target.elts:
+                add(element)
+
+    for node in ast.parse(TransformerManager().transform_cell(body)).body:
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                add(target)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            add(node.target)
+    return names
+
+
+def expected_views(nb: nbformat.NotebookNode) -> list[tuple[int, str]]:
+    """(cell index, view kind) for every view the notebook's magics should display, in page order.
+
+    * `%devices` shows a ``devices`` view;
+    * a block-mode `%%pmap` cell (no `def`, no `--no-show`) shows a ``results`` view;
+    * `%mesh` (no `--no-show`) shows a ``mesh`` view;
+    * `%sharding a b` shows one ``sharding`` view per name;
+    * `%%shard` (no `--no-show`) shows one ``sharding`` view per `--in` name, then one per name
+      its body assigns at top level (every such name must hold an array); with `--report` it then
+      shows a ``results`` view (the program report), even with `--no-show`;
+    * a plain cell whose last line is ``[jaxpar_magic.]show_<kind>(...)`` shows that view;
+    * a cell tagged ``raises-exception`` shows nothing.
     """
     import re
 
@@ -76,7 +107,31 @@ def expected_views(nb: nbformat.NotebookNode) -> list[tuple[int, str]]:
             continue
         source = cell.source.lstrip()
         first = source.splitlines()[0] if source else ""
-        views += [(index, "devices")] * len(re.findall(r"^%devices\b", source, re.M))
-        if first.startswith("%%pmap") and "--no-show" not in first and not re.search(r"^def ", source, re.M):
-            views.append((index, "results"))
+        body = source.partition("\n")[2]
+        if first.startswith("%%pmap"):
+            if "--no-show" not in first and not re.search(r"^def ", source, re.M):
+                views.append((index, "results"))
+            continue
+        if first.startswith("%%shard"):
+            if "--no-show" not in first:
+                ins = re.search(r"--in((?:\s+(?!-)\S+)+)", first)
+                # `--in v1s=data w=P(None, 'model')`: a word starting `name=` names an input.
+                placed = re.findall(r"(?:^|\s)([A-Za-z_]\w*)=", ins.group(1)) if ins else []
+                views += [(index, "sharding")] * (len(placed) + len(_assigned_names(body)))
+            if re.search(r"\s--report\b", first):
+                views.append((index, "results"))
+            continue
+        if first.startswith("%%"):
+            continue
+        for line in source.splitlines():
+            if re.match(r"%devices\b", line):
+                views.append((index, "devices"))
+            elif re.match(r"%mesh\b", line) and "--no-show" not in line:
+                views.append((index, "mesh"))
+            elif re.match(r"%sharding\b", line):
+                views += [(index, "sharding")] * len(line.split()[1:])
+        last = source.rstrip().splitlines()[-1] if source.strip() else ""
+        shown = re.match(r"(?:jaxpar_magic\.)?show_(devices|mesh|sharding)\(.*\)$", last)
+        if shown:
+            views.append((index, shown.group(1)))
     return views

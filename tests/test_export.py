@@ -20,12 +20,25 @@ from pathlib import Path
 import nbformat
 import pytest
 from chromium import artifacts_dir, browser, collect_errors, require_chromium
-from notebooks import ROOT, WIDGET_VIEW, example_notebooks, executed, rich_outputs
+from notebooks import ROOT, WIDGET_VIEW, example_notebooks, executed, expected_views, rich_outputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 ORIGIN = "http://export.test"
-NOTEBOOK = next(p for p in example_notebooks() if p.name == "pmap_chapter.ipynb")
+NOTEBOOKS = example_notebooks()
+# What each notebook's views must say on the exported page (besides one view per expected view).
+SAYS = {
+    "pmap_chapter.ipynb": [
+        "8 cpu devices", "cpu:7",  # the device view
+        "%%pmap over 8 devices", "collective-permute",  # result views
+    ],
+    "sharding_chapter.ipynb": [
+        "8 cpu devices",  # the device view
+        "data=4 × model=2", "4096 positions",  # mesh views (grid, the abstract pod)
+        "P('data', 'model')", "4096 distinct blocks on 4096 devices",  # sharding views
+        "%%shard program", "all-reduce",  # the --report views
+    ],
+}
 
 
 def readme_export_command() -> list[str]:
@@ -41,7 +54,10 @@ def count_views(nb) -> int:
 
 
 def open_offline(html: str, shot: Path) -> dict:
-    """Load `html` with every network request refused; report what a person would see."""
+    """Load `html` with every network request refused; report what a person would see.
+
+    Screenshots: the whole page at `shot`, and next to it the first view of each kind and every
+    view drawn as pictures (`<img>`), as `<shot>-<n>-<kind>.png`."""
     with browser() as b:
         context = b.new_context(viewport={"width": 1100, "height": 900}, device_scale_factor=1)
         blocked: list[str] = []
@@ -62,10 +78,22 @@ def open_offline(html: str, shot: Path) -> dict:
         views = page.locator(".jpm-view")
         facts = {
             "count": views.count(),
+            "kinds": page.evaluate(
+                """() => [...document.querySelectorAll('.jpm-view')].map(
+                       el => [...el.classList].find(c => c.startsWith('jpm-') && c !== 'jpm-view'))"""
+            ),
             "placeholders": page.locator('script[type="application/vnd.jupyter.widget-view+json"]').count(),
             "boxes": [views.nth(i).bounding_box() for i in range(views.count())],
             "visible": [views.nth(i).is_visible() for i in range(views.count())],
             "texts": [views.nth(i).inner_text() for i in range(views.count())],
+            # Pictures inside views (large layouts are drawn as images): loaded and on screen.
+            "images": page.evaluate(
+                """() => [...document.querySelectorAll('.jpm-view img')].map(img => {
+                       const r = img.getBoundingClientRect();
+                       return {loaded: img.complete && img.naturalWidth > 0, width: r.width, height: r.height,
+                               src: img.src.slice(0, 30)};
+                   })"""
+            ),
             "chip_radius": page.evaluate(
                 "() => { const c = document.querySelector('.jpm-chip');"
                 " return c ? getComputedStyle(c).borderTopLeftRadius : null; }"
@@ -74,19 +102,29 @@ def open_offline(html: str, shot: Path) -> dict:
             "errors": errors,
         }
         page.screenshot(path=str(shot), full_page=True)
+        first_of_kind = {kind: i for i, kind in reversed(list(enumerate(facts["kinds"])))}
+        pictured = page.evaluate(
+            """() => [...document.querySelectorAll('.jpm-view')].flatMap((el, i) => el.querySelector('img') ? [i] : [])"""
+        )
+        for i in sorted(set(first_of_kind.values()) | set(pictured)):
+            views.nth(i).screenshot(path=str(shot.with_name(f"{shot.stem}-{i}-{facts['kinds'][i].removeprefix('jpm-')}.png")))
         context.close()
     return facts
 
 
-def assert_views_shown(facts: dict, expected: int) -> None:
+def assert_views_shown(facts: dict, nb, name: str) -> None:
+    expected = [f"jpm-{kind}" for _, kind in expected_views(nb)]
     assert facts["placeholders"] == 0, "widget placeholders were rendered instead of static HTML"
-    assert facts["count"] == expected, f"{facts['count']} views on the page, {expected} in the notebook"
+    assert facts["count"] == count_views(nb), f"{facts['count']} views on the page, {count_views(nb)} in the notebook"
+    assert facts["kinds"] == expected, f"views on the page {facts['kinds']}, expected {expected}"
     for i, (box, visible, text) in enumerate(zip(facts["boxes"], facts["visible"], facts["texts"], strict=True)):
         assert visible and box and box["width"] >= 300 and box["height"] >= 40, f"view {i} not visible: {box}"
         assert text.strip(), f"view {i} shows no text"
+    for image in facts["images"]:
+        assert image["loaded"] and image["width"] >= 20 and image["height"] >= 20, f"a view's picture is not shown: {image}"
     texts = "\n".join(facts["texts"])
-    assert "8 cpu devices" in texts and "cpu:7" in texts  # the device view
-    assert "%%pmap over 8 devices" in texts and "collective-permute" in texts  # result views
+    missing = [said for said in SAYS[name] if said not in texts]
+    assert not missing, f"{name}: the exported views do not say {missing}"
     assert facts["chip_radius"] not in (None, "0px"), "the views' stylesheet did not apply"
     assert not facts["errors"], facts["errors"]
     # Our static HTML loads nothing: the only requests refused are the nbconvert template's own
@@ -95,13 +133,22 @@ def assert_views_shown(facts: dict, expected: int) -> None:
     assert not strays, strays
 
 
+def test_every_example_has_expectations():
+    assert sorted(SAYS) == sorted(p.name for p in NOTEBOOKS), "say what each example's exported page must show"
+
+
+@pytest.fixture(params=NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def notebook(request) -> Path:
+    return request.param
+
+
 @pytest.fixture
-def executed_notebook():
+def executed_notebook(notebook):
     require_chromium()  # fail fast (CI) or skip before spending a kernel run
-    return executed(NOTEBOOK)  # a fresh copy of the session's one run
+    return executed(notebook)  # a fresh copy of the session's one run
 
 
-def test_readme_export_command_shows_every_view(executed_notebook, tmp_path, artifacts):
+def test_readme_export_command_shows_every_view(notebook, executed_notebook, tmp_path, artifacts):
     """The notebook as nbclient leaves it (widget state stored), exported with the README's command."""
     assert "widgets" in executed_notebook.metadata
     source = tmp_path / "executed.ipynb"
@@ -112,19 +159,19 @@ def test_readme_export_command_shows_every_view(executed_notebook, tmp_path, art
     subprocess.run(command, check=True, capture_output=True, timeout=120)
     html = (tmp_path / "executed.html").read_text(encoding="utf-8")
     assert "application/vnd.jupyter.widget-state+json" not in html  # no embedded state blob either
-    facts = open_offline(html, artifacts / "export-readme-command.png")
-    assert_views_shown(facts, count_views(executed_notebook))
+    facts = open_offline(html, artifacts / f"export-{notebook.stem}-readme-command.png")
+    assert_views_shown(facts, executed_notebook, notebook.name)
 
 
-def test_default_export_without_widget_state_shows_every_view(executed_notebook, artifacts):
+def test_default_export_without_widget_state_shows_every_view(notebook, executed_notebook, artifacts):
     """A notebook saved without widget state (JupyterLab's default) needs no option at all."""
     from nbconvert import HTMLExporter
 
     nb = executed_notebook
     nb.metadata.pop("widgets")
     html, _ = HTMLExporter().from_notebook_node(nb)
-    facts = open_offline(html, artifacts / "export-default.png")
-    assert_views_shown(facts, count_views(nb))
+    facts = open_offline(html, artifacts / f"export-{notebook.stem}-default.png")
+    assert_views_shown(facts, nb, notebook.name)
 
 
 @pytest.fixture(scope="module")

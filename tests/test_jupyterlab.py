@@ -1,15 +1,19 @@
-"""JupyterLab end to end: a real server and kernel, the example notebook run in Chromium, and our
+"""JupyterLab end to end: a real server and kernel, each example notebook run in Chromium, and our
 live widgets (drawn by their ES modules, not the static HTML) visible on the page.
 
-The server gets its own HOME and Jupyter/IPython folders (no old workspaces, nothing written to
-the real home), the news toast and autosave are switched off, and it serves a temporary copy of
-the notebook, so nothing is written back into examples/. It is stopped with SIGTERM.
+One server for the module. It gets its own HOME and Jupyter/IPython folders (no old workspaces,
+nothing written to the real home), the news toast and autosave are switched off, and it serves
+temporary copies of the notebooks, so nothing is written back into examples/. Each notebook opens
+in a workspace of its own (so Lab does not restore the previous one) and its kernel is shut down
+after its test. The server is stopped with SIGTERM.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -18,7 +22,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import nbformat
@@ -29,7 +33,7 @@ from playwright.sync_api import expect
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
-NOTEBOOK = next(p for p in example_notebooks() if p.name == "pmap_chapter.ipynb")
+NOTEBOOKS = example_notebooks()
 # JupyterLab renders a widget output as a Panel (no data-mime-type); static HTML outputs are
 # `.jp-RenderedHTMLCommon[data-mime-type="text/html"]` and must not be what we see.
 WIDGET_OUTPUT = ".jp-OutputArea-output.lm-Panel"
@@ -69,9 +73,10 @@ def wait_until_serving(proc: subprocess.Popen, url: str, token: str, log: Path) 
     pytest.fail(f"jupyter lab did not answer within {SERVER_START_S} s:\n{log.read_text(errors='replace')[-4000:]}")
 
 
-@pytest.fixture
-def lab(tmp_path: Path) -> Iterator[Lab]:
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     require_chromium()
+    tmp_path = tmp_path_factory.mktemp("lab")
     home, root = tmp_path / "home", tmp_path / "root"
     env = dict(os.environ)
     for name, sub in [("HOME", "home"), ("JUPYTER_CONFIG_DIR", "home/config"), ("JUPYTER_DATA_DIR", "home/data"),
@@ -87,7 +92,8 @@ def lab(tmp_path: Path) -> Iterator[Lab]:
     labconfig.mkdir(parents=True)
     (labconfig / "default_setting_overrides.json").write_text(json.dumps(overrides))
     root.mkdir()
-    shutil.copy(NOTEBOOK, root / NOTEBOOK.name)
+    for notebook in NOTEBOOKS:
+        shutil.copy(notebook, root / notebook.name)
 
     port, token = free_port(), secrets.token_hex(16)
     log = tmp_path / "lab.log"
@@ -117,21 +123,59 @@ def artifacts() -> Path:
     return artifacts_dir()
 
 
-def run_all_and_check(page, lab: Lab, expected: list[tuple[int, str]], artifacts: Path) -> None:
-    page.goto(f"{lab.url}/lab/tree/{NOTEBOOK.name}?token={lab.token}")
+def shut_down_kernels(lab: Lab) -> None:
+    """Delete every session (and so its kernel), leaving the server to the next notebook."""
+    api = f"{lab.url}/api/sessions"
+    with urllib.request.urlopen(f"{api}?token={lab.token}", timeout=10) as reply:
+        sessions = json.load(reply)
+    for session in sessions:
+        request = urllib.request.Request(f"{api}/{session['id']}?token={lab.token}", method="DELETE")
+        urllib.request.urlopen(request, timeout=30).close()
+
+
+def live_view(page, kind: str, has_text: str | None = None):
+    views = page.locator(f"{WIDGET_OUTPUT} .jpm-view.jpm-{kind}")
+    return views.filter(has_text=has_text) if has_text else views
+
+
+def shot_in_viewport(page, locator, path: Path) -> None:
+    """The whole window, scrolled to `locator`: Lab 4 paints off-screen cells lazily
+    (content-visibility), so wait until it is really in the viewport."""
+    locator.scroll_into_view_if_needed()
+    expect(locator).to_be_in_viewport(ratio=0.5)
+    page.screenshot(path=str(path))
+
+
+def shoot_view(page, view, path: Path) -> None:
+    """A screenshot of one view; of a view taller than the window, its top part as the window
+    shows it (an element screenshot of a box larger than Lab's scroll area comes out garbled)."""
+    view.evaluate("el => el.scrollIntoView({block: 'start'})")
+    expect(view).to_be_in_viewport()
+    box = view.bounding_box()
+    room = page.viewport_size["height"] - STATUS_BAR_PX - box["y"]
+    if box["height"] <= room:
+        view.screenshot(path=str(path))
+    else:
+        page.screenshot(path=str(path), clip={**box, "height": room})
+
+
+def run_all_and_check(page, lab: Lab, notebook: Path, expected: list[tuple[int, str]], artifacts: Path) -> None:
+    # A workspace of its own: Lab must not reopen the notebook an earlier test left open.
+    page.goto(f"{lab.url}/lab/workspaces/{notebook.stem}/tree/{notebook.name}?token={lab.token}")
     page.locator("#jp-main-statusbar").get_by_text("Idle").first.wait_for(timeout=SERVER_START_S * 1000)
 
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
     # Done when every code cell has an execution count and the kernel is idle again. (Run All
-    # goes on past the cell tagged raises-exception, as nbclient does.)
+    # goes on past a cell tagged raises-exception, as nbclient does.)
     page.wait_for_function(
-        """() => {
+        """name => {
             const panel = window.jupyterapp.shell.currentWidget;
-            if (!panel || !panel.content) return false;
+            if (!panel || !panel.content || panel.context?.path !== name) return false;
             const cells = panel.content.widgets.filter(c => c.model.type === 'code');
             const done = cells.every(c => c.model.executionCount !== null);
             return done && panel.sessionContext.session?.kernel?.status === 'idle';
         }""",
+        arg=notebook.name,
         timeout=RUN_ALL_S * 1000,
     )
 
@@ -146,27 +190,73 @@ def run_all_and_check(page, lab: Lab, expected: list[tuple[int, str]], artifacts
     widget_errors = page.locator(WIDGET_OUTPUT).filter(has_text="Error displaying widget").count()
     assert widget_errors == 0, "JupyterLab could not display some widgets"
 
-    for kind in ("devices", "results"):
-        view = page.locator(f"{WIDGET_OUTPUT} .jpm-view.jpm-{kind}").first
+    # Every view, one at a time in the viewport, is a visible box with text in it. (Off-screen
+    # cells skip rendering (content-visibility): their innerText is empty and their size a
+    # placeholder until they are painted, hence the waits.)
+    views = page.locator(f"{WIDGET_OUTPUT} .jpm-view")
+    for i, (cell, kind) in enumerate(expected):
+        view = views.nth(i)
         view.scroll_into_view_if_needed()
-        assert view.is_visible(), f"the {kind} view is not visible"
+        expect(view, f"cell {cell}: the {kind} view is not in the viewport").to_be_in_viewport()
+        expect(view, f"cell {cell}: the {kind} view shows no text").to_have_text(re.compile(r"\S"))
         box = view.bounding_box()
-        assert box and box["width"] >= 300 and box["height"] >= 60, f"the {kind} view is too small: {box}"
-        view.screenshot(path=str(artifacts / f"jupyterlab-{kind}.png"))
+        assert view.is_visible() and box, f"cell {cell}: the {kind} view is not visible"
+        assert box["width"] >= MIN_VIEW[0] and box["height"] >= MIN_VIEW[1], f"cell {cell}: the {kind} view is too small: {box}"
+    for kind in dict.fromkeys(k for _, k in expected):
+        shoot_view(page, live_view(page, kind).first, artifacts / f"jupyterlab-{notebook.stem}-{kind}.png")
 
-    devices_text = page.locator(f"{WIDGET_OUTPUT} .jpm-view.jpm-devices").first.inner_text()
+    CHECKS[notebook.name](page, artifacts / f"jupyterlab-{notebook.stem}")
+
+
+def check_pmap_chapter(page, shots: Path) -> None:
+    devices_text = live_view(page, "devices").first.text_content()
     assert "8" in devices_text and "cpu" in devices_text.lower(), devices_text
-    ring = page.locator(f"{WIDGET_OUTPUT} .jpm-view.jpm-results").filter(has_text="collective-permute")
+    ring = live_view(page, "results", "collective-permute")
     assert ring.count() == 1, "the ppermute cell's view does not list its collective-permute"
-    # The whole window, scrolled to the ring: Lab 4 paints off-screen cells lazily
-    # (content-visibility), so wait until the view is really in the viewport.
-    ring.first.scroll_into_view_if_needed()
-    expect(ring.first).to_be_in_viewport(ratio=0.5)
-    page.screenshot(path=str(artifacts / "jupyterlab.png"))
+    shot_in_viewport(page, ring.first, shots.with_name(shots.name + ".png"))
 
 
-def test_notebook_runs_in_jupyterlab_and_shows_live_views(lab: Lab, artifacts: Path):
-    expected = expected_views(nbformat.read(NOTEBOOK, as_version=4))
+def check_sharding_chapter(page, shots: Path) -> None:
+    meshes = live_view(page, "mesh").all_text_contents()
+    names = ["mesh", "grid", "cube", "pod"]  # %mesh data=8, ... --name grid, --name cube, --abstract --name pod
+    assert len(meshes) == len(names) and all(n in t for n, t in zip(names, meshes, strict=True)), meshes
+    assert "abstract" in meshes[-1].lower() and "4096" in meshes[-1], meshes[-1]
+    # The 4 x 2 cell: the batch split one way, the weights the other, the product both ways.
+    cell = page.locator(".jp-CodeCell").filter(
+        has=page.locator(".jp-InputArea", has_text="%%shard --mesh grid --in x=data,None w=None,model"))
+    two_d = cell.locator(f"{WIDGET_OUTPUT} .jpm-view.jpm-sharding")
+    texts = two_d.all_text_contents()
+    assert len(texts) == 3, f"the 4 x 2 %%shard cell shows {len(texts)} views"
+    for text, (name, spec) in zip(texts, [("x", "P('data', None)"), ("w", "P(None, 'model')"), ("y", "P('data', 'model')")],
+                                  strict=True):
+        assert text.startswith(name) and spec in text, f"expected {name} with {spec}: {text[:200]}"
+    reports = live_view(page, "results", "all-reduce")
+    assert reports.count() == 2, "the two --report views should each list an all-reduce"
+    for i in range(reports.count()):
+        assert "compile" in reports.nth(i).text_content(), reports.nth(i).text_content()
+    # The Explicit-axes cell (tagged raises-exception) explains itself, and Run All went past it.
+    explained = page.locator(".jp-OutputArea-output").filter(has_text="Explicit axes")
+    assert explained.count() == 1, "the Explicit-axes cell does not show its explanation"
+    # The two big ones: a 16 x 16 x 16 abstract mesh and a 4,096-block layout.
+    for name, view in [("pod", live_view(page, "mesh", "pod").first), ("big", live_view(page, "sharding", "4096").first)]:
+        shoot_view(page, view, shots.with_name(f"{shots.name}-{name}.png"))
+    shot_in_viewport(page, two_d.first, shots.with_name(shots.name + ".png"))
+    shot_in_viewport(page, reports.first, shots.with_name(shots.name + "-report.png"))
+    shot_in_viewport(page, explained.first, shots.with_name(shots.name + "-explicit.png"))
+
+
+CHECKS: dict[str, Callable] = {"pmap_chapter.ipynb": check_pmap_chapter, "sharding_chapter.ipynb": check_sharding_chapter}
+MIN_VIEW = (150, 40)  # px; every live view at least this wide and tall
+STATUS_BAR_PX = 40
+
+
+def test_checks_cover_every_example():
+    assert sorted(CHECKS) == sorted(p.name for p in NOTEBOOKS), "add a check_<notebook> for each example"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_runs_in_jupyterlab_and_shows_live_views(notebook: Path, lab: Lab, artifacts: Path):
+    expected = expected_views(nbformat.read(notebook, as_version=4))
     refused: list[str] = []
     errors: list[str] = []
     with browser() as b:
@@ -183,13 +273,16 @@ def test_notebook_runs_in_jupyterlab_and_shows_live_views(lab: Lab, artifacts: P
         page = context.new_page()
         collect_errors(page, errors)
         try:
-            run_all_and_check(page, lab, expected, artifacts)
+            run_all_and_check(page, lab, notebook, expected, artifacts)
         except BaseException as failure:
-            page.screenshot(path=str(artifacts / "jupyterlab-failure.png"))
-            failure.add_note(f"screenshot: test-artifacts/jupyterlab-failure.png\nserver log:\n{lab.log_tail()}")
+            shot = f"jupyterlab-{notebook.stem}-failure.png"
+            page.screenshot(path=str(artifacts / shot))
+            failure.add_note(f"screenshot: test-artifacts/{shot}\nserver log:\n{lab.log_tail()}")
             raise
         finally:
             context.close()
+            with contextlib.suppress(OSError):  # best effort: a dead server is reported below
+                shut_down_kernels(lab)
 
     assert not errors, errors
     assert not refused, f"JupyterLab tried to reach the network: {refused}"
