@@ -54,6 +54,11 @@ def _header(state: dict[str, Any], axes: list[dict[str, Any]], total: int) -> tu
     return sub, noun
 
 
+def _abstract_rgb(row: int, col: int) -> tuple[int, int, int]:
+    """Positions of an abstract mesh: a neutral checkerboard, so each cell stays visible."""
+    return _NEUTRAL_RGB if (row + col) % 2 == 0 else tuple(max(0, v - 40) for v in _NEUTRAL_RGB)
+
+
 def to_html(state: dict[str, Any]) -> str:
     """Static HTML of a mesh state (no script; every string escaped)."""
     axes, ids, facets = _layout(state)
@@ -114,7 +119,7 @@ def to_html(state: dict[str, Any]) -> str:
             px = 11 if cols <= 64 else 6
             pixels = [
                 [
-                    (_NEUTRAL_RGB if abstract else device_rgb(chunk[r * cols + c]))
+                    (_abstract_rgb(r, c) if abstract else device_rgb(chunk[r * cols + c]))
                     if r * cols + c < len(chunk)
                     else (255, 255, 255)
                     for c in range(cols)
@@ -128,7 +133,9 @@ def to_html(state: dict[str, Any]) -> str:
         out.append("</div></div>")
     out.append("</div>")
     if not big:
-        out.append('<div class="jpm-note">Static view: one coloured square per device; the live widget shows ids on hover.</div>')
+        what = "one square per mesh position (an abstract mesh has no devices)" if abstract else \
+            "one coloured square per device"
+        out.append(f'<div class="jpm-note">Static view: {what}; the live widget shows ids on hover.</div>')
     out.append("</div>")
     return "".join(out)
 

@@ -189,11 +189,11 @@ def to_html(state: dict[str, Any]) -> str:
                 f'<div class="jpm-axis-y"><span class="jpm-axis-label" title="{esc(caption_y)}">{esc(side)} →</span></div>'
             )
         if rows_n * cols_n * min(facets, MAX_FACETS) > HTML_BLOCK_LIMIT:
-            px = max(2, min(12, width // max(cols_n, 1)))
+            # One pixel per block, scaled to the same box the <div> drawing would fill.
             pixels = [[_pixel(at(r, c)) for c in range(cols_n)] for r in range(rows_n)]
             out.append(
-                f'<img class="jpm-pixels jpm-grid" src="{png_data_uri(pixels)}" width="{cols_n * px}" '
-                f'height="{rows_n * px}" alt="{rows_n}×{cols_n} blocks, coloured by device">'
+                f'<img class="jpm-pixels jpm-grid" src="{png_data_uri(pixels)}" width="{width}" '
+                f'height="{height}" alt="{rows_n}×{cols_n} blocks, coloured by device">'
             )
         else:
             if nd < 2:
