@@ -1,8 +1,10 @@
 """Benchmark of jaxpar_magic against hand-written JAX doing the same work.
 
-Run from the repository root with the project's venv, after installing the package:
+Run from the repository root with the project's venv, after installing the package (clear
+setuptools' build/lib first: files deleted or renamed in the source tree stay in it and would be
+installed again):
 
-    .venv/bin/pip install --no-deps --no-build-isolation -q .
+    rm -rf build/lib && .venv/bin/pip install --no-deps -q .
     .venv/bin/python bench/run.py
 
 It prints one table (markdown) of ratios against hand-written JAX, then the details each row
@@ -12,7 +14,9 @@ cores and no GPU; the script asks JAX for 8 simulated CPU devices before the bac
 Sections (numbers match the table):
   1. re-running a cached `%%pmap` cell (block mode, --no-show) vs a hand-written `jax.pmap`
      (1b: both as whole `run_cell` cells; 1c: with the result view shown, the default;
-     1d: control, the cell's compiled program called directly)
+     1d: control, the cell's compiled program called directly). An identical re-run takes the
+     engine's short path (runner.Rerun: same input shapes and dtypes, same constants) straight
+     to the compiled program; the profile shows whether it did.
   2. a `%%pmap`-defined function (ParallelFunction) vs `jax.pmap`; 2b: what the CPU-collective
      guard (blocking on every call of a program with collectives) costs, with and without them
   3. cold start in fresh subprocesses: `%load_ext` + first `%%pmap` cell vs `import jax` + first
@@ -750,7 +754,9 @@ def _profile(owners: list, run, calls: int) -> list[tuple[str, float]]:
 
 
 def _ipython_steps(sh, magic: str) -> list:
-    """What every re-run of one of our cell magics goes through on the IPython side."""
+    """What every re-run of one of our cell magics goes through on the IPython side. The line's
+    parse and the cell's transform are cached per text (magics._parsed, magics._transformed): the
+    IPython steps under them run only the first time a text is seen, so they read ~0 on re-runs."""
     from IPython.core.displayhook import DisplayHook
     from IPython.core.interactiveshell import InteractiveShell
 
@@ -759,10 +765,13 @@ def _ipython_steps(sh, magic: str) -> list:
     head = [
         (InteractiveShell, "run_cell_magic", "IPython InteractiveShell.run_cell_magic (everything)"),
         (DisplayHook, "semicolon_at_end_of_expression",
-         "  IPython DisplayHook.semicolon_at_end_of_expression (re-tokenizes the cell: @output_can_be_silenced)"),
+         "  IPython DisplayHook.semicolon_at_end_of_expression (only for @output_can_be_silenced magics)"),
         (sh.magics_manager.magics["cell"], magic, f"  jaxpar_magic/magics.py:JaxparMagics.{magic}"),
-        (sh, "transform_cell", f"    IPython InteractiveShell.transform_cell (called by magics.py:{magic})"),
-        (magics, "parse_argstring", f"    IPython magic_arguments.parse_argstring (called by magics.py:{magic})"),
+        (magics, "_parsed", "    jaxpar_magic/magics.py:_parsed (the line's parse, cached per text)"),
+        (magics, "parse_argstring", "      IPython magic_arguments.parse_argstring (on a cache miss)"),
+        (magics, "_transformed", "    jaxpar_magic/magics.py:_transformed (the cell's transform, cached per text)"),
+        (sh, "transform_cell", "      IPython InteractiveShell.transform_cell (on a cache miss)"),
+        (magics, "_silenced", "    jaxpar_magic/magics.py:_silenced (trailing ';')"),
     ]
     return head
 
@@ -777,12 +786,16 @@ def profile_pmap_rerun(jax, sh, calls: int = 2000):
         (engine, "pmap_cell", f"    {eng}:pmap_cell"),
         (engine, "mesh_for", f"      {eng}:mesh_for"),
         (engine, "run_block", f"      {eng}:run_block"),
-        (engine, "check_axis_names", f"        {eng}:check_axis_names (parses the cell again)"),
-        (engine, "plan_inputs", "        jaxpar_magic/runner.py:plan_inputs"),
+        (runner.Rerun, "args", "        jaxpar_magic/runner.py:Rerun.args (the short path's input checks)"),
+        (engine, "_plan_block", f"        {eng}:_plan_block (the full path: only when the short path declines)"),
+        (engine, "check_axis_names", f"          {eng}:check_axis_names"),
+        (engine, "plan_inputs", "          jaxpar_magic/runner.py:plan_inputs"),
         (engine, "run_program", "        jaxpar_magic/runner.py:run_program"),
         (program, "jitted", "          the compiled program's call (dispatch)"),
         (jax, "block_until_ready", "          jax.block_until_ready (waiting for the devices)"),
-        (runner, "shape_signature", "          jaxpar_magic/runner.py:shape_signature"),
+        (runner, "shape_signature", "          jaxpar_magic/runner.py:shape_signature (the short path reuses the first run's)"),
+        (runner.Rerun, "remember", "        jaxpar_magic/runner.py:Rerun.remember"),
+        (engine, "_block_result", f"        {eng}:_block_result (binds the outputs)"),
     ]
     return _profile(owners, lambda: sh.run_cell_magic("pmap", "--no-show", PMAP_SRC), calls)
 
@@ -800,9 +813,10 @@ def profile_pmap_view(jax, sh, calls: int = 300):
     owners = [
         (sh.magics_manager.magics["cell"], "pmap", "jaxpar_magic/magics.py:JaxparMagics.pmap (everything)"),
         (engine, "pmap_cell", f"  {eng}:pmap_cell (the run itself, with want_facts)"),
+        (engine, "facts_for", "    jaxpar_magic/runner.py:facts_for (the program's collectives and costs, cached)"),
         (magics, "result_view", "  jaxpar_magic/magics.py:result_view"),
         (summaries, "result_state", "    jaxpar_magic/summaries.py:result_state"),
-        (summaries, "per_device_summary", "      jaxpar_magic/summaries.py:per_device_summary (eager jnp ops)"),
+        (summaries, "per_device_summary", "      jaxpar_magic/summaries.py:per_device_summary (one jitted call per output, then formatting)"),
         (ViewBase, "__init__", "    jaxpar_magic/views/base.py:ViewBase.__init__ (anywidget/ipywidgets widget)"),
         (magics, "display", "  IPython display() of the view (formats text/html and text/plain)"),
     ]
@@ -829,6 +843,7 @@ def profile_function_call(jax, step, x, calls: int = 2000):
 
 
 def profile_shard_rerun(jax, sh, calls: int = 2000):
+    import jaxpar_magic.magics as magics
     import jaxpar_magic.runner as runner
     import jaxpar_magic.shard as shard_engine
     import jaxpar_magic.specs as specs
@@ -836,16 +851,20 @@ def profile_shard_rerun(jax, sh, calls: int = 2000):
     line = "--mesh mesh --in a=None,data b=data,None --no-show"
     program = shard_engine._cache[next(k for k in shard_engine._cache if k[0] == SHARD_SRC)]
     owners = _ipython_steps(sh, "shard") + [
-        (specs, "parse_assignments", "    jaxpar_magic/specs.py:parse_assignments (--in, --out)"),
+        (magics, "_assignments", "    jaxpar_magic/magics.py:_assignments (--in, --out; cached per text)"),
+        (specs, "parse_assignments", "      jaxpar_magic/specs.py:parse_assignments (on a cache miss)"),
         (shard_engine, "shard_cell", "    jaxpar_magic/shard.py:shard_cell"),
         (shard_engine, "resolve_mesh", "      jaxpar_magic/shard.py:resolve_mesh"),
         (shard_engine, "run_shard", "      jaxpar_magic/shard.py:run_shard"),
-        (shard_engine, "plan_inputs", "        jaxpar_magic/runner.py:plan_inputs"),
-        (shard_engine, "place", "        jaxpar_magic/shard.py:place (each --in input)"),
+        (runner.Rerun, "args", "        jaxpar_magic/runner.py:Rerun.args (the short path's input checks)"),
+        (shard_engine, "_plan_shard", "        jaxpar_magic/shard.py:_plan_shard (the full path: only when the short path declines)"),
+        (shard_engine, "plan_inputs", "          jaxpar_magic/runner.py:plan_inputs"),
+        (shard_engine, "place", "          jaxpar_magic/shard.py:place (each --in input)"),
         (shard_engine, "run_program", "        jaxpar_magic/runner.py:run_program"),
         (program, "jitted", "          the compiled program's call (dispatch, inside jax.set_mesh)"),
         (jax, "block_until_ready", "          jax.block_until_ready (waiting for the devices)"),
-        (runner, "shape_signature", "          jaxpar_magic/runner.py:shape_signature"),
+        (runner, "shape_signature", "          jaxpar_magic/runner.py:shape_signature (the short path reuses the first run's)"),
+        (runner.Rerun, "remember", "        jaxpar_magic/runner.py:Rerun.remember"),
     ]
     return _profile(owners, lambda: sh.run_cell_magic("shard", line, SHARD_SRC), calls)
 
