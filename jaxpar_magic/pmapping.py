@@ -219,12 +219,12 @@ def _block_result(cell, mesh, program, device, final, merge, facts, run_ms) -> B
         if name in merge:
             value = jax.tree.map(lambda a: a.reshape((-1,) + a.shape[k + 1:]), value)
         outputs[name] = value
-    per_device = bool(program.final_per_device and program.final_per_device[0])
+    final, on_devices = program.final_of(final)
     return BlockResult(
         outputs=outputs,
         device_outputs=tuple(program.device_outputs),
-        final=final if per_device else (program.static_final[0] if program.static_final else None),
-        final_per_device=per_device,
+        final=final,
+        final_per_device=on_devices,
         has_final=cell.has_final_expression,
         mesh=mesh,
         facts=facts,

@@ -158,6 +158,12 @@ class CellProgram:
     facts: dict = field(default_factory=dict)  # shape signature -> ProgramFacts
     compile_ms: dict = field(default_factory=dict)  # shape signature -> first call's compile time
 
+    def final_of(self, traced_final) -> tuple[object, bool]:
+        """The cell's final expression, and whether it was computed on the devices (traced)
+        or is the plain Python value the trace saw."""
+        on_devices = bool(self.final_per_device and self.final_per_device[0])
+        return (traced_final if on_devices else (self.static_final[0] if self.static_final else None)), on_devices
+
 
 def plan_inputs(cell: cells.Cell, namespace: dict, named: dict | None = None):
     """Split the names a cell reads into array inputs and constants; undefined names are errors."""

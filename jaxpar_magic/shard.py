@@ -216,12 +216,12 @@ def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs
     facts = facts_for(program, signature, args, mesh, cell, context_mesh=mesh) if want_facts else None
     outputs = dict(program.static_outputs)
     outputs.update(device)
-    final_is_array = bool(program.final_per_device and program.final_per_device[0])
+    final, final_is_array = program.final_of(final)
     return ShardResult(
         outputs=outputs,
         device_outputs=tuple(program.device_outputs),
         placed=placed,
-        final=final if final_is_array else (program.static_final[0] if program.static_final else None),
+        final=final,
         final_is_array=final_is_array,
         has_final=cell.has_final_expression,
         mesh=mesh,
