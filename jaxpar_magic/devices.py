@@ -4,7 +4,6 @@ Importing this module does not start the JAX backend: only the functions that ne
 """
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 
 from .errors import UsageError
@@ -76,8 +75,6 @@ def simulate(count: int) -> None:
             f"in a running process. Restart the kernel and run `%devices --simulate {count}` (right after "
             "`%load_ext jaxpar_magic`) before any other JAX code."
         ) from None
-    # Make the request visible to child processes and to anyone reading the environment.
-    os.environ["JAXPAR_SIMULATED_DEVICES"] = str(count)
 
 
 def device_count(platform: str) -> int:

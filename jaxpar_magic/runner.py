@@ -126,7 +126,7 @@ def shape_signature(args) -> tuple:
     return tuple((tuple(a.shape), str(a.dtype)) for a in jax.tree.leaves(args))
 
 
-def block_on_cpu_collectives(values, facts_or_flag) -> None:
+def block_on_cpu_collectives(values, needed: bool) -> None:
     """Wait for a result when the program has collectives on the CPU backend.
 
     On a 2-core machine, XLA's CPU collectives deadlock once 50-70 such programs are queued back to
@@ -136,7 +136,7 @@ def block_on_cpu_collectives(values, facts_or_flag) -> None:
     """
     import jax
 
-    if facts_or_flag:
+    if needed:
         jax.block_until_ready(values)
 
 

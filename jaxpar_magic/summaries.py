@@ -105,12 +105,11 @@ def mesh_coords(mesh) -> tuple[list[int], list[tuple]]:
     return ids, coords
 
 
-def program_state(facts, total: int, line_text) -> tuple[list, dict | None]:
-    """Collectives (with the user's line that issued each) and the --report figures."""
+def program_state(facts, total: int, line_text) -> list:
+    """The compiled program's collectives, each with the user's line that issued it."""
     if facts is None:
-        return [], None
-    colls = [collective_state(c, total, line_text(c.line) if c.line else None) for c in facts.collectives]
-    return colls, facts
+        return []
+    return [collective_state(c, total, line_text(c.line) if c.line else None) for c in facts.collectives]
 
 
 def result_state(title: str, mesh, outputs: dict, facts=None, line_text=lambda n: None,
@@ -126,7 +125,7 @@ def result_state(title: str, mesh, outputs: dict, facts=None, line_text=lambda n
         for path, leaf in leaves:
             label = name + jax.tree_util.keystr(path)
             items.append(per_device_summary(label, leaf, k, ids, coords))
-    colls, _ = program_state(facts, len(ids), line_text)
+    colls = program_state(facts, len(ids), line_text)
     return {
         "title": title,
         "axes": [{"name": n, "size": int(s)} for n, s in zip(mesh.axis_names, mesh.devices.shape)],
@@ -140,7 +139,7 @@ def result_state(title: str, mesh, outputs: dict, facts=None, line_text=lambda n
 def program_report_state(title: str, mesh, facts, run_ms: float, line_text) -> dict:
     """A result-view state with no per-device outputs: what the compiled program communicates."""
     ids, _ = mesh_coords(mesh)
-    colls, _ = program_state(facts, len(ids), line_text)
+    colls = program_state(facts, len(ids), line_text)
     return {
         "title": title,
         "axes": [{"name": n, "size": int(s)} for n, s in zip(mesh.axis_names, mesh.devices.shape)],

@@ -51,7 +51,6 @@ def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["JAX_PLATFORMS"] = "cpu"
     env.pop("XLA_FLAGS", None)
-    env.pop("JAXPAR_SIMULATED_DEVICES", None)
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True,
