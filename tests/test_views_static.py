@@ -7,7 +7,6 @@ Browser checks of the same views live in tests/browser/test_views_js.py.
 from __future__ import annotations
 
 import html
-import importlib.resources
 import json
 import re
 from html.parser import HTMLParser
@@ -301,7 +300,7 @@ def test_bundles_are_self_contained(cls: type) -> None:
 
 
 def test_js_never_uses_html_sinks() -> None:
-    folder = importlib.resources.files("jaxpar_magic.js")
+    folder = base.assets()
     # Code only: comments may (and do) name the sinks they avoid.
     strip = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
     sources = {p.name: strip.sub("", p.read_text()) for p in folder.iterdir() if p.name.endswith(".js")}

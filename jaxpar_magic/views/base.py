@@ -35,17 +35,30 @@ _ANY_EXPORT_RE = re.compile(r"^\s*export\b", re.M)
 _NAME_RE = re.compile(r"^[A-Za-z_$][\w$]*$")
 
 
-def read_asset(name: str) -> str:
-    """Text of one file of the installed ``jaxpar_magic.js`` package (``js/`` in the repo)."""
+def assets():
+    """The folder of the views' ES modules and stylesheet.
+
+    An installed copy (wheel) carries them as the package ``jaxpar_magic.js``. A source checkout
+    (``pip install -e .``, or ``python -m pytest`` from the repository root) has them in the
+    top-level ``js/`` folder beside the package, which is where we look when that package is absent.
+    """
     try:
-        folder = importlib.resources.files("jaxpar_magic.js")
+        return importlib.resources.files("jaxpar_magic.js")
     except ModuleNotFoundError:
-        raise ModuleNotFoundError(
-            "jaxpar_magic's widget code (js/) ships inside an installed copy only, and this Python imported "
-            "jaxpar_magic from a source checkout (the repo root is on sys.path). Run `pip install .` and start "
-            "Python/the kernel outside the repo root (or use scripts/demo)."
-        ) from None
-    return folder.joinpath(name).read_text(encoding="utf-8")
+        pass
+    checkout = importlib.resources.files("jaxpar_magic").parent / "js"
+    if checkout.joinpath("views.css").is_file():
+        return checkout
+    raise ModuleNotFoundError(
+        "jaxpar_magic's widget code is missing: neither the installed package data `jaxpar_magic.js` nor a "
+        f"source checkout's js/ folder ({checkout}) was found. Reinstall the package (`pip install jaxpar_magic`, "
+        "or `pip install -e .` in a checkout)."
+    )
+
+
+def read_asset(name: str) -> str:
+    """Text of one file of the views' front end (``js/`` in the repository)."""
+    return assets().joinpath(name).read_text(encoding="utf-8")
 
 
 def _helper_module(name: str) -> tuple[str, set[str]]:

@@ -7,7 +7,6 @@ Never run ``playwright install`` here: it downloads a browser. We launch /usr/bi
 
 from __future__ import annotations
 
-import importlib.resources
 import mimetypes
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,8 @@ from typing import Any
 
 import pytest
 from sample_states import sharding_state
+
+from jaxpar_magic.views.base import assets
 
 ORIGIN = "http://jpm.test"
 HARNESS = Path(__file__).with_name("harness.html")
@@ -50,7 +51,7 @@ def _serve(route: Any) -> None:
         body, ctype = HARNESS.read_bytes(), "text/html"
     elif path.startswith("/js/"):
         name = path[len("/js/") :]
-        asset = importlib.resources.files("jaxpar_magic.js").joinpath(name)
+        asset = assets().joinpath(name)
         if "/" not in name and asset.is_file():
             body = asset.read_bytes()
             ctype = mimetypes.guess_type(name)[0] or "text/plain"
