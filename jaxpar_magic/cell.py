@@ -31,6 +31,13 @@ class Cell:
     def mode(self) -> str:
         return "function" if self.functions else "block"
 
+    @property
+    def final_is_output(self) -> bool:
+        """The final expression only names a value the cell assigns (`y = f(x)` then `y`): views
+        show it once, under its name."""
+        last = self.tree.body[-1] if self.has_final_expression and self.tree.body else None
+        return isinstance(last, ast.Expr) and isinstance(last.value, ast.Name) and last.value.id in self.writes
+
     def line(self, lineno: int) -> str:
         return linecache.getline(self.filename, lineno).strip()
 

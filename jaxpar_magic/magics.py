@@ -7,13 +7,13 @@ from __future__ import annotations
 import functools
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
-from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 from traitlets import Bool, Unicode
 from traitlets.config import Configurable
 
+from . import lines
 from .errors import UsageError
-from .specs import parse_device_selection, parse_literal
 
 
 def show_devices(simulate: int | None = None):
@@ -47,7 +47,7 @@ def result_view(result, title: str, report: bool):
     from .views.results import ResultView
 
     outputs = dict(result.per_device)
-    if result.has_final and result.final_per_device:
+    if result.has_final and result.final_per_device and not result.cell.final_is_output:
         outputs["(result)"] = result.final
     facts = result.facts
     figures = report_figures(facts, result.run_ms) if report and facts is not None else None
@@ -71,10 +71,11 @@ class JaxparMagics(Magics, Configurable):
     @magic_arguments()
     @argument("--simulate", type=int, metavar="N",
               help="Ask for N simulated CPU devices; must come before any JAX computation in this kernel.")
+    @no_var_expand
     def devices(self, line=""):
         """Show the devices JAX sees: id, platform, kind, process, coords, memory; counts per platform."""
-        args = parse_argstring(self.devices, line)
-        display(show_devices(args.simulate))
+        options = parse_line("devices", line)
+        display(show_devices(options.simulate))
 
     # --- %%pmap ----------------------------------------------------------------------------------
     @cell_magic
@@ -102,24 +103,24 @@ class JaxparMagics(Magics, Configurable):
         """
         from .pmapping import pmap_cell
 
-        args = _parsed(self.pmap, line)
-        show = self.show if args.show is None else args.show
+        options = parse_line("pmap", line)
+        show = self.show if options.show is None else options.show
         namespace = self.shell.user_ns
-        source = _transformed(self.shell, cell)
         result = pmap_cell(
-            source,
+            _transformed(self.shell, cell),
             namespace,
-            axis_name=args.axis_name or self.axis_name,
-            devices=parse_device_selection(args.devices),
-            mesh=args.mesh,
-            broadcast=args.broadcast,
-            split=args.split,
-            merge=args.merge,
-            in_axes=_literal(args.in_axes, "--in-axes", 0),
-            out_axes=_literal(args.out_axes, "--out-axes", 0),
-            static_broadcasted_argnums=_literal(args.static_broadcasted_argnums, "--static-broadcasted-argnums", ()),
-            donate_argnums=_literal(args.donate_argnums, "--donate-argnums", ()),
-            want_facts=show or args.report,
+            axis_name=options.axis_name or self.axis_name,
+            devices=options.devices,
+            mesh=options.mesh,
+            broadcast=options.broadcast,
+            split=options.split,
+            merge=options.merge,
+            in_axes=options.in_axes,
+            out_axes=options.out_axes,
+            static_broadcasted_argnums=options.static_broadcasted_argnums,
+            donate_argnums=options.donate_argnums,
+            want_facts=show or options.report,
+            bind=False,
         )
         if isinstance(result, dict):  # function mode
             if show:
@@ -129,17 +130,19 @@ class JaxparMagics(Magics, Configurable):
                     if isinstance(fn, ParallelFunction):
                         print(f"{name}: pmapped over {fn.mesh.devices.size} devices, axes {fn.axis_names}; "
                               f"original at {name}.__wrapped__")
+            namespace.update(result)
             return None
         if show:
             sizes = "x".join(str(s) for s in result.mesh.devices.shape)
             axes = ", ".join(result.mesh.axis_names)
-            display(result_view(result, f"%%pmap over {sizes} devices (axis {axes})", args.report))
-        elif args.report and result.facts is not None:
+            display(result_view(result, f"%%pmap over {sizes} devices (axis {axes})", options.report))
+        elif options.report and result.facts is not None:
             f = result.facts
             print(f"compile {f.compile_ms:.1f} ms, run {result.run_ms:.2f} ms, flops {f.flops}, bytes {f.bytes_accessed}, "
                   f"collectives {[c.op for c in f.collectives]}")
+        # Bound last, in one step: an interrupt at any earlier moment leaves the namespace as it was.
+        namespace.update(result.bindings)
         return result.final if result.has_final and not _silenced(cell) else None
-
 
     # --- %mesh ------------------------------------------------------------------------------------
     @line_magic
@@ -152,34 +155,36 @@ class JaxparMagics(Magics, Configurable):
     @argument("--devices", nargs="+", metavar="N_OR_IDS", help="Use the first N devices, or these device ids.")
     @argument("--abstract", action="store_true", help="An AbstractMesh: plan layouts for devices you don't have.")
     @argument("--no-show", dest="show", action="store_false", help="Do not show the mesh view.")
+    @no_var_expand
     def mesh(self, line=""):
         """Build a device mesh (binds `mesh`) and show it: devices laid out by mesh coordinates."""
         from .shard import is_mesh, make_mesh
 
-        args = parse_argstring(self.mesh, line)
+        options = parse_line("mesh", line)
         namespace = self.shell.user_ns
-        if not args.axes or (len(args.axes) == 1 and "=" not in args.axes[0]):
-            name = args.axes[0] if args.axes else args.name
+        if options.shape is None:
+            name = options.show_name
             if not is_mesh(namespace.get(name)):
                 raise UsageError(
                     f"%mesh {name}: no mesh called {name!r} in your namespace. Build one with `%mesh data=4 model=2`."
                 )
             display(show_mesh(namespace[name], name))
             return
-        mesh = make_mesh(" ".join(args.axes), parse_device_selection(args.devices), args.axis_types, args.abstract)
-        namespace[args.name] = mesh
-        if args.show:
-            display(show_mesh(mesh, args.name))
+        mesh = make_mesh(options.shape, options.devices, options.axis_types, options.abstract)
+        namespace[options.name] = mesh
+        if options.show:
+            display(show_mesh(mesh, options.name))
 
     # --- %sharding ---------------------------------------------------------------------------------
     @line_magic
     @magic_arguments()
     @argument("names", nargs="+", metavar="NAME", help="Arrays (jax.Array, ShapeDtypeStruct) to show.")
+    @no_var_expand
     def sharding(self, line=""):
         """Show how each array is laid out over devices: tiles coloured by device, the PartitionSpec."""
-        args = parse_argstring(self.sharding, line)
+        options = parse_line("sharding", line)
         namespace = self.shell.user_ns
-        for name in args.names:
+        for name in options.names:
             if name not in namespace:
                 raise UsageError(f"%sharding {name}: {name!r} is not defined.")
             if not hasattr(namespace[name], "shape") or not hasattr(namespace[name], "dtype"):
@@ -187,7 +192,7 @@ class JaxparMagics(Magics, Configurable):
                     f"%sharding {name}: {name!r} is a {type(namespace[name]).__name__}; %sharding shows arrays "
                     "(jax.Array, or jax.ShapeDtypeStruct with a sharding)."
                 )
-        for name in args.names:
+        for name in options.names:
             display(show_sharding(namespace[name], name))
 
     # --- %%shard -----------------------------------------------------------------------------------
@@ -209,16 +214,17 @@ class JaxparMagics(Magics, Configurable):
         """
         from .shard import shard_cell
 
-        args = _parsed(self.shard, line)
-        show = self.show if args.show is None else args.show
+        options = parse_line("shard", line)
+        show = self.show if options.show is None else options.show
         namespace = self.shell.user_ns
         result = shard_cell(
             _transformed(self.shell, cell),
             namespace,
-            mesh=args.mesh,
-            in_specs=_assignments(tuple(args.ins or ()), "--in"),
-            out_specs=_assignments(tuple(args.outs or ()), "--out"),
-            want_facts=args.report,
+            mesh=options.mesh,
+            in_specs=options.in_specs,
+            out_specs=options.out_specs,
+            want_facts=options.report,
+            bind=False,
         )
         if show:
             for name, value in result.placed.items():
@@ -226,15 +232,16 @@ class JaxparMagics(Magics, Configurable):
             for name in result.device_outputs:
                 for label, leaf in _array_leaves(name, result.outputs[name]):
                     display(show_sharding(leaf, label))
-            if result.has_final and result.final_is_array:
+            if result.has_final and result.final_is_array and not result.cell.final_is_output:
                 for label, leaf in _array_leaves("(result)", result.final):
                     display(show_sharding(leaf, label))
-        if args.report and result.facts is not None:
+        if options.report and result.facts is not None:
             from .summaries import program_report_state
             from .views.results import ResultView
 
             display(ResultView(state=program_report_state(
                 "%%shard program", result.mesh, result.facts, result.run_ms, result.cell.line)))
+        namespace.update(result.bindings)  # last, in one step (see %%pmap)
         return result.final if result.has_final and not _silenced(cell) else None
 
 
@@ -245,15 +252,23 @@ def _array_leaves(name, value):
         yield name + jax.tree_util.keystr(path), leaf
 
 
-# Re-running a cell is the hot path (bench/): the line's parse and the cell's IPython transform
-# depend only on their text, so they are computed once per text.
+_LINE_READERS = {
+    "devices": lines.devices_line,
+    "mesh": lines.mesh_line,
+    "sharding": lines.sharding_line,
+    "pmap": lines.pmap_line,
+    "shard": lines.shard_line,
+}
+
+
 @functools.lru_cache(maxsize=256)
-def _parse_cached(magic, line: str):
-    return parse_argstring(magic, line)
-
-
-def _parsed(bound_magic, line: str):
-    return _parse_cached(bound_magic.__func__, line)  # the parser hangs on the function
+def parse_line(magic: str, line: str):
+    """The options record of `%magic line` (jaxpar_magic.lines): shell words, the magic's own
+    parser, our grammars. Any line gives a record or a UsageError. Cached by text: re-runs are the
+    hot path."""
+    method = getattr(JaxparMagics, magic)
+    prefix = "%%" if magic in JaxparMagics.magics["cell"] else "%"
+    return _LINE_READERS[magic](lines.parse_args(method, prefix + magic, line))
 
 
 @functools.lru_cache(maxsize=256)
@@ -261,18 +276,6 @@ def _transformed(shell, cell: str) -> str:
     return shell.transform_cell(cell)
 
 
-@functools.lru_cache(maxsize=256)
-def _assignments(words: tuple[str, ...], option: str) -> dict:
-    from .specs import parse_assignments
-
-    return parse_assignments(list(words), option)
-
-
 def _silenced(cell: str) -> bool:
     """A trailing `;` silences the cell's value, as for any IPython cell."""
     return cell.rstrip().endswith(";")
-
-
-def _literal(text, option, default):
-    value = parse_literal(text, option)
-    return default if value is None and text is None else value

@@ -10,7 +10,13 @@ from dataclasses import dataclass
 
 from .errors import UsageError
 
-_AXIS = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_AXIS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # used with fullmatch: `$` would accept a trailing newline
+MAX_LITERAL = 1000  # characters: a longer option literal is a mistake, and deep nesting would recurse
+
+
+def _is_count(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also accepts '²' and other digits int() refuses."""
+    return text.isascii() and text.isdigit()
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,7 @@ def parse_mesh_shape(text: str | list[str], option: str = "--mesh") -> MeshShape
     for item in items:
         name, eq, size = item.partition("=")
         name, size = name.strip(), size.strip()
-        if not eq or not _AXIS.match(name) or not size.isdigit() or int(size) < 1:
+        if not eq or not _AXIS.fullmatch(name) or not _is_count(size) or int(size) < 1:
             raise UsageError(
                 f"{option}: cannot read {item!r}; write each axis as NAME=SIZE with a Python "
                 f"identifier and a positive whole number, separated by commas, e.g. `{option} outer=2,inner=4`."
@@ -70,8 +76,8 @@ def parse_literal(text: str | None, option: str):
     if len(stripped) >= 2 and stripped[0] == stripped[-1] and stripped[0] in "'\"":
         stripped = stripped[1:-1]  # IPython keeps the quotes of `--in-axes "(0, None)"`
     try:
-        value = ast.literal_eval(stripped)
-    except (ValueError, SyntaxError):
+        value = ast.literal_eval(stripped) if len(stripped) <= MAX_LITERAL else _NOT_ALLOWED
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         value = _NOT_ALLOWED
     if not _ints_and_nones(value):
         raise UsageError(
@@ -86,12 +92,15 @@ def parse_device_selection(words: list[str] | None) -> int | tuple[int, ...] | N
     if not words:
         return None
     items = [w for word in words for w in word.replace(",", " ").split()]
-    if not all(w.isdigit() for w in items):
+    if not items or not all(_is_count(w) for w in items):
         raise UsageError(
             f"--devices: expected a count (`--devices 4`) or device ids (`--devices 0 2 4 6`), got {' '.join(words)!r}."
         )
     if len(items) == 1:
-        return int(items[0])
+        count = int(items[0])
+        if count < 1:
+            raise UsageError("--devices 0: a cell needs at least one device; give a count of 1 or more, or device ids.")
+        return count
     return tuple(int(w) for w in items)
 
 
@@ -114,14 +123,14 @@ def _spec_entry(item: str, where: str):
     item = item.strip().strip("'\"")
     if item in ("None", ""):
         return None
-    if item.isdigit():
+    if _is_count(item):
         return int(item)  # "split this dimension over N devices" (PositionalSharding's job)
     if item.startswith("(") and item.endswith(")"):
         names = tuple(_spec_entry(p, where) for p in item[1:-1].split(",") if p.strip())
         if not all(isinstance(n, str) for n in names):
             raise UsageError(f"{where}: inside parentheses list mesh axis names only, e.g. `(data,model)`.")
         return names
-    if _AXIS.match(item):
+    if _AXIS.fullmatch(item):
         return item
     raise UsageError(
         f"{where}: cannot read {item!r} as a PartitionSpec entry; use a mesh axis name, None, a tuple of axis "
@@ -161,12 +170,17 @@ def parse_assignments(words: list[str] | None, option: str) -> dict[str, tuple]:
     for piece in pieces:
         name, eq, spec = piece.partition("=")
         name = name.strip()
-        if not eq or not _AXIS.match(name):
+        if not eq or not _AXIS.fullmatch(name):
             raise UsageError(
                 f"{option}: cannot read {piece!r}; write NAME=SPEC, e.g. `{option} v1s=data` or "
                 f"`{option} w=P('data', 'model')`."
             )
         if name in specs:
             raise UsageError(f"{option}: {name!r} appears twice; give each name one spec.")
+        if not spec.strip():
+            raise UsageError(
+                f"{option} {name}=: the spec is empty. Write `{name}=None` (or `{name}=P()`) to replicate {name!r} on "
+                f"every device, or name the mesh axes its dimensions are split over, e.g. `{name}=data`."
+            )
         specs[name] = parse_spec(spec, f"{option} {name}")
     return specs

@@ -1,0 +1,183 @@
+"""Every magic's line grammar, fuzzed: a line either parses or raises a UsageError — never another
+exception, never Python code evaluated, never the namespace changed.
+
+Lines come from the grammar (valid words, and words off by one: a zero, a negative, a unicode
+digit, a missing `=`, an unknown axis) and from arbitrary text (quotes, unicode, `=`, commas,
+parentheses, very long input). The parse step is fuzzed hard; whole cells through the shell less
+(each valid one compiles). `-m slow` runs many more examples.
+"""
+from __future__ import annotations
+
+import builtins
+import shlex
+import textwrap
+
+import jax.numpy as jnp
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+
+from jaxpar_magic.magics import parse_line
+from shell_helpers import N_DEVICES, snapshot
+
+FAST, SLOW = 150, 3000
+SHELL_FAST, SHELL_SLOW = 20, 300
+CANARY = "jpm_canary"  # a builtin that records calls: any evaluation of the line would reach it
+
+
+@pytest.fixture(autouse=True)
+def canary(monkeypatch):
+    calls = []
+    monkeypatch.setattr(builtins, CANARY, lambda *a: calls.append(a) or 1, raising=False)
+    yield calls
+    assert calls == [], "a magic line was evaluated as Python"
+
+
+def sized(examples: int):
+    return settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+# --- words -------------------------------------------------------------------------------------
+
+names = st.sampled_from(["x", "y", "batch", "data", "model", "i", "_", "a1", "mesh", "outer", "inner"])
+bad_names = st.sampled_from(["1x", "a-b", "a b", "x\n", "", "'x'", "P(", "é", "None", f"{CANARY}()"])
+counts = st.sampled_from(["0", "1", "2", "4", "7", "8", "9", "16", "-1", "²", "٣", "1e3", "999999999999999999999"])
+axis_sizes = st.builds(lambda n, c: f"{n}={c}", names, counts)
+meshes = st.lists(axis_sizes, min_size=0, max_size=4).map(",".join) | st.sampled_from(
+    ["data=4,model=2", "data=4, model=2", "outer=2 inner=4", "data=8", "data", "=8", "data==8", "data=4,data=2"])
+spec_entries = st.sampled_from(["data", "model", "None", "(data,model)", "('data', 'model')", "8", "4", "", "()",
+                                "'data'", "\"model\"", "nope", "(", ")", f"{CANARY}()", "P('data')"])
+specs = st.lists(spec_entries, max_size=4).map(",".join).map(lambda s: s if s else "")
+spec_forms = specs | specs.map(lambda s: f"P({s})") | specs.map(lambda s: f"PartitionSpec({s})")
+assignments = st.builds(lambda n, s: f"{n}={s}", names | bad_names, spec_forms)
+literals = st.sampled_from(["0", "1", "None", "(0, None)", "(None, 0)", "[0, 1]", "(2,)", "()", "'a'", "1.5",
+                            "(0, (1, None))", f"{CANARY}()", "__import__('os')", "lambda: 1", "(" * 200 + ")" * 200,
+                            "-" * 5000 + "1", "{1: 2}", "True"])
+text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=80)
+special = st.text(alphabet="'\"=,() \\-_xP0123456789{}$é²\t\n", max_size=60)
+long_text = st.text(alphabet="ab=,() '\"", min_size=2000, max_size=6000)
+
+
+def quoted(word: str):
+    return st.sampled_from([word, shlex.quote(word), f'"{word}"', f"'{word}"])  # the last one: unbalanced
+
+
+def option(flag: str, values):
+    return values.flatmap(lambda v: quoted(v).map(lambda q: f"{flag} {q}"))
+
+
+def line_of(*parts):
+    return st.lists(st.one_of(*parts), max_size=6).map(" ".join)
+
+
+def flag(name: str):
+    return st.just(name)
+
+
+pmap_lines = line_of(
+    option("-a", names | bad_names), option("--axis-name", names | bad_names),
+    option("--devices", counts | st.sampled_from(["0 2 4 6", "0,1", "0 0", "x"])),
+    option("--mesh", meshes), option("--broadcast", names | bad_names), option("--split", names | bad_names),
+    option("--merge", names | bad_names), option("--in-axes", literals), option("--out-axes", literals),
+    option("--static-broadcasted-argnums", literals), option("--donate-argnums", literals),
+    flag("--show"), flag("--no-show"), flag("--report"), flag("--nope"), flag("-"), flag("--"),
+)
+shard_lines = line_of(
+    option("--mesh", meshes | names | bad_names), option("--in", assignments), option("--out", assignments),
+    st.lists(assignments, min_size=2, max_size=3).map(lambda a: "--in " + " ".join(a)),
+    flag("--show"), flag("--no-show"), flag("--report"), flag("--bogus"),
+)
+mesh_lines = line_of(
+    meshes, axis_sizes, names, option("--name", names | bad_names), option("--axis-types", st.sampled_from(
+        ["auto", "explicit", "manual", "Auto", "x"])), option("--devices", counts), flag("--abstract"),
+    flag("--no-show"),
+)
+sharding_lines = line_of(names, bad_names)
+devices_lines = line_of(option("--simulate", counts), flag("--other"))
+
+GRAMMARS = {"pmap": pmap_lines, "shard": shard_lines, "mesh": mesh_lines, "sharding": sharding_lines,
+            "devices": devices_lines}
+
+
+def any_line(magic: str):
+    return st.one_of(GRAMMARS[magic], text, special, long_text,
+                     st.tuples(GRAMMARS[magic], special).map(" ".join))
+
+
+def parses_or_usage_error(magic: str, line: str):
+    parse_line.cache_clear()  # each example parses for real
+    try:
+        return parse_line(magic, line)
+    except UsageError as err:
+        message = str(err)
+        assert message.strip(), "an empty UsageError"
+        assert "Traceback" not in message
+        return None
+
+
+# --- the parse step, hard ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("magic", sorted(GRAMMARS))
+@sized(FAST)
+@given(data=st.data())
+def test_every_line_parses_or_is_a_usage_error(magic, data):
+    parses_or_usage_error(magic, data.draw(any_line(magic)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("magic", sorted(GRAMMARS))
+@sized(SLOW)
+@given(data=st.data())
+def test_every_line_parses_or_is_a_usage_error_many(magic, data):
+    parses_or_usage_error(magic, data.draw(any_line(magic)))
+
+
+@pytest.mark.parametrize("magic", sorted(GRAMMARS))
+def test_grammar_lines_do_parse_sometimes(magic):
+    """The grammar strategies are not all noise: a known-good line of each magic parses."""
+    good = {"pmap": "-a 'batch' --mesh 'outer=2, inner=4' --broadcast w --in-axes '(0, None)'",
+            "shard": "--mesh data=4,model=2 --in \"w=P('data', None)\" x=data --out y=None --report",
+            "mesh": "'data=4, model=2' --name m --axis-types explicit --devices 8",
+            "sharding": "x 'y'", "devices": "--simulate '8'"}[magic]
+    assert parses_or_usage_error(magic, good) is not None
+
+
+# --- whole cells through the shell -----------------------------------------------------------
+
+CELL = "y = x + 1"
+
+
+def run_through_shell(ip, magic: str, line: str):
+    """Run the magic in the shell; on a UsageError the namespace is exactly as it was."""
+    ip.push({"x": jnp.arange(float(N_DEVICES))})
+    before = snapshot(ip.user_ns)
+    try:
+        with capture_output():
+            if magic in ("pmap", "shard"):
+                ip.run_cell_magic(magic, line, textwrap.dedent(CELL))
+            else:
+                ip.run_line_magic(magic, line)
+    except UsageError:
+        assert snapshot(ip.user_ns) == before
+        return False
+    changed = {n for n in set(before) | set(ip.user_ns) if before.get(n) != id(ip.user_ns.get(n, before))}
+    allowed = {"pmap": {"y"}, "shard": {"y", "x"}, "mesh": set(ip.user_ns) - set(before) | {"mesh", "m"},
+               "sharding": set(), "devices": set()}[magic]
+    assert changed <= allowed | {"_", "__", "___"}, changed
+    return True
+
+
+@pytest.mark.parametrize("magic", sorted(GRAMMARS))
+@sized(SHELL_FAST)
+@given(data=st.data())
+def test_whole_magics_either_run_or_leave_the_namespace_alone(jx, magic, data):
+    run_through_shell(jx, magic, data.draw(GRAMMARS[magic] | special))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("magic", sorted(GRAMMARS))
+@sized(SHELL_SLOW)
+@given(data=st.data())
+def test_whole_magics_either_run_or_leave_the_namespace_alone_many(jx, magic, data):
+    run_through_shell(jx, magic, data.draw(GRAMMARS[magic] | special))
