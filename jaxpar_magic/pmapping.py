@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 from . import cell as cells
 from .errors import UsageError, explain_trace_error
+from .fingerprints import fingerprint
 from .runner import (
     CACHE_SIZE, BoundedCache, CellProgram, ProgramFacts, analyse_cached, block_on_cpu_collectives, capture_outputs,
-    Rerun, facts_for, fingerprint, has_collectives_on_cpu, plan_inputs, program_facts, run_program, traced,
+    Rerun, facts_for, has_collectives_on_cpu, plan_inputs, program_facts, run_program, traced,
 )
 
 # --- block mode --------------------------------------------------------------------------------
@@ -37,6 +38,11 @@ class BlockResult:
     run_ms: float
     cell: cells.Cell | None = None
     per_device: dict | None = None  # device outputs before --merge: what the view shows per device
+
+    @property
+    def bindings(self) -> dict:
+        """What a successful cell binds in the user's namespace."""
+        return self.outputs
 
 
 _block_cache = BoundedCache()
@@ -200,7 +206,8 @@ def _plan_block(cell, namespace, mesh, broadcast, split, merge):
             for name in inputs]
     fingerprints = tuple((n, fingerprint(namespace[n])) for n in constants)
     key = (cell.source, inputs, tuple(sorted(broadcast)), mesh, fingerprints)
-    program = _block_cache.lookup(key, lambda: _compile_block(cell, inputs, frozenset(broadcast), mesh, namespace))
+    program = _block_cache.lookup(key, lambda: _compile_block(cell, inputs, frozenset(broadcast), mesh, namespace),
+                                  family=key[:-1])
     values = [namespace[n] for n in inputs]
     absent = tuple(n for n in cell.reads if n not in namespace and hasattr(builtins, n))
     reshape = tuple(tuple(a.shape) if n in split else None for n, a in zip(inputs, args))
@@ -265,7 +272,7 @@ class ParallelFunction:
             (static_broadcasted_argnums,) if isinstance(static_broadcasted_argnums, int) else static_broadcasted_argnums
         )
         self.donate_argnums = tuple((donate_argnums,) if isinstance(donate_argnums, int) else donate_argnums)
-        self._jitted: OrderedDict = OrderedDict()  # (static args, in_axes) -> [jitted, needs CPU guard]
+        self._jitted: OrderedDict = OrderedDict()  # (static args, in_axes) -> [jitted, needs CPU guard, reads]
         self.facts: ProgramFacts | None = None
 
     @property
@@ -359,9 +366,12 @@ class ParallelFunction:
         dynamic = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
         in_axes = self._effective_in_axes(args)
         key = (statics, in_axes)
+        # jit reads the function's globals once, at trace time: a changed global (a helper's
+        # `scale`) must give a new program, not the first one's baked-in value.
+        reads = fingerprint(self.__wrapped__)
         slot = self._jitted.get(key)
-        if slot is None:
-            slot = self._jitted[key] = [self._build(statics, in_axes), None]
+        if slot is None or slot[2] != reads:
+            slot = self._jitted[key] = [self._build(statics, in_axes), None, reads]
             while len(self._jitted) > CACHE_SIZE:
                 self._jitted.popitem(last=False)
         return slot, dynamic
@@ -445,10 +455,10 @@ def pmap_cell(source: str, namespace: dict, *, axis_name: str = "i", devices=Non
                                static_broadcasted_argnums=static_broadcasted_argnums,
                                donate_argnums=donate_argnums)
         if bind:
-            namespace.update(bound)
+            namespace.update(bound)  # one step: an interrupt leaves all or nothing
         return bound
     result = run_block(cell, namespace, mesh, broadcast=tuple(broadcast), split=tuple(split),
                        merge=tuple(merge), want_facts=want_facts)
     if bind:
-        namespace.update(result.outputs)
+        namespace.update(result.bindings)
     return result

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 
 from . import cell as cells
 from .errors import UsageError, explain_trace_error
+from .fingerprints import Ref, fingerprint
 from .hlo import Collective, collectives
+from .progress import Progress
 
 CACHE_SIZE = 64
 
@@ -38,40 +40,6 @@ def is_array_tree(value) -> bool:
     return bool(leaves) and all(is_array(leaf) for leaf in leaves)
 
 
-def fingerprint(value):
-    """What a constant contributes to the cache key: its value where cheap, else its identity.
-
-    A cache keyed on the source alone would bake the constants of the first run into every later
-    run, since jit reads globals once, at trace time.
-    """
-    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
-        return (type(value).__name__, value)
-    if isinstance(value, tuple) and len(value) <= 64:
-        return ("tuple",) + tuple(fingerprint(v) for v in value)
-    if isinstance(value, (list, dict, set)) and len(value) <= 64:
-        return ("repr", type(value).__name__, repr(value))
-    return _Identity(value)
-
-
-class _Identity:
-    """A cache-key part equal only to the very same object, which it keeps alive.
-
-    Keying on id() alone is not enough: a freed object's address is reused, and a new helper
-    function at the old one's address would hit the old compiled cell.
-    """
-
-    __slots__ = ("value",)
-
-    def __init__(self, value):
-        self.value = value
-
-    def __eq__(self, other):
-        return isinstance(other, _Identity) and other.value is self.value
-
-    def __hash__(self):
-        return id(self.value)
-
-
 # --- the collectives view's facts, shared with %%shard -------------------------------------------
 
 @dataclass
@@ -83,8 +51,10 @@ class ProgramFacts:
 
 
 _compile_seconds = [0.0]  # running total of JAX's trace+lower+compile time in this process
+_backend_compiles = [0]  # XLA compiles finished in this process
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 _COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
-                   "/jax/core/compile/backend_compile_duration")
+                   _BACKEND_COMPILE)
 
 
 @functools.lru_cache(maxsize=1)
@@ -94,6 +64,7 @@ def _listen_to_compiles() -> None:
     def record(event: str, seconds: float, **kwargs) -> None:
         if event in _COMPILE_EVENTS:
             _compile_seconds[0] += seconds
+            _backend_compiles[0] += event == _BACKEND_COMPILE
 
     jax.monitoring.register_event_duration_secs_listener(record)
 
@@ -102,6 +73,13 @@ def compile_clock() -> float:
     """Seconds JAX has spent tracing, lowering and compiling so far (public jax.monitoring events)."""
     _listen_to_compiles()
     return _compile_seconds[0]
+
+
+def compile_progress() -> Progress:
+    """The status line of a first run: "compiling… 3 s", then "running… 5 s" once XLA is done."""
+    _listen_to_compiles()
+    before = _backend_compiles[0]
+    return Progress(lambda: "compiling" if _backend_compiles[0] == before else "running")
 
 
 def program_facts(jitted, args, device_ids, filename=None, compile_ms=None) -> ProgramFacts:
@@ -215,27 +193,43 @@ def analyse_cached(source: str, label: str) -> cells.Cell:
 
 
 class BoundedCache(OrderedDict):
-    """Least-recently-used cache of compiled cells: re-runs hit it, it never grows past `size`."""
+    """Least-recently-used cache of compiled cells: re-runs hit it, it never grows past `size`.
+
+    A `family` groups the variants of one cell (same source and options, other constants): a new
+    variant replaces the old one, so the values the old program baked in (a helper's global array,
+    say) are released as soon as the user changes them, not 64 cells later.
+    """
 
     def __init__(self, size: int = CACHE_SIZE):
         super().__init__()
         self.size = size
+        self._families: dict = {}  # family -> the key of its live variant
 
-    def lookup(self, key, build):
+    def lookup(self, key, build, family=None):
         entry = self.get(key)
         if entry is None:
-            entry = self[key] = build()
-            while len(self) > self.size:
-                self.popitem(last=False)
+            entry = build()
+            self.put(key, entry, family)
         else:
             self.move_to_end(key)
         return entry
 
-    def put(self, key, entry) -> None:
+    def put(self, key, entry, family=None) -> None:
+        if family is not None:
+            previous = self._families.get(family)
+            if previous is not None and previous != key:
+                self.pop(previous, None)
+            self._families[family] = key
         self[key] = entry
         self.move_to_end(key)
         while len(self) > self.size:
             self.popitem(last=False)
+        if len(self._families) > 4 * self.size:  # forget families whose entry is gone
+            self._families = {f: k for f, k in self._families.items() if k in self}
+
+    def clear(self) -> None:
+        super().clear()
+        self._families.clear()
 
 
 def capture_outputs(program: CellProgram, outs: dict, final, to_device):
@@ -252,17 +246,25 @@ def capture_outputs(program: CellProgram, outs: dict, final, to_device):
 
 def run_program(cache: BoundedCache, key, program: CellProgram, args, cell: cells.Cell, axis_names, mesh=None,
                 signature=None):
-    """Call a compiled cell, explaining foreseeable errors; returns (results, run_ms, shape signature)."""
+    """Call a compiled cell, explaining foreseeable errors; returns (results, run_ms, shape signature).
+
+    A first run for these input shapes shows a status line while it compiles. Whatever stops the
+    run (an error, Kernel -> Interrupt) removes the program from the cache: no half-built entry.
+    """
     import contextlib
 
     import jax
 
+    if signature is None:
+        signature = shape_signature(args)
+    first = signature not in program.compile_ms
     compiled_before = compile_clock()
     start = time.perf_counter()
     try:
-        with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
-            results = program.jitted(*args)
-        jax.block_until_ready(results)  # the views read them; also avoids the 2-core CPU hang
+        with (compile_progress() if first else contextlib.nullcontext()):
+            with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
+                results = program.jitted(*args)
+            jax.block_until_ready(results)  # the views read them; also avoids the 2-core CPU hang
     except UsageError:
         cache.pop(key, None)
         raise
@@ -272,10 +274,11 @@ def run_program(cache: BoundedCache, key, program: CellProgram, args, cell: cell
         if explained is not None:
             raise explained from None
         raise
+    except BaseException:  # KeyboardInterrupt: the next run starts from a clean cache
+        cache.pop(key, None)
+        raise
     elapsed = (time.perf_counter() - start) * 1e3
     compile_ms = (compile_clock() - compiled_before) * 1e3
-    if signature is None:
-        signature = shape_signature(args)
     program.compile_ms.setdefault(signature, compile_ms)
     return results, max(0.0, elapsed - compile_ms), signature
 
@@ -300,7 +303,7 @@ class Rerun:
         self.program = program
         self.key = key
         self.signature = None  # set by the first successful run
-        self.objects: dict = {}  # names that must still hold these very objects (placed inputs)
+        self.objects: dict = {}  # name -> Ref: names that must still hold these very objects (placed inputs)
 
     @classmethod
     def possible(cls, values) -> bool:
@@ -322,8 +325,9 @@ class Rerun:
         for name in self.absent:
             if name in namespace:
                 return None
-        for name, obj in self.objects.items():
-            if namespace.get(name) is not obj:
+        for name, ref in self.objects.items():
+            value = namespace.get(name)
+            if value is None or value is not ref.get():
                 return None
         return args
 
@@ -331,7 +335,8 @@ class Rerun:
         """After a successful run: later identical runs may take the short path."""
         if self.inputs is not None and self.signature is None:
             self.signature = signature
-            self.objects = dict(objects or {})
+            # Held weakly: a placed array the user deletes must be freed, not kept by this record.
+            self.objects = {name: Ref(value) for name, value in (objects or {}).items()}
             reruns.put(key, self)
 
 

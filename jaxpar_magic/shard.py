@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 from . import cell as cells
 from .errors import UsageError
+from .fingerprints import fingerprint
 from .layout import spec_axes
 from .runner import (
-    BoundedCache, CellProgram, ProgramFacts, Rerun, analyse_cached, capture_outputs, facts_for, fingerprint, is_array,
+    BoundedCache, CellProgram, ProgramFacts, Rerun, analyse_cached, capture_outputs, facts_for, is_array,
     plan_inputs, run_program,
 )
 from .specs import MeshShape, parse_mesh_shape
@@ -88,10 +89,11 @@ def resolve_mesh(mesh_arg, namespace: dict, specs: list[dict]):
     counted = [(n, e) for d in specs for n, spec in d.items() for e in spec if isinstance(e, int)]
     counts = {e for _, e in counted}
     if mesh_arg:
-        words = mesh_arg if isinstance(mesh_arg, list) else [mesh_arg]
-        text = " ".join(words)
-        if "=" in text:
-            mesh = make_mesh(parse_mesh_shape(words, "--mesh"))
+        if isinstance(mesh_arg, (list, tuple)):
+            mesh_arg = " ".join(mesh_arg)
+        text = str(mesh_arg)
+        if isinstance(mesh_arg, MeshShape) or "=" in text:
+            mesh = make_mesh(mesh_arg if isinstance(mesh_arg, MeshShape) else parse_mesh_shape(text, "--mesh"))
         elif text in namespace and is_mesh(namespace[text]):
             mesh = namespace[text]
         else:
@@ -181,6 +183,12 @@ class ShardResult:
     run_ms: float
     cell: cells.Cell
 
+    @property
+    def bindings(self) -> dict:
+        """What a successful cell binds: the placed inputs (like the seed's `v1sp = device_put(...)`,
+        so a re-run moves no data) and the outputs, in one dict to bind in one step."""
+        return {**self.placed, **self.outputs}
+
 
 def _compile(cell, inputs, namespace, mesh, out_specs) -> CellProgram:
     import jax
@@ -264,7 +272,7 @@ def _plan_shard(cell, namespace, mesh, in_specs, out_specs):
     args = [placed.get(n, namespace[n]) for n in inputs]
     fingerprints = tuple((n, fingerprint(namespace[n])) for n in constants)
     key = (cell.source, inputs, mesh, tuple(sorted(in_specs.items())), tuple(sorted(out_specs.items())), fingerprints)
-    program = _cache.lookup(key, lambda: _compile(cell, inputs, namespace, mesh, out_specs))
+    program = _cache.lookup(key, lambda: _compile(cell, inputs, namespace, mesh, out_specs), family=key[:-1])
     absent = tuple(n for n in cell.reads if n not in namespace and hasattr(builtins, n))
     # A re-run matches on shapes; placed inputs must also be the very arrays this run binds.
     rerun = Rerun(inputs if Rerun.possible(args) else None, args, (None,) * len(inputs), fingerprints, absent,
@@ -292,6 +300,5 @@ def shard_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_sp
         mesh = resolve_mesh(mesh, namespace, [in_specs, out_specs])
     result = run_shard(cell, namespace, mesh, in_specs, out_specs, want_facts)
     if bind:
-        namespace.update(result.placed)
-        namespace.update(result.outputs)
+        namespace.update(result.bindings)  # one step: an interrupt leaves all or nothing
     return result

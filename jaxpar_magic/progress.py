@@ -1,0 +1,112 @@
+"""A status line in the cell for waits over a second ("starting engines 1/2", "compiling… 3 s").
+
+The line appears only once the wait has lasted `delay` seconds, is rewritten in place while it
+goes on, and is blanked when the wait ends, so the result that follows replaces it. It needs a
+kernel (a notebook, JupyterLab, nbclient): a display with an id is what a front end can rewrite
+in place. In a terminal or a bare InteractiveShell nothing is shown.
+"""
+from __future__ import annotations
+
+import contextvars
+import html
+import threading
+import time
+from collections.abc import Callable
+
+DELAY_S = 1.0
+INTERVAL_S = 0.5
+
+
+class StatusLine:
+    """What one update displays: the text, and the same text escaped as HTML."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def _repr_mimebundle_(self, **kwargs):
+        if not self.text:
+            return {"text/plain": ""}
+        return {
+            "text/plain": self.text,
+            "text/html": f'<div class="jpm-status" style="font:12px monospace;opacity:.75">{html.escape(self.text)}</div>',
+        }
+
+
+def _in_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+class Progress:
+    """`with Progress("compiling"):` shows "compiling… 3 s" in the cell while the block runs > 1 s.
+
+    `label` is a string or a callable returning one (read at every refresh); `update(text)`
+    replaces it, for waits made of steps ("starting engines 1/2").
+    """
+
+    def __init__(self, label: str | Callable[[], str], delay: float = DELAY_S, interval: float = INTERVAL_S,
+                 enabled: bool | None = None):
+        self._label = label
+        self._delay = delay
+        self._interval = interval
+        self._enabled = _in_kernel() if enabled is None else enabled
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._handle = None
+        self._thread: threading.Thread | None = None
+        self._start = 0.0
+        self.shown: list[str] = []  # every line displayed, for tests and for the terminal fallback
+
+    def text(self) -> str:
+        label = self._label() if callable(self._label) else self._label
+        return f"{label}… {time.monotonic() - self._start:.0f} s"
+
+    def update(self, label: str | Callable[[], str]) -> None:
+        self._label = label
+        if self._handle is not None:
+            self._refresh()
+
+    def _refresh(self) -> None:
+        from IPython.display import display
+
+        with self._lock:
+            if self._done.is_set():
+                return
+            line = self.text()
+            self.shown.append(line)
+            if self._handle is None:
+                self._handle = display(StatusLine(line), display_id=True)
+            else:
+                self._handle.update(StatusLine(line))
+
+    def _run(self) -> None:
+        if self._done.wait(self._delay):
+            return
+        while not self._done.is_set():
+            try:
+                self._refresh()
+            except Exception:  # a closed comm or a dead front end must not break the computation
+                return
+            self._done.wait(self._interval)
+
+    def __enter__(self) -> "Progress":
+        self._start = time.monotonic()
+        if self._enabled:
+            # The copied context carries the cell's parent header, so the kernel sends the line to this cell.
+            context = contextvars.copy_context()
+            self._thread = threading.Thread(target=context.run, args=(self._run,), daemon=True,
+                                            name="jaxpar-progress")
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        with self._lock:
+            if self._handle is not None:
+                self._handle.update(StatusLine(""))  # blanked: the result below takes its place

@@ -1,0 +1,167 @@
+"""Kernel -> Interrupt during a long compile and during a long run of a %%pmap or %%shard cell, in a
+real subprocess kernel: the namespace is as it was, and re-running the cell gives the right value.
+
+The interrupt is sent once the cell's own status line ("compiling… 1 s", "running… 1 s") has
+appeared, so it lands in the phase under test.
+"""
+from __future__ import annotations
+
+import queue
+import tempfile
+import time
+from collections.abc import Iterator
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SETUP = """
+%load_ext jaxpar_magic
+%devices --simulate 8
+import jax, jax.numpy as jnp, numpy as np
+from jax import lax
+x = jnp.arange(8.0)
+v = jnp.arange(64.0)
+y = "old"
+"""
+# Thousands of unrolled ops: tracing and compiling take several seconds here.
+LONG_COMPILE = "y = x\nfor _ in range({n}):\n    y = jnp.sin(y) * 0.5 + 0.25\n"
+# A loop XLA runs for seconds; compiling it is quick.
+LONG_RUN = "y = lax.fori_loop(0, {n}, lambda i, a: jnp.sin(a) * 0.5 + 0.25, {arg})\n"
+EXPECTED = "e = np.asarray({arg}, dtype=np.float32)\nfor _ in range({n}):\n    e = np.sin(e) * np.float32(0.5) + np.float32(0.25)\n"
+
+
+class Kernel:
+    def __init__(self, km, kc):
+        self.km, self.kc = km, kc
+
+    def run(self, code: str, timeout: float = 240) -> dict:
+        """Execute and wait for the reply; returns its content (status, ename, ...)."""
+        msg_id = self.kc.execute(code)
+        return self._reply(msg_id, timeout)
+
+    def _reply(self, msg_id: str, timeout: float) -> dict:
+        reply = self.kc.get_shell_msg(timeout=timeout)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = self.kc.get_shell_msg(timeout=timeout)
+        return reply["content"]
+
+    def value(self, expression: str) -> str:
+        """The text/plain repr of an expression in the kernel."""
+        msg_id = self.kc.execute(expression, silent=False)
+        deadline = time.monotonic() + 60
+        found = None
+        while time.monotonic() < deadline:
+            msg = self.kc.get_iopub_msg(timeout=60)
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "execute_result":
+                found = msg["content"]["data"]["text/plain"]
+            if msg["msg_type"] == "error":
+                raise AssertionError("".join(msg["content"]["traceback"]))
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return found
+        raise AssertionError(f"no value for {expression!r} within 60 s")
+
+    def interrupt_when_shown(self, code: str, phase: str, timeout: float = 180) -> dict:
+        """Run `code`; once its status line says `phase`, interrupt the kernel; return the reply."""
+        self.drain()
+        msg_id = self.kc.execute(code)
+        deadline = time.monotonic() + timeout
+        seen = []
+        while time.monotonic() < deadline:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] in ("display_data", "update_display_data"):
+                text = msg["content"]["data"].get("text/plain", "")
+                seen.append(text)
+                if text.startswith(phase):
+                    self.km.interrupt_kernel()
+                    return self._reply(msg_id, timeout)
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                raise AssertionError(f"the cell finished before showing {phase!r} (it showed {seen}): make it longer")
+        raise AssertionError(f"no {phase!r} status line within {timeout} s")
+
+    def drain(self) -> None:
+        while True:
+            try:
+                self.kc.get_iopub_msg(timeout=0.2)
+            except queue.Empty:
+                return
+
+
+@pytest.fixture(scope="module")
+def kernel() -> Iterator[Kernel]:
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+
+    with tempfile.TemporaryDirectory(prefix="jpm-interrupt-") as cwd:
+        km = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
+        km.start_kernel(cwd=cwd, env={"JAX_PLATFORMS": "cpu", **_env()})
+        try:
+            kc = km.client()
+            kc.start_channels()
+            kc.wait_for_ready(timeout=120)
+            k = Kernel(km, kc)
+            reply = k.run(SETUP)
+            assert reply["status"] == "ok", reply
+            yield k
+            kc.stop_channels()
+        finally:
+            km.shutdown_kernel(now=True)
+
+
+def _env() -> dict:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+
+
+def check_interrupted_then_rerun(kernel: Kernel, cell: str, phase: str, expected_code: str, names: tuple[str, ...]):
+    before = {n: kernel.value(f"id({n})") for n in names}
+    reply = kernel.interrupt_when_shown(cell, phase)
+    assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
+    assert kernel.value("y") == "'old'"  # nothing bound
+    assert {n: kernel.value(f"id({n})") for n in names} == before  # inputs not rebound either
+    reply = kernel.run(cell)  # the same cell again: runs to the end, correctly
+    assert reply["status"] == "ok", reply
+    assert kernel.run(expected_code)["status"] == "ok"
+    assert kernel.value("bool(np.allclose(np.asarray(y).reshape(-1), e.reshape(-1), rtol=1e-5))") == "True"
+    assert kernel.run('y = "old"')["status"] == "ok"
+
+
+@pytest.mark.parametrize("magic", ["pmap", "shard"])
+def test_interrupt_during_a_long_compile(kernel, magic):
+    n = 2500
+    head = "%%pmap --no-show\n" if magic == "pmap" else "%%shard --mesh data=8 --in x=data --no-show\n"
+    check_interrupted_then_rerun(kernel, head + LONG_COMPILE.format(n=n), "compiling",
+                                 EXPECTED.format(arg="np.arange(8.0)", n=n), ("x",))
+
+
+def iterations_for(kernel: Kernel, seconds: float, magic: str, line: str, arg: str) -> int:
+    """How many loop steps of this very magic take `seconds` in this kernel (machines, and the
+    other work on them, differ tenfold)."""
+    probe = LONG_RUN.format(n=100_000, arg=arg).replace("y = ", "_probe = ")
+    assert kernel.run(
+        "import time\n"
+        f"get_ipython().run_cell_magic({magic!r}, {line!r}, {probe!r})\n"
+        "_t = time.perf_counter()\n"
+        f"get_ipython().run_cell_magic({magic!r}, {line!r}, {probe!r})\n"
+        "_rate = 1e5 / (time.perf_counter() - _t)\n"
+        "del _probe\n"
+    )["status"] == "ok"
+    return int(float(kernel.value("_rate")) * seconds)
+
+
+@pytest.mark.parametrize("magic", ["pmap", "shard"])
+def test_interrupt_during_a_long_run(kernel, magic):
+    line, arg, start = {"pmap": ("--no-show", "x", "np.arange(8.0)"),
+                        "shard": ("--mesh data=8 --in v=data --no-show", "v", "np.arange(64.0)")}[magic]
+    n = iterations_for(kernel, 4.0, magic, line, arg)
+    cell = f"%%{magic} {line}\n" + LONG_RUN.format(n=n, arg=arg)
+    expected = EXPECTED.format(arg=start, n=200)  # the map converges long before n steps
+    check_interrupted_then_rerun(kernel, cell, "running", expected, ("x", "v"))
