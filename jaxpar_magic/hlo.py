@@ -1,8 +1,10 @@
 """Collectives read from a compiled program's text (`jitted.lower(...).compile().as_text()`).
 
-XLA spells replica groups three ways: explicit `{{0,1},{2,3}}`, iota `[2,2]<=[4]`, and transposed
-iota `[2,2]<=[2,2]T(1,0)`; `source_target_pairs` list a collective-permute's sends. Ids there are
-positions in the program's device assignment, which callers map to device ids.
+XLA spells replica groups four ways: explicit `{{0,1},{2,3}}`, iota `[2,2]<=[4]`, transposed
+iota `[2,2]<=[2,2]T(1,0)`, and over mesh axes, `mesh['axis_0'=4,'axis_1'=2], device_ids=([2,4]T(1,0))
+{'axis_0'}` (what jit's automatic partitioning prints); `source_target_pairs` list a
+collective-permute's sends. Ids there are positions in the program's device assignment, which
+callers map to device ids.
 """
 from __future__ import annotations
 
@@ -26,6 +28,19 @@ _EXPLICIT_GROUPS = re.compile(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}")
 _IOTA_GROUPS = re.compile(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
 _PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
 _FRAME = re.compile(r"stack_frame_id=(\d+)")
+_MESH_GROUPS = re.compile(
+    r"replica_groups=mesh\[(?P<axes>[^\]]*)\]"
+    r"(?:,\s*device_ids=\((?P<ids>[^()]*(?:\([\d,]*\))?[^()]*)\))?"
+    r"\s*\{(?P<refs>[^}]*)\}"
+)
+_MESH_AXIS = re.compile(r"'?([^'=,\s]+)'?\s*=\s*(\d+)")
+_AXIS_REF = re.compile(r"'?([^':,\s]+)'?(?::\((\d+)\)(\d+))?")
+_IOTA_IDS = re.compile(r"^\[([\d,]+)\](?:T\(([\d,]+)\))?$")
+_CALLEE = re.compile(
+    r"\b(body|calls|to_apply|true_computation|false_computation|branch_computations)=(\{[^}]*\}|%?[\w.\-]+)"
+)
+_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>.+?)\s+[\w\-]+\(")
 
 
 @dataclass
@@ -36,6 +51,8 @@ class Collective:
     groups: list[list[int]] = field(default_factory=list)  # device ids; [] means all devices together
     pairs: list[tuple[int, int]] = field(default_factory=list)  # (source, target) device ids
     line: int | None = None  # line of the user's cell that issued it, when known
+    operand_bytes: int | None = None  # size of its operands on one device (a reduce-scatter's input), when known
+    count: int | None = 1  # times one run of the program issues it (inside loops); None: a loop of unknown length
 
 
 def _ints(text: str) -> list[int]:
@@ -46,18 +63,92 @@ def _array_bytes(dtype: str, dims: str) -> int:
     return _DTYPE_BYTES.get(dtype, 4) * int(np.prod(_ints(dims) or [1]))
 
 
+def _iota(dims: list[int], perm: list[int] | None, shape: list[int]) -> np.ndarray:
+    ids = np.arange(int(np.prod(dims))).reshape(dims)
+    if perm:
+        ids = ids.transpose(perm)
+    return ids.reshape(shape)
+
+
+def _mesh_axis_dims(full: int, subs: list[tuple[int, int] | None]) -> tuple[list[int], list[int]]:
+    """How one mesh axis splits for its axis references: (reshape dims, the dims each reference
+    groups over, in the references' order), following XLA's MeshAxesReplicaGroupList.
+
+    A sub-axis `a:(pre)size` is the `size` devices that vary after the first `pre` along `a`.
+    """
+    if subs == [None]:
+        return [full], [0]
+    if len(subs) == 1:
+        pre, size = subs[0]
+        return [pre, size, full // (pre * size)], [1]
+    order = sorted(range(len(subs)), key=lambda i: subs[i][0])
+    dims, grouped_sorted, prefix = [], [], 1
+    for i in order:
+        pre, size = subs[i]
+        if pre != prefix:  # the part of the axis before this sub-axis
+            dims.append(pre // prefix)
+            prefix = pre
+        grouped_sorted.append(len(dims))
+        dims.append(size)
+        prefix *= size
+    if prefix != full:
+        dims.append(full // prefix)
+    grouped = [0] * len(subs)
+    for rank, i in enumerate(order):
+        grouped[i] = grouped_sorted[rank]
+    return dims, grouped
+
+
+def _mesh_replica_groups(m: re.Match) -> list[list[int]]:
+    axes = [(name, int(size)) for name, size in _MESH_AXIS.findall(m.group("axes"))]
+    names = [name for name, _ in axes]
+    sizes = [size for _, size in axes]
+    total = int(np.prod(sizes)) if sizes else 0
+    ids_text = (m.group("ids") or "").strip()
+    iota = _IOTA_IDS.match(ids_text)
+    if not ids_text:
+        ids = np.arange(total).reshape(sizes)
+    elif iota:
+        ids = _iota(_ints(iota.group(1)), _ints(iota.group(2)) if iota.group(2) else None, sizes)
+    else:  # an explicit device list, possibly after its dimensions
+        listed = [int(t) for t in re.findall(r"\d+", ids_text)]
+        ids = np.array(listed[-total:]).reshape(sizes)
+    refs: list[tuple[int, tuple[int, int] | None]] = []
+    for name, pre, size in _AXIS_REF.findall(m.group("refs")):
+        if name in names:
+            refs.append((names.index(name), (int(pre), int(size)) if pre else None))
+    per_axis: dict[int, list] = {}
+    for axis, sub in refs:
+        per_axis.setdefault(axis, []).append(sub)
+    reshape, offsets, grouped_of = [], {}, {}
+    for axis, full in enumerate(sizes):
+        offsets[axis] = len(reshape)
+        if axis in per_axis:
+            dims, grouped_of[axis] = _mesh_axis_dims(full, per_axis[axis])
+            reshape.extend(dims)
+        else:
+            reshape.append(full)
+    used = {axis: 0 for axis in per_axis}
+    grouped = []
+    for axis, _ in refs:
+        grouped.append(offsets[axis] + grouped_of[axis][used[axis]])
+        used[axis] += 1
+    rest = [d for d in range(len(reshape)) if d not in grouped]
+    size = int(np.prod([reshape[d] for d in grouped])) if grouped else 1
+    return ids.reshape(reshape).transpose(rest + grouped).reshape(-1, size).tolist()
+
+
 def parse_replica_groups(line: str) -> list[list[int]]:
-    """Replica groups of one instruction in any of XLA's three spellings ([] when absent)."""
+    """Replica groups of one instruction in any of XLA's four spellings ([] when absent)."""
+    m = _MESH_GROUPS.search(line)
+    if m:
+        return _mesh_replica_groups(m)
     m = _EXPLICIT_GROUPS.search(line)
     if m:
         return [_ints(g) for g in re.findall(r"\{([\d,]*)\}", m.group(1))]
     m = _IOTA_GROUPS.search(line)
     if m:
-        shape, dims = _ints(m.group(1)), _ints(m.group(2))
-        ids = np.arange(int(np.prod(dims))).reshape(dims)
-        if m.group(3):
-            ids = ids.transpose(_ints(m.group(3)))
-        return ids.reshape(shape).tolist()
+        return _iota(_ints(m.group(2)), _ints(m.group(3)) if m.group(3) else None, _ints(m.group(1))).tolist()
     return []
 
 
@@ -87,6 +178,10 @@ def _frames(text: str) -> dict[int, list[tuple[str, int]]]:
             parent = re.search(r"parent_frame_id=(\d+)", rest)
             if loc:
                 frames[int(key)] = (int(loc.group(1)), int(parent.group(1)) if parent else 0)
+    # XLA prints each parent_frame_id one above the parent's id (0 = none), so an outermost frame
+    # reads as its own parent: frame 1 always does. Where no frame does, the ids are taken as printed.
+    if any(parent == key for key, (_, parent) in frames.items()):
+        frames = {key: (loc, parent - 1) for key, (loc, parent) in frames.items()}
     chains: dict[int, list[tuple[str, int]]] = {}
     for start in frames:
         chain, fid, seen = [], start, set()
@@ -99,14 +194,90 @@ def _frames(text: str) -> dict[int, list[tuple[str, int]]]:
     return chains
 
 
+def _types(text: str) -> dict[str, str]:
+    """Instruction name -> its result type as printed, for operands printed by name only."""
+    types = {}
+    for line in text.splitlines():
+        m = _DEFINITION.match(line)
+        if m:
+            types[m.group("name")] = m.group("type")
+    return types
+
+
+def _operand_bytes(line: str, start: int, types: dict[str, str]) -> int | None:
+    """Bytes of the operands of the instruction whose argument list opens at `start`."""
+    depth, end = 1, start
+    while end < len(line) and depth:
+        depth += {"(": 1, ")": -1}.get(line[end], 0)
+        end += 1
+    pieces = line[start:end - 1].split("%")
+    if len(pieces) < 2:
+        return None
+    total, typed_text = 0, pieces[0]  # the text before each `%name` is that operand's type, if printed
+    for piece in pieces[1:]:
+        name = re.match(r"[\w.\-]*", piece).group(0)
+        typed = _ARRAY.findall(typed_text)
+        if not typed:
+            if name not in types:
+                return None
+            typed = _ARRAY.findall(types[name])
+        total += sum(_array_bytes(d, s) for d, s in typed)
+        typed_text = piece[len(name):]
+    return total
+
+
+def _computation_counts(text: str) -> tuple[list[str | None], dict[str, int | None]]:
+    """The computation each line belongs to, and how many times one run of the program enters each
+    computation: a while loop's body runs its known trip count times, nested loops multiply, and
+    None stands for a loop whose length XLA does not know."""
+    owner: list[str | None] = []
+    calls: dict[str, list[tuple[str, int | None]]] = {}
+    entry, current = None, None
+    for line in text.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith("{") and not line.startswith("HloModule"):
+            words = line.split()
+            is_entry = words[0] == "ENTRY"
+            current = (words[1] if is_entry else words[0]).lstrip("%")
+            calls.setdefault(current, [])
+            if is_entry:
+                entry = current
+        elif line.startswith("}"):
+            current = None
+        owner.append(current)
+        if current is None:
+            continue
+        for kind, target in _CALLEE.findall(line):
+            trips: int | None = 1
+            if kind == "body":
+                trip = _TRIP_COUNT.search(line)
+                trips = int(trip.group(1)) if trip else None
+            for name in re.findall(r"[\w.\-]+", target):
+                calls[current].append((name, trips))
+    counts: dict[str, int | None] = {}
+    if entry is None:
+        return owner, counts
+    counts[entry] = 1
+    pending = [entry]
+    while pending:  # computations form a DAG; a callee reached twice keeps its largest count
+        parent = pending.pop()
+        for child, trips in calls.get(parent, []):
+            count = None if counts[parent] is None or trips is None else counts[parent] * trips
+            known = counts.get(child, 0)
+            if child not in counts or (known is not None and (count is None or count > known)):
+                counts[child] = count
+                pending.append(child)
+    return owner, counts
+
+
 def collectives(text: str, device_ids: list[int] | None = None, filename: str | None = None) -> list[Collective]:
     """Every collective in the compiled program, in program order, with device ids and bytes."""
     def to_device(i: int) -> int:
         return device_ids[i] if device_ids is not None and i < len(device_ids) else i
 
     frames = _frames(text) if filename else {}
+    types = counts = None  # read only when a program has collectives
     found = []
-    for line in text.splitlines():
+    for index, line in enumerate(text.splitlines()):
         m = _INSTRUCTION.match(line)
         if not m:
             continue
@@ -131,5 +302,10 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
                 if file == filename:
                     user_line = lineno
                     break
-        found.append(Collective(m.group("op"), shape, size, groups, pairs, user_line))
+        if types is None:
+            types = _types(text)
+            owner, counts = _computation_counts(text)
+        operands = _operand_bytes(line, m.end(), types)
+        count = counts.get(owner[index], 1) if owner[index] is not None else 1
+        found.append(Collective(m.group("op"), shape, size, groups, pairs, user_line, operands, count))
     return found

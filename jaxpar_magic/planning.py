@@ -1,0 +1,575 @@
+"""Plan a program without running it: compile it for a mesh over abstract inputs and read what the
+compiler says it costs, per device.
+
+`compile_plan(fn, args, mesh)` lowers and compiles `fn` over `jax.ShapeDtypeStruct`s (concrete
+arrays stand in by their shapes and shardings), never runs it and allocates neither inputs nor
+outputs. The `Plan` it returns carries the figures as attributes: memory (`compiled.memory_analysis()`),
+FLOPs and bytes accessed (`cost_analysis()`), every collective with its mesh axes and source line,
+the roofline of a hardware profile, and the outputs as ShapeDtypeStructs with their shardings, so the
+next plan can take them as inputs. `Plan.state(title)` is the plan view's state.
+
+Plain Python over JAX; no IPython.
+"""
+from __future__ import annotations
+
+import inspect
+import linecache
+import math
+import os
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from .errors import UsageError, explain_trace_error, user_line
+from .hardware import Hardware, parse_hardware, parse_memory_size
+from .hlo import Collective, collectives
+
+CPU_DEVICE_CEILING = 2048  # XLA's CPU backend: 4,096 devices fail with "Multiprocess computations aren't implemented"
+MAX_COLLECTIVES = 64  # in the view's state; the Plan keeps them all
+
+CAVEATS = (
+    "Figures come from XLA's CPU compiler, compiling for simulated devices: nothing ran.",
+    "XLA:TPU and XLA:GPU may fuse, schedule and combine collectives differently, so temporaries, "
+    "FLOPs and the collectives themselves can differ on the target.",
+    "The CPU backend's memory figures ignore accelerators' layout padding (e.g. TPU tiles of 8x128), "
+    "so small or oddly shaped arrays can take more memory on the device.",
+)
+ROOFLINE_CAVEAT = (
+    "The step time is a roofline: peak FLOP/s, HBM bandwidth, and ring collectives over the whole "
+    "published interconnect bandwidth, with no overlap counted; real steps are slower."
+)
+LOOP_CAVEAT = (
+    "The program has loops (scan, fori_loop, while): XLA's cost analysis counts a loop body once, so "
+    "FLOPs and bytes accessed cover one iteration of each loop; collectives are counted per iteration."
+)
+
+# Ring algorithms: the share of an array each device sends, for a group of n devices.
+RING_FACTORS = {
+    "all-reduce": lambda n: 2 * (n - 1) / n,
+    "all-gather": lambda n: (n - 1) / n,
+    "reduce-scatter": lambda n: (n - 1) / n,
+    "all-to-all": lambda n: (n - 1) / n,
+    "collective-permute": lambda n: 1.0,
+}
+_NO_VALUES = (
+    "ConcretizationTypeError", "TracerBoolConversionError", "TracerIntegerConversionError",
+    "TracerArrayConversionError",
+)
+_DATA_AXIS_NAMES = ("data", "batch", "dp", "replica", "replicas", "fsdp", "devices")
+
+
+class PlanWarning(UserWarning):
+    """Planning went ahead, but something about it deserves the user's attention."""
+
+
+@dataclass(frozen=True)
+class PlannedCollective:
+    op: str  # as XLA names it: all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute
+    shape: str  # its result on one device, e.g. "bf16[8192,4096]"
+    bytes: int  # its result's size on one device
+    traffic_bytes: float  # bytes one device sends per call with a ring algorithm
+    count: int | None  # calls per run (inside loops); None: a loop of unknown length
+    group_size: int
+    groups: list[list[int]] = field(repr=False)  # device ids of each group (or connected sends of a permute)
+    axes: tuple[str, ...] = ()  # mesh axes its groups vary along
+    groups_text: str = ""
+    line: int | None = None
+    source: str | None = None
+    seconds: float | None = None  # roofline time of all its calls (with hardware)
+
+    def state(self) -> dict:
+        return {
+            "op": self.op, "shape": self.shape, "bytes": self.bytes, "axes": list(self.axes),
+            "groups_text": self.groups_text, "group_size": self.group_size, "line": self.line,
+            "source": self.source, "seconds": self.seconds,
+        }
+
+
+@dataclass(frozen=True)
+class Roofline:
+    compute_s: float
+    memory_s: float
+    collective_s: float
+    estimate_s: float
+    bound: str  # "compute" | "memory" | "collectives"
+
+    def state(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Plan:
+    """What the compiler says one step costs on each device. All byte figures are per device."""
+
+    mesh: object
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    alias_bytes: int
+    flops: float | None
+    bytes_accessed: float | None
+    compile_ms: float
+    collectives: list[PlannedCollective]
+    outputs: object  # the program's outputs: a pytree of jax.ShapeDtypeStruct with shardings
+    hardware: Hardware | None = None
+    capacity: int | None = None  # the device's memory in bytes, when known
+    capacity_source: str | None = None  # "--device-memory" | "<profile> profile" | "device"
+    roofline: Roofline | None = None
+    caveats: tuple[str, ...] = CAVEATS
+    compiled: object = field(default=None, repr=False)  # jax.stages.Compiled, for anything else
+
+    @property
+    def total_bytes(self) -> int:
+        return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.capacity is None else self.total_bytes <= self.capacity
+
+    @property
+    def overshoot(self) -> int:
+        return 0 if self.capacity is None else max(0, self.total_bytes - self.capacity)
+
+    @property
+    def axes(self) -> dict[str, int]:
+        return {str(n): int(s) for n, s in self.mesh.shape.items()}
+
+    def state(self, title: str, outputs: dict | None = None) -> dict:
+        """The plan view's state. `outputs`: names -> ShapeDtypeStructs (pytrees allowed) to list;
+        by default the program's outputs."""
+        shown = outputs if outputs is not None else {"out": self.outputs}
+        return {
+            "title": title,
+            "axes": [{"name": n, "size": s} for n, s in self.axes.items()],
+            "total_devices": int(self.mesh.devices.size),
+            "hardware": self.hardware.state() if self.hardware is not None else None,
+            "memory": {
+                "argument": self.argument_bytes, "output": self.output_bytes, "temp": self.temp_bytes,
+                "alias": self.alias_bytes, "total": self.total_bytes, "capacity": self.capacity,
+                "capacity_source": self.capacity_source, "fits": self.fits, "overshoot": self.overshoot,
+            },
+            "cost": {"flops": self.flops, "bytes_accessed": self.bytes_accessed},
+            "collectives": [c.state() for c in self.collectives[:MAX_COLLECTIVES]],
+            "collectives_omitted": max(0, len(self.collectives) - MAX_COLLECTIVES),
+            "roofline": self.roofline.state() if self.roofline is not None else None,
+            "outputs": output_entries(shown),
+            "compile_ms": round(self.compile_ms, 1),
+            "caveats": list(self.caveats),
+        }
+
+
+# --- inputs ------------------------------------------------------------------------------------
+
+def abstract_inputs(args, mesh, names=None) -> tuple[list, list[tuple[str, int]]]:
+    """Each argument as ShapeDtypeStructs laid out on `mesh`, and the concrete arrays among them
+    as (name, bytes). Arrays keep their sharding when it lives on the mesh's devices; anything
+    without one is replicated, as running the program would place it."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    replicated = NamedSharding(mesh, P())
+    mesh_devices = set(mesh.devices.flat)
+    concrete: list[tuple[str, int]] = []
+    abstract = []
+    for index, arg in enumerate(args):
+        name = names[index] if names is not None else f"argument {index}"
+
+        def convert(path, leaf, name=name):
+            label = name + jax.tree_util.keystr(path)
+            if isinstance(leaf, jax.ShapeDtypeStruct):
+                if leaf.sharding is None:
+                    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated, weak_type=leaf.weak_type)
+                return leaf
+            if isinstance(leaf, jax.Array):
+                concrete.append((label, int(leaf.nbytes)))
+                on_mesh = set(leaf.sharding.device_set) == mesh_devices
+                return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding if on_mesh else replicated)
+            if isinstance(leaf, (np.ndarray, np.generic)):
+                concrete.append((label, int(leaf.nbytes)))
+                return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated)
+            if isinstance(leaf, (bool, int, float, complex)):
+                return leaf  # a Python number traces as a scalar and holds no memory
+            raise UsageError(
+                f"{label} is a {type(leaf).__name__}, neither an array nor a jax.ShapeDtypeStruct. A plan "
+                f"takes arrays, or abstract arrays that hold no memory: `jaxpar_magic.plan(shape, dtype, mesh, "
+                f"spec)` or `jax.ShapeDtypeStruct(shape, dtype, sharding=...)`. Use other values as constants "
+                f"the function closes over, not as inputs."
+            )
+
+        abstract.append(jax.tree_util.tree_map_with_path(convert, arg))
+    return abstract, concrete
+
+
+# --- scale -------------------------------------------------------------------------------------
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def smaller_slice(sizes: dict[str, int], ceiling: int = CPU_DEVICE_CEILING) -> tuple[str, int, int] | None:
+    """(axis, its size, a smaller size) that brings the mesh to at most `ceiling` devices by
+    shrinking one axis, preferring a data-parallel one; None when no single axis can."""
+    total = math.prod(sizes.values())
+    needed = math.ceil(total / ceiling)
+
+    def preference(name: str) -> tuple:
+        return (name.lower() not in _DATA_AXIS_NAMES, -sizes[name])
+
+    for name in sorted(sizes, key=preference):
+        factor = next((d for d in _divisors(sizes[name]) if d >= needed), None)
+        if factor is not None:
+            return name, sizes[name], sizes[name] // factor
+    return None
+
+
+def check_scale(mesh) -> None:
+    """A mesh the CPU backend can compile for, or a UsageError that says what to plan instead.
+
+    Runs before anything is traced, so a too-large (even abstract) mesh costs nothing."""
+    import jax
+
+    sizes = {str(n): int(s) for n, s in mesh.shape.items()}
+    total = math.prod(sizes.values())
+    platform = mesh.devices.flat[0].platform if isinstance(mesh, jax.sharding.Mesh) else jax.default_backend()
+    if platform != "cpu" or total <= CPU_DEVICE_CEILING:
+        return
+    layout = ", ".join(f"{n}={s}" for n, s in sizes.items())
+    smaller = smaller_slice(sizes)
+    if smaller is None:
+        advice = (f"Plan a slice of at most {CPU_DEVICE_CEILING:,} devices whose per-device shapes are the "
+                  f"same: shrink the axes that only replicate the weights, and the global batch with them.")
+    else:
+        axis, size, small = smaller
+        factor = size // small
+        which = "" if axis.lower() in _DATA_AXIS_NAMES else f" (if {axis!r} is that axis)"
+        advice = (
+            f"Plan a slice with the same per-device shapes instead: shrink the data-parallel axis, the one "
+            f"that only splits the batch, e.g. to `{axis}={small}` (from {size}){which}, and divide the global "
+            f"batch by {factor} with it. Every device then holds the same shards, so per-device memory and "
+            f"FLOPs stay the same; arrays sharded over {axis!r} (FSDP weights) must shrink by {factor} too, "
+            f"and collectives over {axis!r} run in groups {factor}x smaller."
+        )
+    raise UsageError(
+        f"This mesh has {total:,} devices ({layout}), but XLA's CPU backend compiles for at most "
+        f"{CPU_DEVICE_CEILING:,}: with 4,096 it fails with \"Multiprocess computations aren't implemented\". "
+        f"{advice}"
+    )
+
+
+# --- device memory -----------------------------------------------------------------------------
+
+def device_capacity(mesh, hardware: Hardware | None, device_memory=None) -> tuple[int | None, str | None]:
+    """The device's memory and where that figure comes from: --device-memory, the hardware
+    profile, or the device itself (its memory_stats' bytes_limit; simulated CPUs report none)."""
+    if device_memory is not None:
+        return parse_memory_size(device_memory), "--device-memory"
+    if hardware is not None and hardware.memory:
+        return hardware.memory, f"{hardware.name} profile"
+    try:
+        stats = mesh.devices.flat[0].memory_stats()
+    except Exception:  # backends without memory statistics raise rather than return None
+        stats = None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]), "device"
+    return None, None
+
+
+def format_bytes(n: float) -> str:
+    """`16.0 KiB`, `1.5 GiB`: bytes in the largest binary unit that keeps a number >= 1."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def _warn_concrete(concrete: list[tuple[str, int]], capacity: int | None) -> None:
+    if capacity is None:
+        return
+    for label, nbytes in concrete:
+        if nbytes > capacity:
+            warnings.warn(
+                f"{label} is a concrete array of {format_bytes(nbytes)}, more than one device's "
+                f"{format_bytes(capacity)}. A plan needs only its shape and sharding: make it with "
+                f"`jaxpar_magic.plan(shape, dtype, mesh, spec)` (or a jax.ShapeDtypeStruct) and free this "
+                f"array (`del`) to plan without holding it in memory.",
+                PlanWarning,
+                stacklevel=3,
+            )
+
+
+# --- collectives over the mesh -----------------------------------------------------------------
+
+def _quoted(axes) -> str:
+    return " x ".join(repr(a) for a in axes)
+
+
+def _varying_axes(positions, shape, names) -> tuple[list[str], int]:
+    """Mesh axes the devices at `positions` differ along, and how many devices those axes span."""
+    import numpy as np
+
+    coords = np.array(np.unravel_index(np.asarray(positions), shape)).reshape(len(shape), -1)
+    varying = [i for i in range(len(shape)) if coords[i].min() != coords[i].max()]
+    return [names[i] for i in varying], int(np.prod([shape[i] for i in varying]))
+
+
+def _describe_groups(groups, shape, names) -> tuple[tuple[str, ...], int, str]:
+    """(axes, group size, text) for replica groups given as mesh positions."""
+    sizes = sorted({len(g) for g in groups})
+    axes: list[str] = []
+    partial = False
+    for group in groups:
+        varying, span = _varying_axes(group, shape, names)
+        axes.extend(a for a in varying if a not in axes)
+        partial = partial or span != len(group)
+    axes = [n for n in names if n in axes]  # mesh order
+    size = sizes[-1]
+    count = f"{len(groups)} group{'s' if len(groups) != 1 else ''}"
+    of = f"of {size}" if len(sizes) == 1 else f"of {sizes[0]} to {size}"
+    if size == 1:
+        return (), 1, f"{count} of 1 (no data moves)"
+    over = f"over part of {_quoted(axes)}" if partial else f"over {_quoted(axes)}"
+    return tuple(axes), size, f"{count} {of} {over}"
+
+
+def _describe_pairs(pairs, shape, names) -> tuple[tuple[str, ...], int, list[list[int]], str]:
+    """(axes, group size, groups, text) for a collective-permute's (source, target) positions."""
+    sends = [(a, b) for a, b in pairs if a != b]
+    if not sends:
+        return (), 1, [], "no device sends (every device keeps its block)"
+    parent: dict[int, int] = {}
+
+    def root(x: int) -> int:
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    axes: list[str] = []
+    for a, b in sends:
+        parent[root(a)] = root(b)
+        varying, _ = _varying_axes([a, b], shape, names)
+        axes.extend(v for v in varying if v not in axes)
+    components: dict[int, list[int]] = {}
+    for x in list(parent):
+        components.setdefault(root(x), []).append(x)
+    groups = sorted(sorted(c) for c in components.values())
+    axes = [n for n in names if n in axes]
+    size = max(len(g) for g in groups)
+    text = f"{len(sends)} send{'s' if len(sends) != 1 else ''} between pairs of devices along {_quoted(axes)}"
+    return tuple(axes), size, groups, text
+
+
+def _ring_array_bytes(c: Collective, size: int) -> int:
+    """The array a ring algorithm passes around: a reduce-scatter's input (`size` blocks), else the result."""
+    if c.op != "reduce-scatter":
+        return c.bytes
+    return c.operand_bytes if c.operand_bytes is not None else c.bytes * size
+
+
+def plan_collectives(found: list[Collective], mesh, line_text: Callable[[int], str] | None = None,
+                     filename: str | None = None) -> list[PlannedCollective]:
+    """The compiled program's collectives with their groups mapped to mesh axes and device ids.
+    `found` holds replica-group positions in mesh order (hlo.collectives without device ids)."""
+    shape = tuple(mesh.devices.shape)
+    names = [str(n) for n in mesh.axis_names]
+    ids = [d.id for d in mesh.devices.flat]
+    total = len(ids)
+    planned = []
+    for c in found:
+        if c.op == "collective-permute":
+            axes, size, groups, text = _describe_pairs(c.pairs, shape, names)
+        else:
+            groups = c.groups or [list(range(total))]
+            axes, size, text = _describe_groups(groups, shape, names)
+        traffic = RING_FACTORS[c.op](size) * _ring_array_bytes(c, size) if size > 1 else 0.0
+        if c.count is None:
+            text += ", in a loop of unknown length (counted once)"
+        elif c.count > 1:
+            text += f", {c.count:,} times (in a loop)"
+        source = None
+        if c.line is not None:
+            source = line_text(c.line) if line_text is not None else linecache.getline(filename or "", c.line).strip()
+        planned.append(PlannedCollective(
+            op=c.op, shape=c.shape, bytes=c.bytes, traffic_bytes=traffic, count=c.count, group_size=size,
+            groups=[[ids[p] for p in g] for g in groups], axes=axes, groups_text=text, line=c.line,
+            source=source or None,
+        ))
+    return planned
+
+
+# --- roofline ----------------------------------------------------------------------------------
+
+def roofline(flops: float | None, bytes_accessed: float | None, planned: list[PlannedCollective],
+             hardware: Hardware) -> tuple[Roofline, list[PlannedCollective]]:
+    """Compute, memory and collective times on `hardware`; the estimate is the largest of them.
+    Returns the collectives with their `seconds` filled in."""
+    from dataclasses import replace
+
+    timed = [replace(c, seconds=c.traffic_bytes * (c.count or 1) / hardware.interconnect_bandwidth) for c in planned]
+    compute_s = (flops or 0.0) / hardware.peak_flops
+    memory_s = (bytes_accessed or 0.0) / hardware.hbm_bandwidth
+    collective_s = sum(c.seconds for c in timed)
+    parts = {"compute": compute_s, "memory": memory_s, "collectives": collective_s}
+    bound = max(parts, key=parts.get)
+    return Roofline(compute_s, memory_s, collective_s, parts[bound], bound), timed
+
+
+# --- compiling ---------------------------------------------------------------------------------
+
+def _source_file(fn) -> str | None:
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    return code.co_filename if code is not None else None
+
+
+def _where(exc: BaseException, filename: str | None) -> str:
+    """`line 3 of the cell (...)` for a cell's named filename, `line 12 of train.py (...)` for a file."""
+    hit = user_line(exc, filename) if filename else None
+    if hit is None:
+        return "the planned function"
+    is_cell = filename.startswith("<") and filename in linecache.cache  # cells register their source there
+    place = "the cell" if is_cell else os.path.basename(filename)
+    quoted = f" (`{hit[1]}`)" if hit[1] else ""
+    return f"line {hit[0]} of {place}{quoted}"
+
+
+def _no_values_error(exc: BaseException, filename: str | None) -> UsageError:
+    at = _where(exc, filename)
+    return UsageError(
+        f"{at}: this needs a concrete value ({type(exc).__name__}), but a plan has no values: its inputs "
+        f"are shapes and shardings only, and nothing runs. Compute it from shapes (`x.shape[0]`), write "
+        f"Python `if x > 0` as `jnp.where(x > 0, a, b)` or `jax.lax.cond`, and `float(x)` as a jnp "
+        f"expression; or run the cell without --plan on real arrays."
+    )
+
+
+def _cost(compiled) -> dict:
+    try:
+        cost = compiled.cost_analysis() or {}
+    except Exception:  # not every backend implements cost analysis
+        return {}
+    return cost[0] if isinstance(cost, (list, tuple)) and cost else cost if isinstance(cost, dict) else {}
+
+
+def _figure(cost: dict, key: str) -> float | None:
+    value = cost.get(key)
+    return float(value) if value is not None and value >= 0 else None
+
+
+def output_structs(compiled):
+    """The compiled program's outputs as plain ShapeDtypeStructs with their shardings."""
+    import jax
+
+    def plain(info):
+        return jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=info.sharding,
+                                    weak_type=getattr(info, "weak_type", False))
+
+    return jax.tree.map(plain, compiled.out_info)
+
+
+def _spec_entries(sharding, ndim: int) -> list | None:
+    """A NamedSharding's spec as JSON, one entry per dimension; None for other shardings."""
+    spec = getattr(sharding, "spec", None)
+    if spec is None:
+        return None
+    entries = [list(e) if isinstance(e, tuple) else e for e in spec]
+    return entries + [None] * (ndim - len(entries))
+
+
+def output_entries(named: dict) -> list[dict]:
+    """The view's `outputs`: one entry per abstract array in `named` (name -> pytree)."""
+    import jax
+    import numpy as np
+
+    entries = []
+    for name, tree in named.items():
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+                continue  # a plain Python value the program returned
+            entries.append({
+                "name": name + jax.tree_util.keystr(path),
+                "shape": [int(d) for d in leaf.shape],
+                "dtype": np.dtype(leaf.dtype).name,
+                "spec": _spec_entries(getattr(leaf, "sharding", None), len(leaf.shape)),
+            })
+    return entries
+
+
+def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = None,
+                 line_text: Callable[[int], str] | None = None, hardware: Hardware | str | None = None,
+                 device_memory=None, set_mesh: bool = True) -> Plan:
+    """Compile `fn(*abstract_args)` for `mesh` without running it, and say what it costs per device.
+
+    `fn`: a `jax.jit`-ed function (anything with `.lower`), or a function to jit. `abstract_args`:
+    pytrees of ShapeDtypeStructs or arrays (which stand in by shape and sharding; unsharded ones are
+    replicated). `names`: one label per argument, for messages. `filename`: the file (or cell
+    filename) whose lines name the collectives, by default `fn`'s own; `line_text(n)` gives line n's
+    text (default: linecache). `hardware`: a profile or its name, for the roofline and the memory;
+    `device_memory` (bytes or "16GiB") overrides the memory. With `set_mesh`, traces under
+    `jax.set_mesh(mesh)`, as the %%shard engine runs.
+    """
+    import jax
+
+    check_scale(mesh)
+    if not isinstance(mesh, jax.sharding.Mesh):
+        raise UsageError(
+            "A plan compiles for devices, so it needs a Mesh of devices, not an AbstractMesh: simulate them "
+            "first (`%devices --simulate 512`, or jax.config.update('jax_num_cpu_devices', 512) before JAX "
+            "starts) and build the mesh over them (`%mesh data=64 model=8`, or jaxpar_magic.make_mesh)."
+        )
+    if isinstance(hardware, str):
+        hardware = parse_hardware(hardware)
+    capacity, capacity_source = device_capacity(mesh, hardware, device_memory)
+    args, concrete = abstract_inputs(abstract_args, mesh, names)
+    _warn_concrete(concrete, capacity)
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    if filename is None:
+        filename = _source_file(fn)
+    start = time.perf_counter()
+    try:
+        if set_mesh:
+            with jax.set_mesh(mesh):
+                compiled = jitted.lower(*args).compile()
+        else:
+            compiled = jitted.lower(*args).compile()
+    except UsageError:
+        raise
+    except Exception as exc:
+        if isinstance(exc, tuple(getattr(jax.errors, name) for name in _NO_VALUES)):
+            raise _no_values_error(exc, filename) from None
+        explained = explain_trace_error(exc, filename or "", tuple(str(n) for n in mesh.axis_names))
+        if explained is not None:
+            raise explained from None
+        raise
+    compile_ms = (time.perf_counter() - start) * 1e3
+
+    memory = compiled.memory_analysis()
+    cost = _cost(compiled)
+    text = compiled.as_text()
+    planned = plan_collectives(collectives(text, None, filename), mesh, line_text, filename)
+    flops, bytes_accessed = _figure(cost, "flops"), _figure(cost, "bytes accessed")
+    caveats = list(CAVEATS)
+    if " while(" in text:
+        caveats.append(LOOP_CAVEAT)
+    times = None
+    if hardware is not None:
+        times, planned = roofline(flops, bytes_accessed, planned, hardware)
+        caveats.append(ROOFLINE_CAVEAT)
+    return Plan(
+        mesh=mesh,
+        argument_bytes=int(memory.argument_size_in_bytes),
+        output_bytes=int(memory.output_size_in_bytes),
+        temp_bytes=int(memory.temp_size_in_bytes),
+        alias_bytes=int(memory.alias_size_in_bytes),
+        flops=flops,
+        bytes_accessed=bytes_accessed,
+        compile_ms=compile_ms,
+        collectives=planned,
+        outputs=output_structs(compiled),
+        hardware=hardware,
+        capacity=capacity,
+        capacity_source=capacity_source,
+        roofline=times,
+        caveats=tuple(caveats),
+        compiled=compiled,
+    )
