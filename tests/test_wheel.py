@@ -10,19 +10,14 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import textwrap
 import zipfile
 from pathlib import Path
 
 import pytest
+from install_probe import SKIP, VIEW_PROBE
 from notebooks import ROOT
 
 pytestmark = pytest.mark.slow
-
-# Left out of the build copy: environments, outputs, and setuptools' own build/ folder, whose stale
-# files would otherwise end up in the wheel.
-SKIP = shutil.ignore_patterns(".git", ".venv*", "build", "dist", "test-artifacts", "node_modules", "*.egg-info",
-                              "__pycache__", ".pytest_cache", ".hypothesis")
 
 
 @pytest.fixture(scope="module")
@@ -54,48 +49,8 @@ def test_installed_copy_renders_every_view(wheel: Path, tmp_path: Path):
     """Unpack the wheel as site-packages would hold it; import it with the repository out of reach."""
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    probe = textwrap.dedent(
-        """
-        import re, sys
-        from pathlib import Path
-        import jaxpar_magic
-        assert Path(jaxpar_magic.__file__).is_relative_to(Path(sys.argv[1])), jaxpar_magic.__file__
-
-        import jax
-        jax.config.update("jax_platforms", "cpu")
-        from IPython.core.interactiveshell import InteractiveShell
-        from jaxpar_magic import views
-
-        kinds = {}
-        for name in dir(views):
-            cls = getattr(views, name)
-            if isinstance(cls, type) and issubclass(cls, views.base.ViewBase) and cls is not views.base.ViewBase:
-                esm = cls._esm
-                # One self-contained module: a blob: URL cannot resolve relative imports.
-                assert "render" in esm and 'from "./' not in esm and "from './" not in esm, name
-                assert ".jpm-" in cls._css, name
-                kinds[name] = len(esm)
-        assert {"DevicesView", "ResultView"} <= set(kinds), kinds
-
-        shell = InteractiveShell.instance()
-        shell.run_line_magic("load_ext", "jaxpar_magic")
-        view = jaxpar_magic.show_devices(simulate=4)
-        shell.run_cell("import jax.numpy as jnp\\nfrom jax import lax\\nx = jnp.arange(4.0)")
-        bundles = [view._repr_mimebundle_()[0]]
-        from IPython.utils.capture import capture_output
-        with capture_output() as shown:
-            shell.run_cell_magic("pmap", "-a d", "total = lax.psum(x, 'd')")
-        bundles += [o.data for o in shown.outputs]
-        assert len(bundles) == 2, len(bundles)
-        for data in bundles:
-            assert "application/vnd.jupyter.widget-view+json" in data
-            assert re.search(r'<div class="jpm-view jpm-[a-z-]+"', data["text/html"])
-            assert data["text/plain"].strip()
-        print("ok", sorted(kinds))
-        """
-    )
     env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-c", probe, str(site)], cwd=tmp_path, env=env,
+    done = subprocess.run([sys.executable, "-c", VIEW_PROBE, str(site)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("ok"), done.stdout
