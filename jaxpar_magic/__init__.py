@@ -3,7 +3,8 @@
 `%load_ext jaxpar_magic` registers the magics; importing this package is cheap and never starts
 the JAX backend, so `%devices --simulate 8` still works afterwards. Every magic has a plain-Python
 twin, importable from here: `pmap`, `pmap_cell`, `simulate`, `show_devices`, `make_mesh`,
-`show_mesh`, `show_sharding`, `shard_cell`, `place`, `plan`, `split`.
+`show_mesh`, `show_sharding`, `shard_cell`, `place`, `plan`, `split`, `shard_map_cell`,
+`compile_plan`.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ _TWINS = {
     "place": ("shard", "place"),
     "plan": ("shard", "plan"),
     "split": ("shard", "split"),
+    "shard_map_cell": ("shardmap", "shard_map_cell"),
+    "compile_plan": ("planning", "compile_plan"),
 }
 
 

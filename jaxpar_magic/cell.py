@@ -250,3 +250,15 @@ def collective_axis_literals(source: str) -> list[tuple[int, str, str]]:
         for lit in literals:
             found.append((node.lineno, ast.get_source_segment(source, node) or name, lit))
     return found
+
+
+def check_axis_names(source: str, axis_names: tuple[str, ...]) -> None:
+    """A collective called with a literal axis name the cell does not run over: say so before JAX does."""
+    for lineno, text, axis in collective_axis_literals(source):
+        if axis not in axis_names:
+            raise UsageError(
+                f"line {lineno} of the cell (`{text}`): unknown axis name {axis!r}. This cell runs over "
+                f"the axis {'names' if len(axis_names) > 1 else 'name'} {', '.join(map(repr, axis_names))}; "
+                f"use {'one of them' if len(axis_names) > 1 else 'it'}, or run the cell with "
+                f"`--axis-name {axis}` (or `--mesh {axis}=N,...`)."
+            )

@@ -57,6 +57,14 @@ def explain_trace_error(exc: BaseException, filename: str, axis_names: tuple[str
             f"{axes}; use one of them (e.g. `lax.psum(x, {axis_names[0]!r})`), or name the axis with "
             f"`--axis-name {name}` / `--mesh {name}=N,...`."
         )
+    if isinstance(exc, ValueError) and "can only accept axis_name which corresponds to one of varying" in str(exc):
+        return UsageError(
+            f"{at}: a collective over an axis along which the value is already the same on every device. "
+            "With JAX's varying-axes checks (shard_map's default), `lax.psum(v, axes)` needs `v` to vary over "
+            "every axis it names; a value read whole (not split by --in) or already reduced does not. Reduce over "
+            "the axes it varies over only (`jax.typeof(v)` shows them as {V:...}), mark it varying with "
+            "`lax.pvary(v, axes)`, or turn the checks off with --no-check-vma."
+        )
     if type(exc).__name__ == "ShardingTypeError":  # jax._src.core's; no public name to catch it by
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return UsageError(

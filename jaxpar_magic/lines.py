@@ -125,6 +125,16 @@ class ShardLine:
     report: bool
 
 
+@dataclass(frozen=True)
+class ShardMapLine:
+    mesh: MeshShape | str | None
+    in_specs: dict
+    out_specs: dict
+    check_vma: bool
+    show: bool | None
+    report: bool
+
+
 def devices_line(args) -> DevicesLine:
     if args.simulate is not None and args.simulate < 1:
         raise UsageError(f"%devices --simulate {args.simulate}: the device count must be positive, e.g. `--simulate 8`.")
@@ -173,6 +183,17 @@ def shard_line(args) -> ShardLine:
         mesh=mesh_argument(args.mesh),
         in_specs=parse_assignments(list(args.ins or ()), "--in"),
         out_specs=parse_assignments(list(args.outs or ()), "--out"),
+        show=args.show,
+        report=args.report,
+    )
+
+
+def shard_map_line(args) -> ShardMapLine:
+    return ShardMapLine(
+        mesh=mesh_argument(args.mesh),
+        in_specs=parse_assignments(list(args.ins or ()), "--in"),
+        out_specs=parse_assignments(list(args.outs or ()), "--out"),
+        check_vma=args.check_vma,
         show=args.show,
         report=args.report,
     )

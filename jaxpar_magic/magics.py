@@ -245,6 +245,67 @@ class JaxparMagics(Magics, Configurable):
         return result.final if result.has_final and not _silenced(cell) else None
 
 
+    # --- %%shard_map -------------------------------------------------------------------------------
+    @cell_magic
+    @magic_arguments()
+    @argument("--mesh", nargs="+", metavar="NAME_OR_AXES", help="A Mesh by name (`--mesh mesh`) or inline (`--mesh x=4,y=2`); default: the namespace's `mesh`.")
+    @argument("--in", dest="ins", nargs="+", metavar="NAME=SPEC",
+              help="Split these inputs into blocks by PartitionSpec: `a=x,y`, `b=y,None`, `w=P('x', None)`. Other arrays the cell reads are replicated (every device sees them whole).")
+    @argument("--out", dest="outs", nargs="+", metavar="NAME=SPEC",
+              help="Assemble these outputs from their blocks: `c=x,None` concatenates the blocks along dimension 0 over x. An output without --out must be provably the same on every device (P()).")
+    @argument("--no-check-vma", dest="check_vma", action="store_false",
+              help="Turn off JAX's varying-axes checks (jax.shard_map's check_vma=False); every output then needs --out.")
+    @argument("--show", dest="show", action="store_const", const=True, default=None, help="Show the per-device blocks and the outputs' layouts.")
+    @argument("--no-show", dest="show", action="store_const", const=False, help="Do not show the views.")
+    @argument("--report", action="store_true", help="Add the compiled program's collectives, compile and run time.")
+    @no_var_expand
+    def shard_map(self, line, cell):
+        """Run the cell as the body of `jax.shard_map`: every device runs it on its own blocks.
+
+        Names in --in are split by their specs (each device sees its block, of the same rank); names
+        in --out are assembled from the blocks by theirs; the cell uses collectives (lax.psum,
+        all_gather, ...) over the mesh's axis names explicitly. Runs under jax.jit, cached.
+        """
+        from .shardmap import shard_map_cell
+
+        options = parse_line("shard_map", line)
+        show = self.show if options.show is None else options.show
+        namespace = self.shell.user_ns
+        result = shard_map_cell(
+            _transformed(self.shell, cell),
+            namespace,
+            mesh=options.mesh,
+            in_specs=options.in_specs,
+            out_specs=options.out_specs,
+            check_vma=options.check_vma,
+            want_facts=show or options.report,
+            bind=False,
+        )
+        if show:
+            from .summaries import report_figures, result_state
+            from .views.results import ResultView
+
+            device = {n: result.outputs[n] for n in result.device_outputs}
+            if result.has_final and result.final_is_array and not result.cell.final_is_output:
+                device["(result)"] = result.final
+            sizes = ", ".join(f"{n}={s}" for n, s in result.mesh.shape.items())
+            figures = report_figures(result.facts, result.run_ms) if options.report and result.facts else None
+            display(ResultView(state=result_state(
+                f"%%shard_map over {result.mesh.devices.size} devices ({sizes}): each device's block", result.mesh,
+                device, result.facts, result.cell.line, figures, blocks=True)))
+            for name, value in device.items():
+                for label, leaf in _array_leaves(name, value):
+                    display(show_sharding(leaf, label))
+        elif options.report and result.facts is not None:
+            from .summaries import program_report_state
+            from .views.results import ResultView
+
+            display(ResultView(state=program_report_state(
+                "%%shard_map program", result.mesh, result.facts, result.run_ms, result.cell.line)))
+        namespace.update(result.bindings)  # last, in one step (see %%pmap)
+        return result.final if result.has_final and not _silenced(cell) else None
+
+
 def _array_leaves(name, value):
     import jax
 
@@ -258,6 +319,7 @@ _LINE_READERS = {
     "sharding": lines.sharding_line,
     "pmap": lines.pmap_line,
     "shard": lines.shard_line,
+    "shard_map": lines.shard_map_line,
 }
 
 

@@ -49,17 +49,6 @@ _block_cache = BoundedCache()
 _reruns = BoundedCache()  # (source, mesh, options) -> Rerun of the last successful run
 
 
-def check_axis_names(source: str, axis_names: tuple[str, ...]) -> None:
-    for lineno, text, axis in cells.collective_axis_literals(source):
-        if axis not in axis_names:
-            raise UsageError(
-                f"line {lineno} of the cell (`{text}`): unknown axis name {axis!r}. This cell runs over "
-                f"the axis {'names' if len(axis_names) > 1 else 'name'} {', '.join(map(repr, axis_names))}; "
-                f"use {'one of them' if len(axis_names) > 1 else 'it'}, or run the cell with "
-                f"`--axis-name {axis}` (or `--mesh {axis}=N,...`)."
-            )
-
-
 def _mapped_value(name, value, mesh, split: bool):
     """Validate (and with --split, reshape) a mapped input's leading axes against the mesh."""
     import jax
@@ -192,7 +181,7 @@ def _plan_block(cell, namespace, mesh, broadcast, split, merge):
     import builtins
 
     axis_names = tuple(mesh.axis_names)
-    check_axis_names(cell.source, axis_names)
+    cells.check_axis_names(cell.source, axis_names)
     inputs, constants = plan_inputs(cell, namespace, {"--broadcast": broadcast, "--split": split})
     for name in merge:
         if name not in cell.writes:

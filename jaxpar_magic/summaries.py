@@ -112,9 +112,68 @@ def program_state(facts, total: int, line_text) -> list:
     return [collective_state(c, total, line_text(c.line) if c.line else None) for c in facts.collectives]
 
 
+def block_summary(name: str, value, mesh) -> dict:
+    """One `%%shard_map` output: each device's block of a global array (its first values) and the
+    slice of the global array that block is. One compiled program per (mesh, spec) gathers the few
+    values shown; nothing else leaves the devices."""
+    import numpy as np
+
+    ids, coords = mesh_coords(mesh)
+    total = len(ids)
+    sharding = value.sharding
+    block_shape = tuple(sharding.shard_shape(value.shape))
+    size = int(np.prod(block_shape, dtype=np.int64))
+    heads = np.asarray(_block_heads(mesh, sharding.spec)(value).addressable_data(0)).reshape(total, -1)
+    same = bool(sharding.is_fully_replicated)
+    where = sharding.devices_indices_map(tuple(value.shape))
+    by_id = {d.id: d for d in mesh.devices.flat}
+    shown = 1 if same else min(total, MAX_TILES)
+    tiles = []
+    for row in range(shown):
+        index = where[by_id[ids[row]]]
+        tiles.append({
+            "devices": ids[:MAX_TILES] if same else [ids[row]],
+            "coords": list(coords[row]),
+            "text": format_values(heads[row][:min(size, VALUES_PER_TILE)], block_shape, value.dtype),
+            "slice": "[" + ", ".join(f"{s.start or 0}:{n if s.stop is None else s.stop}"
+                                     for s, n in zip(index, value.shape)) + "]",
+        })
+    return {
+        "name": name,
+        "shape": list(block_shape),
+        "dtype": str(value.dtype),
+        "global_shape": list(value.shape),
+        "same_on_all": same,
+        "tiles": tiles,
+        "omitted": 0 if same else total - shown,
+        "same_text": f"same on all {total} devices" if same else None,
+    }
+
+
+@functools.lru_cache(maxsize=64)
+def _block_heads(mesh, spec):
+    """jit(shard_map): every device's first values, gathered onto every device (so each process of
+    a cluster reads them from its own devices)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    axes = tuple(mesh.axis_names)
+
+    def head(block):
+        flat = block.reshape(-1)[:VALUES_PER_TILE]
+        flat = jnp.pad(flat, (0, VALUES_PER_TILE - flat.shape[0]))
+        return lax.all_gather(flat, axes)  # (devices in mesh order, VALUES_PER_TILE) everywhere
+
+    return jax.jit(jax.shard_map(head, mesh=mesh, in_specs=spec, out_specs=P(), check_vma=False))
+
+
 def result_state(title: str, mesh, outputs: dict, facts=None, line_text=lambda n: None,
-                 report: dict | None = None) -> dict:
-    """The per-device result view's state for named per-device outputs (pytrees are flattened)."""
+                 report: dict | None = None, blocks: bool = False) -> dict:
+    """The per-device result view's state for named outputs (pytrees are flattened): per-device
+    values stacked on leading mesh axes (`%%pmap`), or with `blocks` the blocks of global arrays
+    (`%%shard_map`)."""
     import jax
 
     ids, coords = mesh_coords(mesh)
@@ -124,7 +183,7 @@ def result_state(title: str, mesh, outputs: dict, facts=None, line_text=lambda n
         leaves = jax.tree_util.tree_leaves_with_path(value)
         for path, leaf in leaves:
             label = name + jax.tree_util.keystr(path)
-            items.append(per_device_summary(label, leaf, k, ids, coords))
+            items.append(block_summary(label, leaf, mesh) if blocks else per_device_summary(label, leaf, k, ids, coords))
     colls = program_state(facts, len(ids), line_text)
     return {
         "title": title,

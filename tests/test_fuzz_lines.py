@@ -88,6 +88,10 @@ shard_lines = line_of(
     st.lists(assignments, min_size=2, max_size=3).map(lambda a: "--in " + " ".join(a)),
     flag("--show"), flag("--no-show"), flag("--report"), flag("--bogus"),
 )
+shard_map_lines = line_of(
+    option("--mesh", meshes | names | bad_names), option("--in", assignments), option("--out", assignments),
+    flag("--no-check-vma"), flag("--show"), flag("--no-show"), flag("--report"), flag("--check-vma"),
+)
 mesh_lines = line_of(
     meshes, axis_sizes, names, option("--name", names | bad_names), option("--axis-types", st.sampled_from(
         ["auto", "explicit", "manual", "Auto", "x"])), option("--devices", counts), flag("--abstract"),
@@ -97,7 +101,7 @@ sharding_lines = line_of(names, bad_names)
 devices_lines = line_of(option("--simulate", counts), flag("--other"))
 
 GRAMMARS = {"pmap": pmap_lines, "shard": shard_lines, "mesh": mesh_lines, "sharding": sharding_lines,
-            "devices": devices_lines}
+            "devices": devices_lines, "shard_map": shard_map_lines}
 
 
 def any_line(magic: str):
@@ -139,7 +143,8 @@ def test_grammar_lines_do_parse_sometimes(magic):
     good = {"pmap": "-a 'batch' --mesh 'outer=2, inner=4' --broadcast w --in-axes '(0, None)'",
             "shard": "--mesh data=4,model=2 --in \"w=P('data', None)\" x=data --out y=None --report",
             "mesh": "'data=4, model=2' --name m --axis-types explicit --devices 8",
-            "sharding": "x 'y'", "devices": "--simulate '8'"}[magic]
+            "sharding": "x 'y'", "devices": "--simulate '8'",
+            "shard_map": "--mesh 'x=4, y=2' --in \"a=P('x', 'y')\" b=y,None --out c=x,None --no-check-vma"}[magic]
     assert parses_or_usage_error(magic, good) is not None
 
 
@@ -154,7 +159,7 @@ def run_through_shell(ip, magic: str, line: str):
     before = snapshot(ip.user_ns)
     try:
         with capture_output():
-            if magic in ("pmap", "shard"):
+            if magic in ("pmap", "shard", "shard_map"):
                 ip.run_cell_magic(magic, line, textwrap.dedent(CELL))
             else:
                 ip.run_line_magic(magic, line)
@@ -162,7 +167,7 @@ def run_through_shell(ip, magic: str, line: str):
         assert snapshot(ip.user_ns) == before
         return False
     changed = {n for n in set(before) | set(ip.user_ns) if before.get(n) != id(ip.user_ns.get(n, before))}
-    allowed = {"pmap": {"y"}, "shard": {"y", "x"}, "mesh": set(ip.user_ns) - set(before) | {"mesh", "m"},
+    allowed = {"pmap": {"y"}, "shard": {"y", "x"}, "shard_map": {"y"}, "mesh": set(ip.user_ns) - set(before) | {"mesh", "m"},
                "sharding": set(), "devices": set()}[magic]
     assert changed <= allowed | {"_", "__", "___"}, changed
     return True

@@ -1,0 +1,342 @@
+"""The `%%shard_map` engine: the cell is the body of a `jax.shard_map`, run under `jax.jit`.
+
+- Each name in `--in` is split by its PartitionSpec; the cell sees its block, of the same rank.
+- Each name in `--out` is assembled by its spec (blocks concatenated along the dimensions the spec
+  splits, one copy kept along the mesh axes it leaves out).
+- Other arrays the cell reads are replicated: every device sees them whole (passed as `P()`
+  arguments rather than closed over, so no value is baked into the program).
+- An assigned array without `--out` gets `P()` when JAX's varying-axes typing proves it is the same
+  on every device; otherwise the cell is refused with the axes it varies over and the spec to write.
+
+Plain Python, no IPython: `shard_map_cell(source, namespace, mesh=..., in_specs=..., out_specs=...)`.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from . import cell as cells
+from .errors import UsageError, explain_trace_error
+from .fingerprints import fingerprint
+from .layout import spec_axes
+from .runner import (
+    BoundedCache, CellProgram, ProgramFacts, Rerun, analyse_cached, capture_outputs, facts_for, plan_inputs,
+    run_program, traced,
+)
+from .shard import check_spec, is_mesh, resolve_mesh
+
+FINAL = "(result)"  # the final expression's name in messages and views
+
+_cache = BoundedCache()
+_reruns = BoundedCache()  # (source, mesh, specs, check_vma) -> Rerun of the last successful run
+
+
+@dataclass
+class ShardMapResult:
+    outputs: dict  # name -> global jax.Array assembled by its out spec (or a plain Python value)
+    device_outputs: tuple[str, ...]
+    out_specs: dict  # name -> the spec each device output was assembled with (given or proven P())
+    in_specs: dict
+    final: object
+    final_is_array: bool
+    has_final: bool
+    mesh: object
+    facts: ProgramFacts | None
+    run_ms: float
+    cell: cells.Cell
+
+    @property
+    def bindings(self) -> dict:
+        """What a successful cell binds: its outputs (inputs stay as they were, as with jax.shard_map)."""
+        return dict(self.outputs)
+
+
+def varying_axes(value) -> frozenset:
+    """The mesh axes over which a value traced inside shard_map may differ between devices.
+
+    JAX types every such value with its varying manual axes (`{V:x,y}` in `jax.typeof(v)`); the
+    attribute holding them is `vma` on some JAX versions and `manual_axis_type.varying` on 0.10.
+    tests/test_shard_map.py fails loudly if neither exists.
+    """
+    import jax
+
+    found = frozenset()
+    for leaf in jax.tree.leaves(value):
+        aval = jax.typeof(leaf)
+        vma = getattr(aval, "vma", None)
+        if vma is None:
+            vma = aval.manual_axis_type.varying
+        found |= frozenset(vma)
+    return found
+
+
+def suggested_spec(axes: frozenset, mesh, ndim: int) -> str:
+    """An --out spec that keeps a value varying over `axes` apart: those axes over its dimensions."""
+    ordered = [a for a in mesh.axis_names if a in axes]
+    if ndim == 0:
+        return "(a scalar cannot be split: reduce it with lax.psum/pmean over " + ", ".join(ordered) + ")"
+    if len(ordered) <= ndim:
+        entries = ordered + ["None"] * (ndim - len(ordered))
+    else:  # more varying axes than dimensions: all of them over the first dimension
+        entries = ["(" + ",".join(ordered) + ")"] + ["None"] * (ndim - 1)
+    return ",".join(entries)
+
+
+def _assigned_on(cell: cells.Cell, name: str) -> int:
+    """The last line of the cell that binds `name` (where a message should point)."""
+    line = 1
+    for node in ast.walk(cell.tree):
+        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store):
+            line = max(line, node.lineno)
+    if name == FINAL and cell.tree.body:
+        line = cell.tree.body[-1].lineno
+    return line
+
+
+def _check_out_spec(cell, mesh, name, spec, leaf_ndims, varies, check_vma: bool) -> None:
+    where = _assigned_on(cell, name)
+    for ndim in leaf_ndims:
+        if len(spec) > ndim:
+            raise UsageError(
+                f"--out {name}: the spec has {len(spec)} entries but each device's {name!r} has {ndim} "
+                f"dimension{'s' if ndim != 1 else ''} (line {where} of the cell: `{cell.line(where)}`); give at most "
+                f"one entry per dimension."
+            )
+    used = set()
+    for axes in spec_axes(spec, len(spec)):
+        for axis in axes:
+            if axis not in mesh.axis_names:
+                raise UsageError(
+                    f"--out {name}: {axis!r} is not an axis of the mesh (its axes are "
+                    f"{', '.join(mesh.axis_names)}); use one of those names, or None."
+                )
+            if axis in used:
+                raise UsageError(f"--out {name}: mesh axis {axis!r} is used twice; each mesh axis may split one dimension.")
+            used.add(axis)
+    missing = sorted(varies - used, key=list(mesh.axis_names).index)
+    if check_vma and missing:
+        axes = _axes_text(frozenset(missing), mesh)
+        ndim = max(leaf_ndims, default=0)
+        raise UsageError(
+            f"--out {name}: {name!r} (line {where} of the cell: `{cell.line(where)}`) can differ between devices along "
+            f"{axes}, but the spec {_spec_text(spec)} leaves {'that axis' if len(missing) == 1 else 'those axes'} "
+            f"out, which would keep one device's block as if all held the same. Make it the same on every device first "
+            f"(`lax.psum({name}, {missing[0]!r})` or `lax.pmean`), or assemble it along {'that axis' if len(missing) == 1 else 'them'} "
+            f"too, e.g. `--out {name}={suggested_spec(varies, mesh, ndim)}`. (`--no-check-vma` turns JAX's check off; then "
+            f"a wrong spec gives wrong values silently.)"
+        )
+
+
+def _axes_text(axes: frozenset, mesh, bare: bool = False) -> str:
+    names = ", ".join(repr(a) for a in mesh.axis_names if a in axes)
+    if bare:
+        return names
+    return f"mesh axis {names}" if len(axes) == 1 else f"mesh axes {names}"
+
+
+def _spec_text(spec) -> str:
+    def one(entry):
+        if entry is None:
+            return "None"
+        if isinstance(entry, str):
+            return repr(entry)
+        return "(" + ", ".join(repr(e) for e in entry) + ")"
+
+    return "P(" + ", ".join(one(e) for e in spec) + ")"
+
+
+def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma) -> tuple[CellProgram, dict]:
+    """Discover what the cell returns (a trace without running), then build jit(shard_map)."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    fn = cells.build_function(cell, inputs, namespace)
+    program = CellProgram(jitted=None)
+    found: dict = {}  # name -> (varying axes, per-leaf ndims) of every value computed on the devices
+
+    def probe(*blocks):
+        outs, final = fn(*blocks)
+        device, final_value = capture_outputs(program, outs, final, lambda v: v)
+        for name, value in list(device.items()) + ([(FINAL, final_value)] if traced(final) else []):
+            found[name] = (varying_axes(value) if check_vma else frozenset(),
+                           [leaf.ndim for leaf in jax.tree.leaves(value)])
+        return ()
+
+    in_specs = tuple(P(*s) for s in specs)
+    explicit = _explicit(mesh)
+
+    def on_blocks(mapped):
+        def whole(*args):
+            if explicit:  # Explicit axes: inputs must already carry the spec shard_map is given
+                args = [jax.reshard(a, s) for a, s in zip(args, in_specs)]
+            return mapped(*args)
+        return whole
+
+    args = [_abstract(namespace[n]) for n in inputs]
+    with jax.set_mesh(mesh):
+        jax.eval_shape(on_blocks(jax.shard_map(probe, mesh=mesh, in_specs=in_specs, out_specs=(),
+                                               check_vma=check_vma)), *args)
+
+    final_spec = None
+    chosen = {}
+    for name, (varies, ndims) in found.items():
+        if name in out_specs:
+            _check_out_spec(cell, mesh, name, out_specs[name], ndims, varies, check_vma)
+            chosen[name] = out_specs[name]
+        elif not check_vma:
+            raise UsageError(
+                f"{name!r} is computed on the devices but has no --out spec, and with --no-check-vma JAX cannot prove it "
+                f"is the same on every device. Say how to assemble it, e.g. `--out {name}="
+                f"{suggested_spec(frozenset(mesh.axis_names), mesh, max(ndims, default=0))}` (or `{name}=None` if it "
+                f"is the same everywhere)." if name != FINAL else
+                "the cell's final expression is computed on the devices, and with --no-check-vma JAX cannot prove it is "
+                "the same on every device. Assign it to a name and give that name an --out spec."
+            )
+        elif varies:
+            where = _assigned_on(cell, name)
+            axes = _axes_text(varies, mesh)
+            if name == FINAL:
+                raise UsageError(
+                    f"the cell's final expression (line {where}: `{cell.line(where)}`) differs between devices along "
+                    f"{axes}, so it has no single value to return. Assign it to a name and give it an --out "
+                    f"spec, e.g. `total = ...` with `--out total={suggested_spec(varies, mesh, max(ndims, default=0))}`."
+                )
+            raise UsageError(
+                f"{name!r} (line {where} of the cell: `{cell.line(where)}`) differs between devices along "
+                f"{axes}: JAX's varying-axes typing tracks that, and it cannot be returned as one replicated value. "
+                f"Say how to assemble its blocks with `--out {name}={suggested_spec(varies, mesh, max(ndims, default=0))}`, "
+                f"or make it the same everywhere with `lax.psum`/`lax.pmean` over {_axes_text(varies, mesh, bare=True)}."
+            )
+        else:
+            chosen[name] = ()  # proven the same on every device: P()
+        if name == FINAL:
+            final_spec = P(*chosen.pop(FINAL))
+    for name in out_specs:
+        if name not in found:
+            why = ("is a plain Python value, not computed on the devices" if name in program.static_outputs
+                   else "is not assigned by the cell")
+            raise UsageError(
+                f"--out {name}: {name!r} {why}; --out assembles arrays the cell computes "
+                f"({', '.join(n for n in found if n != FINAL) or 'none'})."
+            )
+
+    device_specs = {n: P(*chosen[n]) for n in program.device_outputs}
+
+    def body(*blocks):
+        outs, final = fn(*blocks)
+        return capture_outputs(program, outs, final, lambda v: v)
+
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=in_specs,
+                           out_specs=(device_specs, final_spec if final_spec is not None else P()),
+                           check_vma=check_vma)
+    program.jitted = jax.jit(on_blocks(mapped))
+    return program, {n: tuple(chosen[n]) for n in program.device_outputs}
+
+
+def _explicit(mesh) -> bool:
+    import jax
+
+    return any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ()) or ())
+
+
+def _abstract(value):
+    import jax
+
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), value)
+
+
+def _plan(cell, namespace, mesh, in_specs, out_specs, check_vma):
+    """The full path: check names and specs, find or build the program, remember what was checked."""
+    import builtins
+
+    import jax
+
+    cells.check_axis_names(cell.source, tuple(mesh.axis_names))
+    inputs, constants = plan_inputs(cell, namespace, {"--in": tuple(in_specs)})
+    for name, spec in in_specs.items():
+        for leaf in jax.tree.leaves(namespace[name]):
+            check_spec(name, tuple(leaf.shape), spec, mesh, "--in")
+    for name in out_specs:
+        if name not in cell.writes:
+            raise UsageError(
+                f"--out {name}: the cell does not assign {name!r}; --out assembles names the cell assigns "
+                f"({', '.join(cell.writes) or 'none'})."
+            )
+    specs = tuple(tuple(in_specs.get(n, ())) for n in inputs)
+    fingerprints = tuple((n, fingerprint(namespace[n])) for n in constants)
+    shapes = tuple(tuple((tuple(leaf.shape), str(leaf.dtype)) for leaf in jax.tree.leaves(namespace[n])) for n in inputs)
+    key = (cell.source, inputs, mesh, specs, tuple(sorted(out_specs.items())), check_vma, shapes, fingerprints)
+    program, chosen = _cache.lookup(
+        key, lambda: _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma), family=key[:-2])
+    values = [namespace[n] for n in inputs]
+    absent = tuple(n for n in cell.reads if n not in namespace and hasattr(builtins, n))
+    rerun = Rerun(inputs if Rerun.possible(values) else None, values, (None,) * len(inputs), fingerprints, absent,
+                  (program, chosen), key)
+    return rerun, values
+
+
+def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True,
+                  want_facts: bool = False) -> ShardMapResult:
+    """Run the cell as the body of jit(shard_map); the namespace is read, never written."""
+    rerun_key = (cell.source, mesh, tuple(sorted(in_specs.items())), tuple(sorted(out_specs.items())), check_vma)
+    rerun = _reruns.get(rerun_key)
+    args = rerun.args(namespace) if rerun is not None else None
+    if args is None:
+        try:
+            rerun, args = _plan(cell, namespace, mesh, in_specs, out_specs, check_vma)
+        except UsageError:
+            raise
+        except Exception as exc:  # raised while discovering the outputs: explain what we can foresee
+            explained = explain_trace_error(exc, cell.filename, tuple(mesh.axis_names))
+            if explained is not None:
+                raise explained from None
+            raise
+    program, chosen = rerun.program
+    (device, final), run_ms, signature = run_program(
+        _cache, rerun.key, program, args, cell, mesh.axis_names, mesh, signature=rerun.signature)
+    rerun.remember(_reruns, rerun_key, signature)
+    facts = facts_for(program, signature, args, mesh, cell, context_mesh=mesh) if want_facts else None
+    outputs = dict(program.static_outputs)
+    outputs.update(device)
+    final, final_is_array = program.final_of(final)
+    return ShardMapResult(
+        outputs=outputs,
+        device_outputs=tuple(program.device_outputs),
+        out_specs=chosen,
+        in_specs=dict(in_specs),
+        final=final,
+        final_is_array=final_is_array,
+        has_final=cell.has_final_expression,
+        mesh=mesh,
+        facts=facts,
+        run_ms=run_ms,
+        cell=cell,
+    )
+
+
+def shard_map_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None, check_vma: bool = True,
+                   want_facts: bool = False, bind: bool = True) -> ShardMapResult:
+    """Plain-Python twin of `%%shard_map`: specs as dicts of tuples, e.g.
+    `shard_map_cell("c = lax.psum(a @ b, 'y')", ns, mesh=mesh, in_specs={'a': ('x', 'y'), 'b': ('y', None)},
+    out_specs={'c': ('x', None)})`. With `bind`, the outputs go into `namespace` once the cell succeeded."""
+    in_specs = {n: tuple(s) for n, s in (in_specs or {}).items()}
+    out_specs = {n: tuple(s) for n, s in (out_specs or {}).items()}
+    cell = analyse_cached(source, "shard_map-cell")
+    if cell.mode == "function":
+        raise UsageError(
+            "%%shard_map runs the cell as the body of a shard_map over blocks of named arrays; this cell only defines "
+            "functions. Call them from a %%shard_map cell whose --in names the arrays to split, or decorate them "
+            "yourself with `jax.shard_map(f, mesh=mesh, in_specs=..., out_specs=...)`."
+        )
+    for name, spec in list(in_specs.items()) + list(out_specs.items()):
+        if any(isinstance(e, int) for e in spec):
+            raise UsageError(
+                f"{name}: a device count in a spec builds its own 1-D mesh in %%shard; %%shard_map names the mesh's axes. "
+                "Pass `--mesh devices=8` and write the axis name instead."
+            )
+    if not is_mesh(mesh):
+        mesh = resolve_mesh(mesh, namespace, [in_specs, out_specs])
+    result = run_shard_map(cell, namespace, mesh, in_specs, out_specs, check_vma, want_facts)
+    if bind:
+        namespace.update(result.bindings)  # one step: an interrupt leaves all or nothing
+    return result
