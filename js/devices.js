@@ -28,13 +28,27 @@ export function describe(d) {
 }
 
 /**
+ * Where a process runs, from the optional top-level `hosts` ({process: {host, pid}}):
+ * `host node-a · pid 1234`, or "" when the state does not say.
+ * @param {any} state
+ * @param {number} process
+ */
+export function hostText(state, process) {
+  const hosts = state.hosts || {};
+  const at = hosts[String(process)];
+  if (!at) return "";
+  return [at.host !== null && at.host !== undefined ? `host ${at.host}` : "", at.pid !== null && at.pid !== undefined ? `pid ${at.pid}` : ""].filter(Boolean).join(" · ");
+}
+
+/**
  * @param {Device} d
  * @param {boolean} showKind the kind differs between devices (else it is in the header)
  * @param {boolean} showProcess there is more than one process
+ * @param {string} [where] the process's host and pid, when known
  */
-function card(d, showKind, showProcess) {
+function card(d, showKind, showProcess, where = "") {
   const c = deviceColor(d.id);
-  const detail = describe(d);
+  const detail = describe(d) + (where ? ` · ${where}` : "");
   const body = h("div", { class: "jpm-card-body" });
   // Value-only lines (the title and the detail line spell out what each is).
   if (showKind) body.append(h("div", { class: "jpm-line", text: d.kind }));
@@ -70,7 +84,7 @@ export function draw(state) {
       "div",
       { class: "jpm-head" },
       h("span", { class: "jpm-title", text: "Devices" }),
-      h("span", { class: "jpm-sub", text: `${total} ${platforms.length === 1 ? platforms[0] + " " : ""}device${total === 1 ? "" : "s"} · backend ${state.backend ?? "?"}${processes.length > 1 ? ` · ${processes.length} processes` : ""}` }),
+      h("span", { class: "jpm-sub", text: `${total} ${platforms.length === 1 ? platforms[0] + " " : ""}device${total === 1 ? "" : "s"} · backend ${state.backend ?? "?"}${processes.length > 1 ? ` · ${processes.length} processes` : ""}${processes.length === 1 && hostText(state, processes[0].process) ? ` · ${hostText(state, processes[0].process)}` : ""}` }),
       state.simulated ? h("span", { class: "jpm-badge", text: "simulated", title: "host CPU split into several XLA devices" }) : null,
     ),
   );
@@ -84,8 +98,10 @@ export function draw(state) {
   for (const g of groups) {
     const sec = h("div", { class: "jpm-section" });
     const mine = g === null ? devices : devices.filter((d) => d.process === g.process);
-    if (g !== null) sec.append(h("div", { class: "jpm-h", text: `process ${g.process} · ${g.count} device${g.count === 1 ? "" : "s"}${mine.length < g.count ? ` (${mine.length} listed)` : ""}` }));
-    sec.append(h("div", { class: "jpm-cards" }, ...mine.map((d) => card(d, kinds.length > 1, processes.length > 1))));
+    const where = g === null ? "" : hostText(state, g.process);
+    // The host in its own case (the heading is upper-cased).
+    if (g !== null) sec.append(h("div", { class: "jpm-h" }, `process ${g.process} · ${g.count} device${g.count === 1 ? "" : "s"}${mine.length < g.count ? ` (${mine.length} listed)` : ""}`, where ? h("span", { class: "jpm-mono", text: ` · ${where}` }) : null));
+    sec.append(h("div", { class: "jpm-cards" }, ...mine.map((d) => card(d, kinds.length > 1, processes.length > 1, where))));
     root.append(sec);
   }
   if (state.omitted) root.append(h("div", { class: "jpm-note", text: `… ${state.omitted} more devices not listed (${devices.length} of ${total} shown)` }));

@@ -38,10 +38,22 @@ function swatch(id, detail, label = true) {
 }
 
 /**
+ * The processes holding some devices, `p1` or `p0,1`, when the state spans several processes
+ * (optional `device_process`, aligned with `device_ids`); otherwise "".
+ * @param {(d: number) => number | null} procOf
+ * @param {number[]} devices
+ */
+function procLabel(procOf, devices) {
+  const procs = [...new Set(devices.map(procOf).filter((p) => p !== null))].sort((a, b) => /** @type {number} */ (a) - /** @type {number} */ (b));
+  return procs.length ? `p${formatIds(/** @type {number[]} */ (procs), 3)}` : "";
+}
+
+/**
  * @param {Output} out
  * @param {Axis[]} axes
+ * @param {(d: number) => number | null} [procOf] a device's process when there are several
  */
-function drawOutput(out, axes) {
+function drawOutput(out, axes, procOf = () => null) {
   const sec = h("div", { class: "jpm-section jpm-output" });
   const shape = formatShape(out.dtype, out.shape || []);
   sec.append(
@@ -57,7 +69,10 @@ function drawOutput(out, axes) {
   if (out.same_on_all && tiles.length) {
     const tile = tiles[0];
     const strip = h("div", { class: "jpm-same-strip" });
-    for (const id of tile.devices.slice(0, GROUP_CELLS_MAX)) strip.append(swatch(id, `${out.name} on device ${id}: ${tile.text}`, false));
+    for (const id of tile.devices.slice(0, GROUP_CELLS_MAX)) {
+      const proc = procOf(id);
+      strip.append(swatch(id, `${out.name} on device ${id}${proc === null ? "" : ` (process ${proc})`}: ${tile.text}`, false));
+    }
     sec.append(
       h(
         "div",
@@ -78,7 +93,8 @@ function drawOutput(out, axes) {
       const c = deviceColor(first);
       const where = tile.coords ? formatCoords(axes, tile.coords) : "";
       const who = tile.devices.length === 1 ? `device ${first}` : `devices ${formatIds(tile.devices)}`;
-      const detail = `${out.name} on ${who}${where ? ` (${where})` : ""}: ${shape}`;
+      const proc = procLabel(procOf, tile.devices);
+      const detail = `${out.name} on ${who}${where ? ` (${where})` : ""}${proc ? ` · process ${proc.slice(1)}` : ""}: ${shape}`;
       grid.append(
         h(
           "div",
@@ -88,6 +104,7 @@ function drawOutput(out, axes) {
             { class: "jpm-tile-head", style: { background: c.bg, color: c.fg } },
             h("span", { text: tile.devices.length === 1 ? `dev ${first}` : `dev ${formatIds(tile.devices, 3)}` }),
             h("span", { text: where }),
+            proc ? h("span", { class: "jpm-proc", text: proc }) : null,
           ),
           h("pre", { class: "jpm-tile-val", text: tile.text }),
         ),
@@ -266,8 +283,12 @@ export function draw(state) {
   for (const a of axes) chips.append(h("span", { class: "jpm-chip" }, `${a.name} `, h("b", { text: a.size })));
   root.append(h("div", { class: "jpm-head" }, h("span", { class: "jpm-title jpm-mono", text: state.title || "per-device results" }), chips));
 
+  // Optional `device_process` (aligned with device_ids): tiles say their process when several.
+  const procs = Array.isArray(state.device_process) ? state.device_process : [];
+  const pos = new Map(order.map((d, k) => [d, k]));
+  const procOf = new Set(procs).size > 1 ? (/** @type {number} */ d) => (pos.has(d) && /** @type {number} */ (pos.get(d)) < procs.length ? Number(procs[/** @type {number} */ (pos.get(d))]) : null) : () => null;
   const outputs = state.outputs || [];
-  for (const out of outputs) root.append(drawOutput(out, axes));
+  for (const out of outputs) root.append(drawOutput(out, axes, procOf));
 
   const colls = state.collectives || [];
   const sec = h("div", { class: "jpm-section" }, h("div", { class: "jpm-h", text: `Collectives (${colls.length})` }));

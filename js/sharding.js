@@ -57,17 +57,65 @@ export function sideCaption(state, k, px) {
 }
 
 /**
+ * A device's process when the state spans several (optional `device_process`,
+ * `{"<device id>": process}`), else null for every device.
+ * @param {any} state
+ * @returns {(d: number) => number | null}
+ */
+export function processOf(state) {
+  const map = state.device_process;
+  if (!map || typeof map !== "object" || new Set(Object.values(map)).size <= 1) return () => null;
+  return (d) => (Object.prototype.hasOwnProperty.call(map, String(d)) ? Number(map[String(d)]) : null);
+}
+
+/**
+ * ` · process 1`, ` · processes 0,1` (a block replicated across processes), or "".
+ * @param {(d: number) => number | null} procOf
+ * @param {number[]} devs
+ */
+export function processText(procOf, devs) {
+  const procs = [...new Set(devs.map(procOf).filter((p) => p !== null))].sort((a, b) => /** @type {number} */ (a) - /** @type {number} */ (b));
+  if (!procs.length) return "";
+  return procs.length === 1 ? ` · process ${procs[0]}` : ` · processes ${formatIds(/** @type {number[]} */ (procs), 4)}`;
+}
+
+/**
+ * One line per process: which devices it has and how many blocks it holds a copy of.
+ * @param {(d: number) => number | null} procOf
+ * @param {any} state
+ * @param {Tile[]} tiles
+ * @returns {string[]}
+ */
+export function processLines(procOf, state, tiles) {
+  const map = state.device_process || {};
+  /** @type {Map<number, number[]>} */
+  const devices = new Map();
+  for (const key of Object.keys(map)) {
+    const p = procOf(Number(key));
+    if (p === null) continue;
+    if (!devices.has(p)) devices.set(p, []);
+    /** @type {number[]} */ (devices.get(p)).push(Number(key));
+  }
+  return [...devices.keys()].sort((a, b) => a - b).map((p) => {
+    const ids = /** @type {number[]} */ (devices.get(p)).sort((a, b) => a - b);
+    const held = tiles.filter((t) => (t.devices || []).some((d) => procOf(d) === p)).length;
+    return `process ${p}: devices ${formatIds(ids, 6)} · holds ${held} block${held === 1 ? "" : "s"}`;
+  });
+}
+
+/**
  * One block.
  * @param {Tile | undefined} tile
  * @param {string} dtype
  * @param {number} wpx approximate width in pixels
  * @param {number} hpx approximate height in pixels
+ * @param {(d: number) => number | null} [procOf]
  */
-function block(tile, dtype, wpx, hpx) {
+function block(tile, dtype, wpx, hpx, procOf = () => null) {
   if (!tile) return h("div", { class: "jpm-block", style: { background: "var(--jpm-panel)" } });
   const devs = tile.devices || [];
   const who = devs.length === 0 ? "no device" : devs.length === 1 ? `device ${devs[0]}` : `devices ${formatIds(devs, 8)} (${devs.length}, replicated)`;
-  const detail = `block (${tile.block.join(", ")}) · index ${formatSlices(tile.index)} · shard ${formatShape(dtype, tile.shard_shape)} · ${who}`;
+  const detail = `block (${tile.block.join(", ")}) · index ${formatSlices(tile.index)} · shard ${formatShape(dtype, tile.shard_shape)} · ${who}${processText(procOf, devs)}`;
   const el = h("div", { class: wpx >= 48 && hpx >= 40 ? "jpm-block jpm-big" : "jpm-block", title: detail, data: { detail } });
   if (devs.length === 1) {
     const c = deviceColor(devs[0]);
@@ -120,7 +168,7 @@ export function decodeBlocks(state) {
 
 /**
  * A 2-D grid of blocks (relative sizes).
- * @param {{rows: number[], cols: number[], width: number, height: number, at: (r: number, c: number) => Tile | undefined, dtype: string}} g
+ * @param {{rows: number[], cols: number[], width: number, height: number, at: (r: number, c: number) => Tile | undefined, dtype: string, procOf?: (d: number) => number | null}} g
  */
 function blockGrid(g) {
   const rsum = g.rows.reduce((a, b) => a + b, 0) || 1;
@@ -138,7 +186,7 @@ function blockGrid(g) {
   });
   for (let r = 0; r < g.rows.length; r++) {
     for (let c = 0; c < g.cols.length; c++) {
-      el.append(block(g.at(r, c), g.dtype, (g.width * g.cols[c]) / csum, (g.height * g.rows[r]) / rsum));
+      el.append(block(g.at(r, c), g.dtype, (g.width * g.cols[c]) / csum, (g.height * g.rows[r]) / rsum, g.procOf));
     }
   }
   return el;
@@ -176,6 +224,7 @@ export function draw(state) {
   const meshAxes = state.mesh_axes || [];
   const { byBlock, ext, count } = decodeBlocks(state);
   const dtype = String(state.dtype || "");
+  const procOf = processOf(state);
 
   const root = h("div", { class: "jpm-view jpm-sharding" });
   root.append(
@@ -205,6 +254,7 @@ export function draw(state) {
       { class: "jpm-section" },
       h("div", { class: "jpm-head" }, h("span", { class: "jpm-spec", text: formatSpec(state.spec || []) }), (state.replicated_over || []).length ? h("span", { class: "jpm-sub", text: `replicated over ${(state.replicated_over || []).join(", ")}` }) : null),
       legend,
+      ...processLines(procOf, state, [...byBlock.values()]).map((line) => h("div", { class: "jpm-note jpm-procs", text: line })),
     ),
   );
 
@@ -215,10 +265,10 @@ export function draw(state) {
     const at = (/** @type {number} */ b) => byBlock.get(nd === 0 ? "" : String(b));
     let g;
     if (n <= WRAP_1D) {
-      g = blockGrid({ rows: [1], cols: nd === 0 ? [1] : ext[0], width: Math.min(560, Math.max(120, n * 40)), height: 36, at: (_r, c) => at(c), dtype });
+      g = blockGrid({ rows: [1], cols: nd === 0 ? [1] : ext[0], width: Math.min(560, Math.max(120, n * 40)), height: 36, at: (_r, c) => at(c), dtype, procOf });
     } else {
       const rows = Math.ceil(n / WRAP_1D);
-      g = blockGrid({ rows: new Array(rows).fill(1), cols: new Array(WRAP_1D).fill(1), width: 560, height: rows * 14, at: (r, c) => (r * WRAP_1D + c < n ? at(r * WRAP_1D + c) : undefined), dtype });
+      g = blockGrid({ rows: new Array(rows).fill(1), cols: new Array(WRAP_1D).fill(1), width: 560, height: rows * 14, at: (r, c) => (r * WRAP_1D + c < n ? at(r * WRAP_1D + c) : undefined), dtype, procOf });
     }
     const frame = h("div", { class: "jpm-frame" }, h("div", { class: "jpm-axis-x", text: nd === 0 ? "scalar" : `${dimCaption(state, 0)} →${n > WRAP_1D ? ` (wrapped every ${WRAP_1D} blocks, equal widths)` : ""}` }));
     g.style.gridColumn = "2";
@@ -241,6 +291,7 @@ export function draw(state) {
         height,
         at: (r, c) => byBlock.get(prefix.concat([r, c]).join(",")),
         dtype,
+        procOf,
       });
       const frame = h(
         "div",

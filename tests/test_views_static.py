@@ -9,10 +9,10 @@ from __future__ import annotations
 import html
 import json
 import re
-from html.parser import HTMLParser
 from typing import Any
 
 import pytest
+from html_tags import parse
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -80,26 +80,6 @@ def result_state(n: int = 8, name: str = "y", axis: str = "i") -> dict[str, Any]
         ],
         "report": {"compile_ms": 12.3, "run_ms": 0.4, "flops": 1234.0, "bytes_accessed": None},
     }
-
-
-
-
-class _Tags(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.tags: list[str] = []
-        self.attrs: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.tags.append(tag)
-        self.attrs += [k for k, _ in attrs]
-
-
-def parse(markup: str) -> _Tags:
-    p = _Tags()
-    p.feed(markup)
-    p.close()
-    return p
 
 
 HOSTILE_CASES = {

@@ -5,9 +5,11 @@ constructed as ``XView(state={...})``. Importing this package imports anywidget;
 import it only when they display something.
 """
 
+from .collectives import CollectivesView
 from .devices import DevicesView
 from .mesh import MeshView
+from .plan import PlanView
 from .results import ResultView
 from .sharding import ShardingView
 
-__all__ = ["DevicesView", "MeshView", "ResultView", "ShardingView"]
+__all__ = ["CollectivesView", "DevicesView", "MeshView", "PlanView", "ResultView", "ShardingView"]

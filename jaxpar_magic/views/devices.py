@@ -24,6 +24,21 @@ def describe(d: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
+def host_text(state: dict[str, Any], process: Any) -> str:
+    """Where a process runs, from the optional top-level ``hosts`` ({process: {host, pid}}):
+    ``host node-a · pid 1234``, or "" when the state does not say; the twin of ``hostText``."""
+    hosts = state.get("hosts") or {}
+    at = hosts.get(str(process), hosts.get(process)) if isinstance(hosts, dict) else None
+    if not at:
+        return ""
+    parts = []
+    if at.get("host") is not None:
+        parts.append(f"host {at['host']}")
+    if at.get("pid") is not None:
+        parts.append(f"pid {at['pid']}")
+    return " · ".join(parts)
+
+
 def _summary(state: dict[str, Any]) -> str:
     devices = state.get("devices") or []
     total = state.get("total", len(devices))
@@ -31,6 +46,8 @@ def _summary(state: dict[str, Any]) -> str:
     kind = f"{platforms[0]} " if len(platforms) == 1 else ""
     procs = state.get("processes") or []
     extra = f" · {len(procs)} processes" if len(procs) > 1 else ""
+    if len(procs) == 1 and host_text(state, procs[0]["process"]):
+        extra = f" · {host_text(state, procs[0]['process'])}"
     return f"{total} {kind}device{'' if total == 1 else 's'} · backend {state.get('backend', '?')}{extra}"
 
 
@@ -61,10 +78,12 @@ def to_html(state: dict[str, Any]) -> str:
     multi = len(state.get("processes") or []) > 1
     for proc, mine in _groups(state):
         out.append('<div class="jpm-section">')
+        where = host_text(state, proc["process"]) if proc is not None else ""
         if proc is not None:
             listed = f" ({len(mine)} listed)" if len(mine) < proc["count"] else ""
             s = "" if proc["count"] == 1 else "s"
-            out.append(f'<div class="jpm-h">process {esc(str(proc["process"]))} · {proc["count"]} device{s}{listed}</div>')
+            at = f'<span class="jpm-mono"> · {esc(where)}</span>' if where else ""
+            out.append(f'<div class="jpm-h">process {esc(str(proc["process"]))} · {proc["count"]} device{s}{listed}{at}</div>')
         out.append('<div class="jpm-cards">')
         for d in mine:
             rows = [str(d.get("kind"))] if len(kinds) > 1 else []
@@ -84,8 +103,9 @@ def to_html(state: dict[str, Any]) -> str:
                     bar = f'<div class="jpm-bar"><span style="width:{pct:.1f}%"></span></div>'
             body = "".join(f'<div class="jpm-line">{esc(v)}</div>' for v in rows)
             proc = f"<span>p{esc(str(d.get('process')))}</span>" if multi else ""
+            title = describe(d) + (f" · {where}" if where else "")
             out.append(
-                f'<div class="jpm-card" title="{esc(describe(d))}"><div class="jpm-card-head" style="{swatch_style(d["id"])}">'
+                f'<div class="jpm-card" title="{esc(title)}"><div class="jpm-card-head" style="{swatch_style(d["id"])}">'
                 f"<span>{esc(str(d.get('platform')))}:{int(d['id'])}</span>{proc}</div>"
                 + (f'<div class="jpm-card-body">{body}{bar}</div>' if body or bar else "")
                 + "</div>"
@@ -108,7 +128,8 @@ def to_text(state: dict[str, Any]) -> str:
     lines = [head, counts]
     for proc, mine in _groups(state):
         if proc is not None:
-            lines.append(f"process {proc['process']} ({proc['count']} devices)")
+            where = host_text(state, proc["process"])
+            lines.append(f"process {proc['process']} ({proc['count']} devices)" + (f" · {where}" if where else ""))
         for d in mine:
             lines.append("  " + describe(d))
     if state.get("omitted"):

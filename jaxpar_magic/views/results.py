@@ -35,6 +35,22 @@ def _axes(state: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"name": str(a["name"]), "size": int(a["size"])} for a in state.get("axes") or []]
 
 
+def _proc_of(state: dict[str, Any]) -> Any:
+    """A device's process when the state spans several (optional ``device_process``, aligned with
+    ``device_ids``), else None for every device."""
+    procs = state.get("device_process")
+    if not isinstance(procs, list) or len(set(procs)) <= 1:
+        return lambda d: None
+    pos = {int(d): k for k, d in enumerate(state.get("device_ids") or [])}
+    return lambda d: int(procs[pos[d]]) if d in pos and pos[d] < len(procs) else None
+
+
+def _proc_label(proc_of: Any, devices: list[int]) -> str:
+    """``p1`` or ``p0,1``; the twin of ``procLabel`` in js/results.js."""
+    procs = sorted({p for p in (proc_of(d) for d in devices) if p is not None})
+    return f"p{format_ids(procs, 3)}" if procs else ""
+
+
 def _report_items(report: dict[str, Any] | None) -> list[tuple[str, str]]:
     if not report:
         return []
@@ -71,6 +87,7 @@ def to_html(state: dict[str, Any]) -> str:
     """Static HTML of a result state (no script; every string escaped)."""
     axes = _axes(state)
     order = [int(d) for d in state.get("device_ids") or []]
+    proc_of = _proc_of(state)
     chips = "".join(chip(a["name"], str(a["size"])) for a in axes)
     out = [
         style_block(),
@@ -89,7 +106,10 @@ def to_html(state: dict[str, Any]) -> str:
         tiles = o.get("tiles") or []
         if o.get("same_on_all") and tiles:
             t = tiles[0]
-            strip = "".join(_swatch(d, f"device {d}", False) for d in t["devices"][:GROUP_CELLS_MAX])
+            strip = "".join(
+                _swatch(d, f"device {d}" + ("" if proc_of(d) is None else f" (process {proc_of(d)})"), False)
+                for d in t["devices"][:GROUP_CELLS_MAX]
+            )
             label = o.get("same_text") or f"same on all {len(t['devices'])} devices"
             out.append(
                 f'<div class="jpm-same"><div class="jpm-same-strip">{strip}</div><div style="flex:1;min-width:0">'
@@ -101,9 +121,12 @@ def to_html(state: dict[str, Any]) -> str:
                 devs = [int(d) for d in t.get("devices") or [0]]
                 where = format_coords(axes, t["coords"]) if t.get("coords") else ""
                 who = f"dev {devs[0]}" if len(devs) == 1 else f"dev {format_ids(devs, 3)}"
+                proc = _proc_label(proc_of, devs)
                 out.append(
                     f'<div class="jpm-tile"><div class="jpm-tile-head" style="{swatch_style(devs[0])}">'
-                    f"<span>{esc(who)}</span><span>{esc(where)}</span></div>"
+                    f"<span>{esc(who)}</span><span>{esc(where)}</span>"
+                    + (f'<span class="jpm-proc">{esc(proc)}</span>' if proc else "")
+                    + "</div>"
                     f'<pre class="jpm-tile-val">{esc(str(t["text"]))}</pre></div>'
                 )
             out.append("</div>")
@@ -164,6 +187,7 @@ def to_text(state: dict[str, Any]) -> str:
     """A terminal rendering of a result state."""
     axes = _axes(state)
     order = [int(d) for d in state.get("device_ids") or []]
+    proc_of = _proc_of(state)
     dims = ", ".join(f"{a['name']}={a['size']}" for a in axes)
     lines = [f"{state.get('title') or 'per-device results'}" + (f"  ({dims})" if dims else "")]
     for o in state.get("outputs") or []:
@@ -177,7 +201,8 @@ def to_text(state: dict[str, Any]) -> str:
             for t in tiles:
                 devs = [int(d) for d in t.get("devices") or [0]]
                 where = f" ({format_coords(axes, t['coords'])})" if t.get("coords") else ""
-                prefix = f"  dev {format_ids(devs, 3)}{where}: "
+                proc = _proc_label(proc_of, devs)
+                prefix = f"  dev {format_ids(devs, 3)}{where}{' ' + proc if proc else ''}: "
                 lines.append(prefix + _indent(t["text"], " " * len(prefix)))
         if o.get("omitted"):
             lines.append(f"  … {int(o['omitted'])} more devices not shown")

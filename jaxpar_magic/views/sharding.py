@@ -90,13 +90,45 @@ def _head_sub(state: dict[str, Any]) -> str:
     return f"{count} distinct block{'' if count == 1 else 's'} on {n} device{'' if n == 1 else 's'}"
 
 
-def _block_html(tile: dict[str, Any] | None, dtype: str, style: str) -> str:
+def process_of(state: dict[str, Any]) -> Any:
+    """A device's process when the state spans several (optional ``device_process``,
+    ``{"<device id>": process}``), else None for every device; the twin of ``processOf``."""
+    procs = state.get("device_process")
+    if not isinstance(procs, dict) or len(set(procs.values())) <= 1:
+        return lambda d: None
+    by_id = {str(k): int(v) for k, v in procs.items()}
+    return lambda d: by_id.get(str(d))
+
+
+def process_text(proc_of: Any, devs: list[int]) -> str:
+    """`` · process 1``, `` · processes 0,1`` or ""; the twin of ``processText``."""
+    procs = sorted({p for p in (proc_of(d) for d in devs) if p is not None})
+    if not procs:
+        return ""
+    return f" · process {procs[0]}" if len(procs) == 1 else f" · processes {format_ids(procs, 4)}"
+
+
+def process_lines(proc_of: Any, state: dict[str, Any], tiles: list[dict[str, Any]]) -> list[str]:
+    """One line per process: its devices and how many blocks it holds a copy of."""
+    devices: dict[int, list[int]] = {}
+    for key in state.get("device_process") or {}:
+        p = proc_of(int(key))
+        if p is not None:
+            devices.setdefault(p, []).append(int(key))
+    lines = []
+    for p in sorted(devices):
+        held = sum(1 for t in tiles if any(proc_of(int(d)) == p for d in t.get("devices") or []))
+        lines.append(f"process {p}: devices {format_ids(sorted(devices[p]), 6)} · holds {held} block{'' if held == 1 else 's'}")
+    return lines
+
+
+def _block_html(tile: dict[str, Any] | None, dtype: str, style: str, proc_of: Any = lambda d: None) -> str:
     if tile is None:
         return f'<div class="jpm-block" style="{style};background:var(--jpm-panel)"></div>'
     devs = [int(d) for d in tile.get("devices") or []]
     detail = (
         f"block ({', '.join(str(b) for b in tile['block'])}) · index {format_slices(tile['index'])} · "
-        f"shard {format_shape(dtype, tile['shard_shape'])} · {_who(devs)}"
+        f"shard {format_shape(dtype, tile['shard_shape'])} · {_who(devs)}{process_text(proc_of, devs)}"
     )
     if len(devs) == 1:
         return f'<div class="jpm-block" style="{style};{swatch_style(devs[0])}" title="{esc(detail)}">{devs[0]}</div>'
@@ -135,7 +167,9 @@ def to_html(state: dict[str, Any]) -> str:
     shape = [int(s) for s in state.get("shape") or []]
     grid = [int(g) for g in state.get("grid") or [1] * len(shape)]
     dtype = str(state.get("dtype") or "")
-    by_block = {tuple(t["block"]): t for t in expand_sharding_tiles(state)}
+    tiles = expand_sharding_tiles(state)
+    by_block = {tuple(t["block"]): t for t in tiles}
+    proc_of = process_of(state)
     head = f'<span class="jpm-title"><code>{esc(str(state.get("name") or "array"))}</code></span>' + chip(
         "", format_shape(dtype, shape)
     )
@@ -155,7 +189,9 @@ def to_html(state: dict[str, Any]) -> str:
         f'<div class="jpm-view jpm-sharding"><div class="jpm-head">{head}</div>',
         f'<div class="jpm-section"><div class="jpm-head"><span class="jpm-spec">{esc(format_spec(state.get("spec") or []))}</span>'
         + (f'<span class="jpm-sub">replicated over {esc(", ".join(str(r) for r in rep))}</span>' if rep else "")
-        + f'</div><div class="jpm-legend">{legend}</div></div>',
+        + f'</div><div class="jpm-legend">{legend}</div>'
+        + "".join(f'<div class="jpm-note jpm-procs">{esc(line)}</div>' for line in process_lines(proc_of, state, tiles))
+        + "</div>",
         '<div class="jpm-section"><div class="jpm-facets">',
     ]
     nd = len(shape)
@@ -204,7 +240,7 @@ def to_html(state: dict[str, Any]) -> str:
             )
             for r in range(rows_n):
                 for c in range(cols_n):
-                    out.append(_block_html(at(r, c), dtype, "min-height:0"))
+                    out.append(_block_html(at(r, c), dtype, "min-height:0", proc_of))
             out.append("</div>")
         out.append("</div></div>")
     if facets > MAX_FACETS:
@@ -217,8 +253,10 @@ def to_text(state: dict[str, Any]) -> str:
     """A terminal rendering of a sharding state."""
     shape = [int(s) for s in state.get("shape") or []]
     dtype = str(state.get("dtype") or "")
-    tiles = expand_sharding_tiles(state)[:TEXT_BLOCKS]
+    every = expand_sharding_tiles(state)
+    tiles = every[:TEXT_BLOCKS]
     count = _block_count(state)
+    proc_of = process_of(state)
     head = f"{state.get('name') or 'array'}: {format_shape(dtype, shape)}"
     if state.get("nbytes") is not None:
         head += f" ({format_bytes(state['nbytes'])})"
@@ -230,12 +268,13 @@ def to_text(state: dict[str, Any]) -> str:
         head += " [abstract]"
     lines = [head, "  " + _head_sub(state)]
     lines += [f"  mesh axis {n} ({s}) → {w}" for n, s, w in _legend_rows(state)]
+    lines += ["  " + line for line in process_lines(proc_of, state, every)]
     lines += ["  " + _dim_caption(state, k) for k in range(len(shape))]
     for t in tiles:
         devs = [int(d) for d in t.get("devices") or []]
         lines.append(
             f"  block ({', '.join(str(b) for b in t['block'])}) {format_slices(t['index'])} "
-            f"{format_shape(dtype, t['shard_shape'])} → {_who(devs)}"
+            f"{format_shape(dtype, t['shard_shape'])} → {_who(devs)}{process_text(proc_of, devs)}"
         )
     if count > len(tiles):
         lines.append(f"  … {count - len(tiles)} more blocks")

@@ -1,0 +1,320 @@
+"""PlanView: what a planned (compiled, never run) cell would need per device (``js/plan.js``),
+with static HTML and text renderings of the same state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ms, format_shape, format_si, format_spec, style_block
+
+MAX_COLLECTIVES = 256
+#: Collectives the text rendering lists (a terminal screenful).
+TEXT_COLLECTIVES = 24
+GIB = 2**30
+NO_HARDWARE = (
+    "no step-time estimate: give --hardware (tpu-v4, tpu-v5e, tpu-v5p, h100, a100, "
+    "or custom:flops=…,hbm=…,bw=…,memory=…)"
+)
+
+
+def format_seconds(s: float | None) -> str:
+    """``850 µs``, ``1.33 ms``, ``2.50 s``; the twin of ``formatSeconds`` in js/plan.js."""
+    if s is None or s != s or s in (float("inf"), float("-inf")):
+        return "?"
+    a = abs(s)
+    if a == 0:
+        return "0 s"
+    if a < 1e-6:
+        return f"{_precision(s * 1e9)} ns"
+    if a < 1e-3:
+        return f"{_precision(s * 1e6)} µs"
+    if a < 1:
+        return f"{_precision(s * 1e3)} ms"
+    return f"{_precision(s)} s"
+
+
+def _precision(v: float) -> str:
+    """JavaScript's ``toPrecision(3)`` for 1 <= |v| < 1000: three significant digits, zeros kept."""
+    r = float(f"{v:.3g}")
+    return f"{r:.{max(0, 3 - len(str(int(abs(r)))))}f}"
+
+
+def format_gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def memory_sentence(m: dict[str, Any]) -> str:
+    """The twin of ``memorySentence`` in js/plan.js."""
+    total = format_bytes(m.get("total"))
+    cap = m.get("capacity")
+    if cap is None:
+        return f"{total} per device; device memory unknown (give --device-memory or --hardware to check the fit)"
+    of = format_bytes(cap) + " of device memory" + (f" (from {m['capacity_source']})" if m.get("capacity_source") else "")
+    if m.get("fits") is False:
+        over = m.get("overshoot") or max(0, (m.get("total") or 0) - cap)
+        return f"does not fit: {total} needs {format_gib(over)} more than the {of}"
+    pct = 100 * (m.get("total") or 0) / cap if cap > 0 else 0
+    return f"fits: {total} is {pct:.{1 if pct < 10 else 0}f}% of the {of}"
+
+
+_PARTS = (("argument", "arguments"), ("output", "outputs"), ("temp", "temporaries"))
+
+
+def _memory_html(m: dict[str, Any]) -> str:
+    cap = m.get("capacity")
+    total = m.get("total") or 0
+    scale = max(1, total, cap or 0)
+    bad = m.get("fits") is False
+    spans, left = [], 0
+    for key, name in _PARTS:
+        # Outputs that reuse argument buffers (alias) take no memory of their own.
+        v = max(0, (m.get(key) or 0) - ((m.get("alias") or 0) if key == "output" else 0))
+        spans.append(
+            f'<span class="jpm-mem-{key}" style="left:{100 * left / scale:.3f}%;width:{100 * v / scale:.3f}%" '
+            f'title="{esc(name)}: {esc(format_bytes(v))} per device"></span>'
+        )
+        left += v
+    if cap is not None:
+        if bad:
+            over = max(0, total - cap)
+            spans.append(
+                f'<span class="jpm-mem-over" style="left:{100 * cap / scale:.3f}%;width:{100 * over / scale:.3f}%" '
+                f'title="over the device memory by {esc(format_gib(m.get("overshoot") or over))}"></span>'
+            )
+        src = f" ({m['capacity_source']})" if m.get("capacity_source") else ""
+        spans.append(
+            f'<span class="jpm-mem-cap" style="left:{100 * cap / scale:.3f}%" '
+            f'title="device memory: {esc(format_bytes(cap) + src)}"></span>'
+        )
+    legend = "".join(
+        f'<span><i class="jpm-mem-{key}"></i>{esc(name)} <b>{esc(format_bytes(m.get(key)))}</b></span>' for key, name in _PARTS
+    )
+    legend += f'<span>total <b>{esc(format_bytes(total))}</b></span>'
+    if m.get("alias"):
+        legend += f'<span class="jpm-sub">({esc(format_bytes(m["alias"]))} of outputs reuse argument buffers)</span>'
+    fit_cls = "jpm-fit jpm-bad" if bad else "jpm-fit jpm-ok" if m.get("fits") is True else "jpm-fit"
+    return (
+        '<div class="jpm-section"><div class="jpm-h">Memory per device</div>'
+        f'<div class="{"jpm-membar jpm-bad" if bad else "jpm-membar"}" role="img" aria-label="{esc(memory_sentence(m))}">'
+        + "".join(spans)
+        + f'</div><div class="jpm-mem-legend">{legend}</div><div class="{fit_cls}">{esc(memory_sentence(m))}</div></div>'
+    )
+
+
+def _roof_rows(r: dict[str, Any], hw: dict[str, Any] | None) -> list[tuple[str, Any, str]]:
+    return [
+        ("compute", r.get("compute_s"), f"FLOPs ÷ {format_si(hw['peak_flops'])}FLOP/s" if hw else ""),
+        ("memory", r.get("memory_s"), f"bytes accessed ÷ {format_si(hw['hbm_bandwidth'])}B/s" if hw else ""),
+        (
+            "collectives",
+            r.get("collective_s"),
+            f"collective bytes × ring factor ÷ {format_si(hw['interconnect_bandwidth'])}B/s" if hw else "",
+        ),
+    ]
+
+
+def _roofline_html(r: dict[str, Any], hw: dict[str, Any] | None) -> str:
+    rows = _roof_rows(r, hw)
+    top = max([float(s or 0) for _, s, _ in rows] + [1e-30])
+    cells = []
+    for name, s, how in rows:
+        bound = r.get("bound") == name
+        b = " jpm-bound" if bound else ""
+        detail = f"{name}: {format_seconds(s)}" + (f" ({how})" if how else "") + (" — bounds the estimate" if bound else "")
+        cells.append(
+            f'<span class="jpm-roof-name{b}">{esc(name)}</span>'
+            f'<span class="jpm-roof-track" title="{esc(detail)}"><span class="jpm-roof-bar{b}" style="width:{100 * float(s or 0) / top:.3f}%"></span></span>'
+            f'<span class="jpm-roof-val{b}">{esc(format_seconds(s))}{"  ← bounds the estimate" if bound else ""}</span>'
+        )
+    hw_name = f'<span class="jpm-mono"> · {esc(str(hw["name"]))}</span>' if hw else ""
+    source = (
+        f'<div class="jpm-note">profile: {esc(str(hw["name"]))} — {esc(str(hw["source"]))}</div>' if hw and hw.get("source") else ""
+    )
+    return (
+        f'<div class="jpm-section"><div class="jpm-h">Step time, roofline{hw_name}</div>'
+        f'<div class="jpm-roof">{"".join(cells)}</div>'
+        f'<div class="jpm-estimate">estimate <b>{esc(format_seconds(r.get("estimate_s")))}</b> per step, '
+        f'{esc(str(r.get("bound")))}-bound (the largest of the three)</div>{source}</div>'
+    )
+
+
+def _where(c: dict[str, Any]) -> str:
+    line = f"line {c['line']}" if c.get("line") is not None else ""
+    return ": ".join(p for p in (line, str(c.get("source") or "")) if p)
+
+
+def _collectives(state: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
+    colls = list(state.get("collectives") or [])
+    return colls[:MAX_COLLECTIVES], int(state.get("collectives_omitted") or 0) + max(0, len(colls) - MAX_COLLECTIVES)
+
+
+def _collectives_html(state: dict[str, Any]) -> str:
+    colls, omitted = _collectives(state)
+    out = [f'<div class="jpm-section"><div class="jpm-h">Collectives the compiler inserted ({len(colls) + omitted})</div>']
+    if not colls:
+        out.append('<div class="jpm-note">none: the compiled program moves no data between devices</div></div>')
+        return "".join(out)
+    timed = any(c.get("seconds") is not None for c in colls)
+    head = ["op", "shape", "bytes / device", "groups", "source"] + (["time"] if timed else [])
+    out.append(
+        '<div class="jpm-scroll"><table class="jpm-table jpm-plan-table"><thead><tr>'
+        + "".join(f"<th>{esc(t)}</th>" for t in head)
+        + "</tr></thead><tbody>"
+    )
+    for c in colls:
+        groups = c.get("groups_text") or ", ".join(str(a) for a in c.get("axes") or [])
+        out.append(
+            f'<tr><td class="jpm-op">{esc(str(c.get("op")))}</td><td class="jpm-mono">{esc(str(c.get("shape")))}</td>'
+            f'<td class="jpm-num">{esc(format_bytes(c.get("bytes")))}</td><td>{esc(str(groups))}</td>'
+            f'<td class="jpm-mono jpm-srccell" title="{esc(_where(c))}">{esc(_where(c) or "—")}</td>'
+            + (f'<td class="jpm-num">{esc(format_seconds(c.get("seconds")))}</td>' if timed else "")
+            + "</tr>"
+        )
+    out.append("</tbody></table></div>")
+    if omitted:
+        out.append(f'<div class="jpm-note">… {omitted} more collectives not listed</div>')
+    out.append("</div>")
+    return "".join(out)
+
+
+def _outputs_html(state: dict[str, Any]) -> str:
+    outs = state.get("outputs") or []
+    out = ['<div class="jpm-section"><div class="jpm-h">Outputs, bound as <span class="jpm-mono">jax.ShapeDtypeStruct</span></div>']
+    if not outs:
+        return out[0] + '<div class="jpm-note">none</div></div>'
+    out.append('<table class="jpm-table jpm-plan-table"><thead><tr><th>name</th><th>shape</th><th>sharding</th></tr></thead><tbody>')
+    for o in outs:
+        spec = "—" if o.get("spec") is None else format_spec(o["spec"])
+        out.append(
+            f'<tr><td class="jpm-mono">{esc(str(o.get("name")))}</td>'
+            f'<td class="jpm-mono">{esc(format_shape(str(o.get("dtype")), o.get("shape") or []))}</td>'
+            f'<td class="jpm-mono">{esc(spec)}</td></tr>'
+        )
+    out.append("</tbody></table></div>")
+    return "".join(out)
+
+
+def to_html(state: dict[str, Any]) -> str:
+    """Static HTML of a plan state (no script; every string escaped)."""
+    chips = "".join(chip(str(a.get("name")), str(a.get("size"))) for a in state.get("axes") or [])
+    n = state.get("total_devices")
+    head = (
+        f'<span class="jpm-title jpm-mono">{esc(str(state.get("title") or "plan"))}</span><span class="jpm-chips">{chips}</span>'
+        + (f'<span class="jpm-sub">{int(n)} device{"" if n == 1 else "s"}</span>' if n else "")
+        + '<span class="jpm-badge">planned, not run</span>'
+        + (chip("compiled in", format_ms(state["compile_ms"])) if state.get("compile_ms") is not None else "")
+    )
+    out = [style_block(), f'<div class="jpm-view jpm-plan"><div class="jpm-head">{head}</div>']
+    if state.get("memory"):
+        out.append(_memory_html(state["memory"]))
+    cost = state.get("cost") or {}
+    out.append(
+        '<div class="jpm-section jpm-report">'
+        + chip("FLOPs per device", format_si(cost.get("flops")))
+        + chip("bytes accessed per device", format_bytes(cost.get("bytes_accessed")))
+        + "</div>"
+    )
+    if state.get("roofline"):
+        out.append(_roofline_html(state["roofline"], state.get("hardware")))
+    else:
+        out.append(f'<div class="jpm-note">{esc(NO_HARDWARE)}</div>')
+    out.append(_collectives_html(state))
+    out.append(_outputs_html(state))
+    caveats = state.get("caveats") or []
+    if caveats:
+        out.append(
+            '<div class="jpm-caveats" role="note"><div class="jpm-h">How far to trust these figures</div><ul>'
+            + "".join(f"<li>{esc(str(c))}</li>" for c in caveats)
+            + "</ul></div>"
+        )
+    out.append("</div>")
+    return "".join(out)
+
+
+def memory_ascii(m: dict[str, Any], width: int = 48) -> str:
+    """The memory bar for a terminal: ``#`` arguments, ``=`` outputs, ``~`` temporaries,
+    ``|`` the device memory, ``!`` what does not fit."""
+    cap = m.get("capacity")
+    total = m.get("total") or 0
+    scale = max(1, total, cap or 0)
+    cells = []
+    for sym, key in (("#", "argument"), ("=", "output"), ("~", "temp")):
+        own = max(0, (m.get(key) or 0) - ((m.get("alias") or 0) if key == "output" else 0))
+        cells += [sym] * round(width * own / scale)
+    cells = (cells + [" "] * width)[:width]
+    if cap is not None:
+        at = min(width - 1, round(width * cap / scale))
+        if m.get("fits") is False:
+            cells[at:] = ["!"] * (width - at)
+        cells[at] = "|"
+    return "[" + "".join(cells) + "]"
+
+
+def to_text(state: dict[str, Any]) -> str:
+    """A terminal rendering of a plan state."""
+    lines = [str(state.get("title") or "plan")]
+    facts = []
+    if state.get("total_devices"):
+        facts.append(f"{state['total_devices']} devices")
+    dims = " × ".join(f"{a.get('name')}={a.get('size')}" for a in state.get("axes") or [])
+    if dims:
+        facts.append(dims)
+    facts.append("planned, not run")
+    if state.get("compile_ms") is not None:
+        facts.append(f"compiled in {format_ms(state['compile_ms'])}")
+    lines.append("  " + " · ".join(facts))
+    m = state.get("memory")
+    if m:
+        parts = " + ".join(f"{name} {format_bytes(m.get(key))}" for key, name in _PARTS)
+        lines.append(f"Memory per device: {parts} = {format_bytes(m.get('total'))}")
+        lines.append(f"  {memory_ascii(m)}  # arguments, = outputs, ~ temporaries, | device memory")
+        verdict = memory_sentence(m)
+        if m.get("fits") is False:  # shouted: the one line a reader must not miss
+            verdict = "DOES NOT FIT" + verdict[len("does not fit") :]
+        lines.append("  " + verdict)
+    cost = state.get("cost") or {}
+    lines.append(f"Per device: FLOPs {format_si(cost.get('flops'))} · bytes accessed {format_bytes(cost.get('bytes_accessed'))}")
+    r = state.get("roofline")
+    if r:
+        hw = state.get("hardware")
+        profile = f" ({hw['name']})" if hw else ""
+        lines.append(f"Step time, roofline{profile}:")
+        for name, s, how in _roof_rows(r, hw):
+            mark = "  ← bounds the estimate" if r.get("bound") == name else ""
+            lines.append(f"  {name:<12}{format_seconds(s):>10}  {how}{mark}")
+        lines.append(f"  estimate {format_seconds(r.get('estimate_s'))} per step, {r.get('bound')}-bound")
+        if hw and hw.get("source"):
+            lines.append(f"  profile source: {hw['source']}")
+    else:
+        lines.append(NO_HARDWARE)
+    colls, omitted = _collectives(state)
+    lines.append(f"Collectives the compiler inserted ({len(colls) + omitted})" + (": none" if not colls else ":"))
+    for c in colls[:TEXT_COLLECTIVES]:
+        groups = c.get("groups_text") or ", ".join(str(a) for a in c.get("axes") or [])
+        parts = [str(c.get("op")), str(c.get("shape")), f"{format_bytes(c.get('bytes'))}/device", str(groups)]
+        if c.get("seconds") is not None:
+            parts.append(format_seconds(c["seconds"]))
+        lines.append("  " + " · ".join(parts))
+        if _where(c):
+            lines.append(f"    at {_where(c)}")
+    if len(colls) + omitted > TEXT_COLLECTIVES:
+        lines.append(f"  … {len(colls) + omitted - min(len(colls), TEXT_COLLECTIVES)} more")
+    outs = state.get("outputs") or []
+    if outs:
+        lines.append("Outputs, bound as jax.ShapeDtypeStruct:")
+        for o in outs:
+            spec = "" if o.get("spec") is None else f" {format_spec(o['spec'])}"
+            lines.append(f"  {o.get('name')}: {format_shape(str(o.get('dtype')), o.get('shape') or [])}{spec}")
+    caveats = state.get("caveats") or []
+    if caveats:
+        lines.append("How far to trust these figures:")
+        lines += [f"  - {c}" for c in caveats]
+    return "\n".join(lines)
+
+
+class PlanView(ViewBase):
+    """A plan: ``PlanView(state={...})`` with the PlanView state dict."""
+
+    _esm = bundle_esm("plan.js")
+    _render_html = staticmethod(to_html)
+    _render_text = staticmethod(to_text)

@@ -1,0 +1,239 @@
+// @ts-check
+/**
+ * PlanView: what a planned (compiled, never run) cell would need per device.
+ *
+ * A memory bar (arguments, outputs, temporaries stacked) against the device's memory, red with
+ * the overshoot when it does not fit; FLOPs and bytes accessed; with a hardware profile, the
+ * roofline (compute, memory, collectives, and which one bounds the estimate); every collective
+ * the compiler inserted; the outputs with their specs; and the caveats, always shown: the
+ * figures come from XLA's CPU compiler, not from the target's.
+ */
+import { h, formatBytes, formatSI, formatMs, formatShape, formatSpec, detailLine, mount } from "./format.js";
+
+/** Collectives listed (the engines send at most this many). */
+const MAX_COLLECTIVES = 256;
+const GIB = 2 ** 30;
+
+/**
+ * Seconds with a unit, 3 significant digits: `850 µs`, `1.33 ms`, `2.50 s`.
+ * @param {number | null | undefined} s
+ */
+export function formatSeconds(s) {
+  if (s === null || s === undefined || !Number.isFinite(s)) return "?";
+  const a = Math.abs(s);
+  if (a === 0) return "0 s";
+  if (a < 1e-6) return `${(s * 1e9).toPrecision(3)} ns`;
+  if (a < 1e-3) return `${(s * 1e6).toPrecision(3)} µs`;
+  if (a < 1) return `${(s * 1e3).toPrecision(3)} ms`;
+  return `${s.toPrecision(3)} s`;
+}
+
+/**
+ * Gibibytes with two decimals (the overshoot is said in GiB).
+ * @param {number} n
+ */
+export function formatGiB(n) {
+  return `${(n / GIB).toFixed(2)} GiB`;
+}
+
+/**
+ * The sentence under the memory bar.
+ * @param {any} m
+ */
+export function memorySentence(m) {
+  const total = formatBytes(m.total);
+  if (m.capacity === null || m.capacity === undefined) {
+    return `${total} per device; device memory unknown (give --device-memory or --hardware to check the fit)`;
+  }
+  const of = `${formatBytes(m.capacity)} of device memory${m.capacity_source ? ` (from ${m.capacity_source})` : ""}`;
+  if (m.fits === false) return `does not fit: ${total} needs ${formatGiB(m.overshoot || Math.max(0, m.total - m.capacity))} more than the ${of}`;
+  const pct = m.capacity > 0 ? (100 * m.total) / m.capacity : 0;
+  return `fits: ${total} is ${pct.toFixed(pct < 10 ? 1 : 0)}% of the ${of}`;
+}
+
+/** @param {any} m */
+function memoryBar(m) {
+  const parts = [
+    ["argument", "arguments", m.argument],
+    ["output", "outputs", m.output],
+    ["temp", "temporaries", m.temp],
+  ];
+  const cap = m.capacity ?? null;
+  const scale = Math.max(1, m.total || 0, cap || 0);
+  const bar = h("div", { class: m.fits === false ? "jpm-membar jpm-bad" : "jpm-membar", role: "img", "aria-label": memorySentence(m) });
+  let left = 0;
+  for (const [key, name, bytes] of parts) {
+    // Outputs that reuse argument buffers (alias) take no memory of their own.
+    const v = Math.max(0, (Number(bytes) || 0) - (key === "output" ? Number(m.alias) || 0 : 0));
+    const detail = `${name}: ${formatBytes(v)} per device`;
+    bar.append(h("span", { class: `jpm-mem-${key}`, style: { left: `${(100 * left) / scale}%`, width: `${(100 * v) / scale}%` }, title: detail, data: { detail, part: key } }));
+    left += v;
+  }
+  if (cap !== null) {
+    if (m.fits === false) {
+      const over = Math.max(0, m.total - cap);
+      const detail = `over the device memory by ${formatGiB(m.overshoot || over)}`;
+      bar.append(h("span", { class: "jpm-mem-over", style: { left: `${(100 * cap) / scale}%`, width: `${(100 * over) / scale}%` }, title: detail, data: { detail } }));
+    }
+    const detail = `device memory: ${formatBytes(cap)}${m.capacity_source ? ` (${m.capacity_source})` : ""}`;
+    bar.append(h("span", { class: "jpm-mem-cap", style: { left: `${(100 * cap) / scale}%` }, title: detail, data: { detail } }));
+  }
+  const legend = h("div", { class: "jpm-mem-legend" });
+  for (const [key, name, bytes] of parts) legend.append(h("span", {}, h("i", { class: `jpm-mem-${key}` }), `${name} `, h("b", { text: formatBytes(bytes) })));
+  legend.append(h("span", {}, "total ", h("b", { text: formatBytes(m.total) })));
+  if (m.alias) legend.append(h("span", { class: "jpm-sub", text: `(${formatBytes(m.alias)} of outputs reuse argument buffers)` }));
+  return h(
+    "div",
+    { class: "jpm-section" },
+    h("div", { class: "jpm-h", text: "Memory per device" }),
+    bar,
+    legend,
+    h("div", { class: m.fits === false ? "jpm-fit jpm-bad" : m.fits === true ? "jpm-fit jpm-ok" : "jpm-fit", text: memorySentence(m) }),
+  );
+}
+
+/**
+ * The roofline: each bound as a bar, the largest marked.
+ * @param {any} r
+ * @param {any} hw
+ */
+function roofline(r, hw) {
+  const rows = [
+    ["compute", "compute", r.compute_s, hw ? `FLOPs ÷ ${formatSI(hw.peak_flops)}FLOP/s` : ""],
+    ["memory", "memory", r.memory_s, hw ? `bytes accessed ÷ ${formatSI(hw.hbm_bandwidth)}B/s` : ""],
+    ["collectives", "collectives", r.collective_s, hw ? `collective bytes × ring factor ÷ ${formatSI(hw.interconnect_bandwidth)}B/s` : ""],
+  ];
+  const top = Math.max(...rows.map((x) => Number(x[2]) || 0), 1e-30);
+  const grid = h("div", { class: "jpm-roof" });
+  for (const [key, name, s, how] of rows) {
+    const bound = r.bound === key;
+    const detail = `${name}: ${formatSeconds(s)}${how ? ` (${how})` : ""}${bound ? " — bounds the estimate" : ""}`;
+    grid.append(
+      h("span", { class: bound ? "jpm-roof-name jpm-bound" : "jpm-roof-name", text: name }),
+      h("span", { class: "jpm-roof-track", title: detail, data: { detail, bound: bound ? "yes" : "no" } }, h("span", { class: bound ? "jpm-roof-bar jpm-bound" : "jpm-roof-bar", style: { width: `${(100 * (Number(s) || 0)) / top}%` } })),
+      h("span", { class: bound ? "jpm-roof-val jpm-bound" : "jpm-roof-val", text: `${formatSeconds(s)}${bound ? "  ← bounds the estimate" : ""}` }),
+    );
+  }
+  return h(
+    "div",
+    { class: "jpm-section" },
+    h("div", { class: "jpm-h" }, "Step time, roofline", hw ? h("span", { class: "jpm-mono", text: ` · ${hw.name}` }) : null),
+    grid,
+    h("div", { class: "jpm-estimate" }, "estimate ", h("b", { text: formatSeconds(r.estimate_s) }), ` per step, ${r.bound}-bound (the largest of the three)`),
+    hw && hw.source ? h("div", { class: "jpm-note", text: `profile: ${hw.name} — ${hw.source}` }) : null,
+  );
+}
+
+/**
+ * The source of a collective: `line 3: loss, grads = …`.
+ * @param {{line?: number | null, source?: string | null}} c
+ */
+function where(c) {
+  const line = c.line !== null && c.line !== undefined ? `line ${c.line}` : "";
+  return [line, c.source || ""].filter(Boolean).join(": ");
+}
+
+/** @param {any} state */
+function collectivesTable(state) {
+  const colls = (state.collectives || []).slice(0, MAX_COLLECTIVES);
+  const sec = h("div", { class: "jpm-section" }, h("div", { class: "jpm-h", text: `Collectives the compiler inserted (${colls.length + (state.collectives_omitted || 0)})` }));
+  if (!colls.length) {
+    sec.append(h("div", { class: "jpm-note", text: "none: the compiled program moves no data between devices" }));
+    return sec;
+  }
+  const timed = colls.some((/** @type {any} */ c) => c.seconds !== null && c.seconds !== undefined);
+  const head = ["op", "shape", "bytes / device", "groups", "source"].concat(timed ? ["time"] : []);
+  const table = h("table", { class: "jpm-table jpm-plan-table" }, h("thead", {}, h("tr", {}, ...head.map((t) => h("th", { text: t })))));
+  const body = h("tbody");
+  for (const c of colls) {
+    const detail = `${c.op} ${c.shape} · ${formatBytes(c.bytes)} per device · ${c.groups_text || ""}${where(c) ? ` · ${where(c)}` : ""}`;
+    body.append(
+      h(
+        "tr",
+        { data: { detail } },
+        h("td", { class: "jpm-op", text: c.op }),
+        h("td", { class: "jpm-mono", text: c.shape }),
+        h("td", { class: "jpm-num", text: formatBytes(c.bytes) }),
+        h("td", { text: c.groups_text || (c.axes || []).join(", ") }),
+        h("td", { class: "jpm-mono jpm-srccell", text: where(c) || "—", title: where(c) }),
+        timed ? h("td", { class: "jpm-num", text: formatSeconds(c.seconds) }) : null,
+      ),
+    );
+  }
+  table.append(body);
+  sec.append(h("div", { class: "jpm-scroll" }, table));
+  if (state.collectives_omitted) sec.append(h("div", { class: "jpm-note", text: `… ${state.collectives_omitted} more collectives not listed` }));
+  return sec;
+}
+
+/** @param {any} state */
+function outputsTable(state) {
+  const outs = state.outputs || [];
+  const sec = h("div", { class: "jpm-section" }, h("div", { class: "jpm-h" }, "Outputs, bound as ", h("span", { class: "jpm-mono", text: "jax.ShapeDtypeStruct" })));
+  if (!outs.length) {
+    sec.append(h("div", { class: "jpm-note", text: "none" }));
+    return sec;
+  }
+  const table = h("table", { class: "jpm-table jpm-plan-table" }, h("thead", {}, h("tr", {}, h("th", { text: "name" }), h("th", { text: "shape" }), h("th", { text: "sharding" }))));
+  const body = h("tbody");
+  for (const o of outs) {
+    body.append(
+      h(
+        "tr",
+        {},
+        h("td", { class: "jpm-mono", text: o.name }),
+        h("td", { class: "jpm-mono", text: formatShape(o.dtype, o.shape || []) }),
+        h("td", { class: "jpm-mono", text: o.spec === null || o.spec === undefined ? "—" : formatSpec(o.spec) }),
+      ),
+    );
+  }
+  table.append(body);
+  sec.append(table);
+  return sec;
+}
+
+/** @param {any} state */
+export function draw(state) {
+  const root = h("div", { class: "jpm-view jpm-plan" });
+  const chips = h("span", { class: "jpm-chips" });
+  for (const a of state.axes || []) chips.append(h("span", { class: "jpm-chip" }, `${a.name} `, h("b", { text: a.size })));
+  root.append(
+    h(
+      "div",
+      { class: "jpm-head" },
+      h("span", { class: "jpm-title jpm-mono", text: state.title || "plan" }),
+      chips,
+      state.total_devices ? h("span", { class: "jpm-sub", text: `${state.total_devices} device${state.total_devices === 1 ? "" : "s"}` }) : null,
+      h("span", { class: "jpm-badge", text: "planned, not run", title: "compiled for these devices; nothing was allocated or executed" }),
+      state.compile_ms !== null && state.compile_ms !== undefined ? h("span", { class: "jpm-chip" }, "compiled in ", h("b", { text: formatMs(state.compile_ms) })) : null,
+    ),
+  );
+  if (state.memory) root.append(memoryBar(state.memory));
+  const cost = state.cost || {};
+  root.append(
+    h(
+      "div",
+      { class: "jpm-section jpm-report" },
+      h("span", { class: "jpm-chip" }, "FLOPs per device ", h("b", { text: formatSI(cost.flops) })),
+      h("span", { class: "jpm-chip" }, "bytes accessed per device ", h("b", { text: formatBytes(cost.bytes_accessed) })),
+    ),
+  );
+  if (state.roofline) root.append(roofline(state.roofline, state.hardware));
+  else root.append(h("div", { class: "jpm-note", text: "no step-time estimate: give --hardware (tpu-v4, tpu-v5e, tpu-v5p, h100, a100, or custom:flops=…,hbm=…,bw=…,memory=…)" }));
+  root.append(collectivesTable(state));
+  root.append(outputsTable(state));
+  const caveats = state.caveats || [];
+  if (caveats.length) {
+    root.append(h("div", { class: "jpm-caveats", role: "note" }, h("div", { class: "jpm-h", text: "How far to trust these figures" }), h("ul", {}, ...caveats.map((/** @type {string} */ c) => h("li", { text: c })))));
+  }
+  const detail = detailLine(root, "hover or click a bar or a row for details");
+  root.append(detail.line);
+  return { node: root, dispose: detail.dispose };
+}
+
+export default {
+  /** @param {{model: any, el: HTMLElement}} ctx */
+  render({ model, el }) {
+    return mount(model, el, draw);
+  },
+};

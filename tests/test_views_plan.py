@@ -1,0 +1,170 @@
+"""PlanView without a browser: static HTML (escaped, bounded, no script, red when it does not
+fit), text, the mime bundle, and the formatting twins. In Chromium: tests/browser/test_views_new_js.py."""
+
+from __future__ import annotations
+
+import html
+import re
+from typing import Any
+
+import pytest
+from html_tags import parse
+
+from jaxpar_magic.views import PlanView, base, plan
+from sample_states import plan_state
+
+HOSTILE = "<img src=x onerror=window.__xss=1>\"'&"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+ALLOWED_TAGS = {"style", "div", "span", "b", "i", "table", "thead", "tbody", "tr", "th", "td", "ul", "li"}
+GIB = 2**30
+
+
+def body(page: str) -> str:
+    """The HTML after the stylesheet (which names every class)."""
+    return page.split("</style>", 1)[1]
+
+
+def hostile_state() -> dict[str, Any]:
+    state = plan_state(fits=False)
+    state["title"] = HOSTILE
+    state["axes"][0]["name"] = HOSTILE
+    state["hardware"]["name"] = HOSTILE
+    state["hardware"]["source"] = HOSTILE
+    state["memory"]["capacity_source"] = HOSTILE
+    for c in state["collectives"]:
+        c.update(op=HOSTILE, shape=HOSTILE, groups_text=HOSTILE, source=HOSTILE)
+    state["outputs"][1].update(name=HOSTILE, dtype=HOSTILE, spec=[HOSTILE, [HOSTILE, "x"]])
+    state["caveats"].append(HOSTILE)
+    state["roofline"]["bound"] = HOSTILE
+    return state
+
+
+def test_to_html_escapes_hostile_strings() -> None:
+    out = plan.to_html(hostile_state())
+    assert "<img" not in out
+    assert html.escape(HOSTILE) in out
+    parsed = parse(out)
+    assert set(parsed.tags) <= ALLOWED_TAGS
+    assert not [a for a in parsed.attrs if a.startswith("on")]
+    assert HOSTILE in plan.to_text(hostile_state())
+
+
+def test_fits_and_does_not_fit() -> None:
+    fits = body(plan.to_html(plan_state()))
+    assert 'class="jpm-membar"' in fits and ' jpm-bad"' not in fits
+    assert "fits: 768.0 MiB is 4.7% of the 16.0 GiB of device memory (from tpu-v5e profile)" in fits
+    state = plan_state(fits=False)
+    assert state["memory"]["overshoot"] == 256 * 2**20
+    red = body(plan.to_html(state))
+    assert 'class="jpm-membar jpm-bad"' in red and 'class="jpm-fit jpm-bad"' in red
+    assert "does not fit: 768.0 MiB needs 0.25 GiB more than the 512.0 MiB of device memory" in red
+    # The bar: three parts stacked, the capacity mark at 512/768 of the width, the overshoot after it.
+    assert 'class="jpm-mem-argument" style="left:0.000%;width:16.667%"' in red
+    assert 'class="jpm-mem-output" style="left:16.667%;width:16.667%"' in red
+    assert 'class="jpm-mem-temp" style="left:33.333%;width:66.667%"' in red
+    assert 'class="jpm-mem-cap" style="left:66.667%"' in red
+    assert 'class="jpm-mem-over" style="left:66.667%;width:33.333%"' in red
+    unknown = plan_state()
+    unknown["memory"].update(capacity=None, capacity_source=None, fits=None)
+    text = plan.to_text(unknown)
+    assert "device memory unknown (give --device-memory or --hardware to check the fit)" in text
+    assert "|" not in plan.memory_ascii(unknown["memory"])
+
+
+def test_aliased_outputs_take_no_room_of_their_own() -> None:
+    state = plan_state()
+    m = state["memory"]
+    m["alias"] = 64 * 2**20
+    m["total"] = m["argument"] + m["output"] + m["temp"] - m["alias"]  # 704 MiB
+    m["capacity"] = 704 * 2**20
+    page = body(plan.to_html(state))
+    # The stacked parts end exactly at the total: 128 + 64 + 512 of 704 MiB.
+    assert 'class="jpm-mem-temp" style="left:27.273%;width:72.727%"' in page
+    assert "(64.0 MiB of outputs reuse argument buffers)" in page
+    assert "fits: 704.0 MiB is 100% of the 704.0 MiB of device memory" in page
+    assert plan.memory_ascii(m).count("!") == 0
+
+
+def test_roofline_and_no_hardware() -> None:
+    state = plan_state()
+    r = state["roofline"]
+    assert r["bound"] == "compute" and r["estimate_s"] == r["compute_s"]
+    out = plan.to_html(state)
+    assert '<span class="jpm-roof-name jpm-bound">compute</span>' in out
+    assert "6.09 ms  ← bounds the estimate" in out
+    assert "estimate <b>6.09 ms</b> per step, compute-bound" in out
+    assert "FLOPs ÷ 197.00 TFLOP/s" in out and "bytes accessed ÷ 819.00 GB/s" in out
+    bare = plan_state(hardware=False)
+    out = body(plan.to_html(bare))
+    assert "jpm-roof" not in out and "no step-time estimate: give --hardware" in out
+    assert "<th>time</th>" not in out  # no seconds without a profile
+
+
+def test_text_has_the_key_facts() -> None:
+    lines = plan.to_text(plan_state(fits=False)).splitlines()
+    assert lines[0] == "%%shard --plan over 512 devices (data=64, model=8)"
+    assert lines[1] == "  512 devices · data=64 × model=8 · planned, not run · compiled in 312 ms"
+    assert "Memory per device: arguments 128.0 MiB + outputs 128.0 MiB + temporaries 512.0 MiB = 768.0 MiB" in lines
+    assert "  [########========~~~~~~~~~~~~~~~~|!!!!!!!!!!!!!!!]  # arguments, = outputs, ~ temporaries, | device memory" in lines
+    assert "  DOES NOT FIT: 768.0 MiB needs 0.25 GiB more than the 512.0 MiB of device memory (from tpu-v5e profile)" in lines
+    assert "Per device: FLOPs 1.20 T · bytes accessed 3.2 GiB" in lines
+    assert any(line.startswith("  compute") and line.endswith("← bounds the estimate") for line in lines)
+    assert "  estimate 6.09 ms per step, compute-bound" in lines
+    assert "  all-reduce · bf16[8192,4096] · 64.0 MiB/device · 8 groups of 64 over 'data' · 1.32 ms" in lines
+    assert "    at line 3: loss, grads = jax.value_and_grad(loss_fn)(params, batch)" in lines
+    assert "  grads: bfloat16[8192, 32768] P(None, 'model')" in lines
+    assert "  - The CPU backend's memory figures ignore the accelerators' layout padding." in lines
+
+
+def test_caveats_always_shown() -> None:
+    for state in (plan_state(), plan_state(fits=False), plan_state(hardware=False)):
+        out = plan.to_html(state)
+        for c in state["caveats"]:
+            assert f"<li>{html.escape(c)}</li>" in out
+        assert "How far to trust these figures" in out
+
+
+def test_format_seconds() -> None:
+    assert plan.format_seconds(0.0012) == "1.20 ms"
+    assert plan.format_seconds(5.87e-4) == "587 µs"
+    assert plan.format_seconds(2.5) == "2.50 s"
+    assert plan.format_seconds(3.2e-8) == "32.0 ns"
+    assert plan.format_seconds(0.009996) == "10.0 ms"
+    assert plan.format_seconds(None) == "?"
+    assert plan.format_seconds(0) == "0 s"
+
+
+def test_sizes_bounded() -> None:
+    state = plan_state()
+    state["collectives"] = state["collectives"] * 200  # 400 collectives sent: 256 listed
+    out = plan.to_html(state)
+    assert out.count("<tr>") == 256 + 1 + 1 + 2  # collectives, their header, the outputs' header and rows
+    assert "… 144 more collectives not listed" in out
+    assert len(out.encode()) < 160 * 1024
+    text = plan.to_text(state)
+    assert "  … 376 more" in text and len(text.splitlines()) < 90
+
+
+def test_mimebundle_has_widget_html_and_text() -> None:
+    state = plan_state()
+    widget = PlanView(state=state)
+    data, _ = widget._repr_mimebundle_()
+    assert set(data) == {WIDGET_MIME, "text/html", "text/plain"}
+    assert data["text/html"] == plan.to_html(state) and data["text/plain"] == plan.to_text(state)
+    assert "<script" not in data["text/html"]
+    widget.close()
+
+
+def test_bundle_is_self_contained() -> None:
+    esm = PlanView._esm
+    assert not re.search(r"^\s*import\b", esm, re.M)
+    assert "export default" in esm and "const __jpm_format = " in esm
+    src = re.sub(r"/\*.*?\*/|//[^\n]*", "", base.read_asset("plan.js"), flags=re.S)
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+        assert sink not in src, sink
+
+
+@pytest.mark.parametrize("state", [{}, {"memory": None, "cost": None}])
+def test_sparse_states_render(state: dict[str, Any]) -> None:
+    assert "plan" in plan.to_text(state)
+    assert 'class="jpm-view jpm-plan"' in plan.to_html(state)
