@@ -80,6 +80,35 @@ def mesh_argument(words, option: str = "--mesh") -> MeshShape | str | None:
 # --- one record per magic ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class PlanOptions:
+    """--plan [--hardware NAME] [--device-memory SIZE]: compile for the mesh, run nothing."""
+
+    hardware: object  # hardware.Hardware or None
+    device_memory: int | None
+
+
+def plan_options(args, magic: str) -> PlanOptions | None:
+    """The --plan record of a line, or None; planning options without --plan are a mistake."""
+    from .hardware import parse_hardware, parse_memory_size
+
+    extras = [f for f, v in (("--hardware", args.hardware), ("--device-memory", args.device_memory)) if v is not None]
+    if not args.plan:
+        if extras:
+            raise UsageError(f"{magic} {extras[0]}: only a planned cell has a device to fit; add --plan to the line.")
+        return None
+    for flag, clash in (("--as-code", args.as_code), ("--collectives", getattr(args, "collectives", False))):
+        if clash:
+            raise UsageError(
+                f"{magic} --plan {flag}: --plan compiles the cell without running it, "
+                + ("and --as-code prints its code instead; use one of them." if flag == "--as-code" else
+                   "so no collective runs to be watched; plan first, then run with --collectives.")
+            )
+    hardware = parse_hardware(args.hardware) if args.hardware is not None else None
+    memory = parse_memory_size(args.device_memory) if args.device_memory is not None else None
+    return PlanOptions(hardware, memory)
+
+
+@dataclass(frozen=True)
 class DevicesLine:
     simulate: int | None
 
@@ -114,6 +143,9 @@ class PmapLine:
     donate_argnums: object
     show: bool | None
     report: bool
+    as_code: bool = False
+    collectives: bool = False
+    plan: PlanOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +155,8 @@ class ShardLine:
     out_specs: dict
     show: bool | None
     report: bool
+    as_code: bool = False
+    plan: PlanOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +167,9 @@ class ShardMapLine:
     check_vma: bool
     show: bool | None
     report: bool
+    as_code: bool = False
+    collectives: bool = False
+    plan: PlanOptions | None = None
 
 
 def devices_line(args) -> DevicesLine:
@@ -175,6 +212,9 @@ def pmap_line(args) -> PmapLine:
         donate_argnums=_literal(args.donate_argnums, "--donate-argnums", ()),
         show=args.show,
         report=args.report,
+        as_code=args.as_code,
+        collectives=args.collectives,
+        plan=plan_options(args, "%%pmap"),
     )
 
 
@@ -185,6 +225,8 @@ def shard_line(args) -> ShardLine:
         out_specs=parse_assignments(list(args.outs or ()), "--out"),
         show=args.show,
         report=args.report,
+        as_code=args.as_code,
+        plan=plan_options(args, "%%shard"),
     )
 
 
@@ -196,4 +238,7 @@ def shard_map_line(args) -> ShardMapLine:
         check_vma=args.check_vma,
         show=args.show,
         report=args.report,
+        as_code=args.as_code,
+        collectives=args.collectives,
+        plan=plan_options(args, "%%shard_map"),
     )

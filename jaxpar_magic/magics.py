@@ -93,6 +93,11 @@ class JaxparMagics(Magics, Configurable):
     @argument("--show", dest="show", action="store_const", const=True, default=None, help="Show the per-device result view.")
     @argument("--no-show", dest="show", action="store_const", const=False, help="Do not show the result view.")
     @argument("--report", action="store_true", help="Add compile time, run time, flops and bytes to the view.")
+    @argument("--collectives", action="store_true", help="Show one card per collective call: what every device held before and after it, and the data movement (function mode: the first call records them; fn.collectives() shows them again).")
+    @argument("--as-code", action="store_true", help="Do not run the cell: print the plain JAX it stands for, a self-contained snippet.")
+    @argument("--plan", action="store_true", help="Compile for the mesh without running: per-device memory, collectives, FLOPs; names are bound as jax.ShapeDtypeStructs. Inputs may be abstract (jaxpar_magic.plan(...)).")
+    @argument("--hardware", metavar="NAME", help="With --plan: a device profile for the fit and a roofline step time: tpu-v4, tpu-v5e, tpu-v5p, h100, a100, or custom:flops=...,hbm=...,bw=...,memory=...")
+    @argument("--device-memory", metavar="SIZE", help="With --plan: the device's memory, e.g. 16GiB (overrides the profile's).")
     @no_var_expand
     def pmap(self, line, cell):
         """Run the cell as what ONE device runs, on every device at once.
@@ -104,6 +109,12 @@ class JaxparMagics(Magics, Configurable):
         from .pmapping import pmap_cell
 
         options = parse_line("pmap", line)
+        if options.as_code:
+            return _print_code("pmap", options, self.shell, cell, axis_name=options.axis_name or self.axis_name)
+        if options.plan is not None:
+            return _show_plan("pmap", options, self.shell, cell, axis_name=options.axis_name or self.axis_name,
+                              devices=options.devices, mesh=options.mesh, broadcast=options.broadcast,
+                              split=options.split, merge=options.merge)
         show = self.show if options.show is None else options.show
         namespace = self.shell.user_ns
         result = pmap_cell(
@@ -121,6 +132,7 @@ class JaxparMagics(Magics, Configurable):
             donate_argnums=options.donate_argnums,
             want_facts=show or options.report,
             bind=False,
+            collectives=options.collectives,
         )
         if isinstance(result, dict):  # function mode
             if show:
@@ -128,8 +140,9 @@ class JaxparMagics(Magics, Configurable):
 
                 for name, fn in result.items():
                     if isinstance(fn, ParallelFunction):
+                        recorded = "; its first call shows what each collective did" if options.collectives else ""
                         print(f"{name}: pmapped over {fn.mesh.devices.size} devices, axes {fn.axis_names}; "
-                              f"original at {name}.__wrapped__")
+                              f"original at {name}.__wrapped__{recorded}")
             namespace.update(result)
             return None
         if show:
@@ -140,6 +153,7 @@ class JaxparMagics(Magics, Configurable):
             f = result.facts
             print(f"compile {f.compile_ms:.1f} ms, run {result.run_ms:.2f} ms, flops {f.flops}, bytes {f.bytes_accessed}, "
                   f"collectives {[c.op for c in f.collectives]}")
+        _show_cards(result.collectives)
         # Bound last, in one step: an interrupt at any earlier moment leaves the namespace as it was.
         namespace.update(result.bindings)
         return result.final if result.has_final and not _silenced(cell) else None
@@ -184,16 +198,19 @@ class JaxparMagics(Magics, Configurable):
         """Show how each array is laid out over devices: tiles coloured by device, the PartitionSpec."""
         options = parse_line("sharding", line)
         namespace = self.shell.user_ns
+        from .runner import is_array_tree
+
         for name in options.names:
             if name not in namespace:
                 raise UsageError(f"%sharding {name}: {name!r} is not defined.")
-            if not hasattr(namespace[name], "shape") or not hasattr(namespace[name], "dtype"):
+            if not is_array_tree(namespace[name], abstract=True):
                 raise UsageError(
                     f"%sharding {name}: {name!r} is a {type(namespace[name]).__name__}; %sharding shows arrays "
-                    "(jax.Array, or jax.ShapeDtypeStruct with a sharding)."
+                    "(jax.Array, or jax.ShapeDtypeStruct with a sharding), or a dict/list/tuple of them."
                 )
         for name in options.names:
-            display(show_sharding(namespace[name], name))
+            for label, leaf in _array_leaves(name, namespace[name]):
+                display(show_sharding(leaf, label))
 
     # --- %%shard -----------------------------------------------------------------------------------
     @cell_magic
@@ -205,6 +222,10 @@ class JaxparMagics(Magics, Configurable):
     @argument("--show", dest="show", action="store_const", const=True, default=None, help="Show the sharding views.")
     @argument("--no-show", dest="show", action="store_const", const=False, help="Do not show the views.")
     @argument("--report", action="store_true", help="Show the compiled program's collectives, compile and run time.")
+    @argument("--as-code", action="store_true", help="Do not run the cell: print the plain JAX it stands for, a self-contained snippet.")
+    @argument("--plan", action="store_true", help="Compile for the mesh without running: per-device memory, collectives, FLOPs; names are bound as jax.ShapeDtypeStructs. Inputs may be abstract (jaxpar_magic.plan(...)).")
+    @argument("--hardware", metavar="NAME", help="With --plan: a device profile for the fit and a roofline step time: tpu-v4, tpu-v5e, tpu-v5p, h100, a100, or custom:flops=...,hbm=...,bw=...,memory=...")
+    @argument("--device-memory", metavar="SIZE", help="With --plan: the device's memory, e.g. 16GiB (overrides the profile's).")
     @no_var_expand
     def shard(self, line, cell):
         """Run the cell's code unchanged on sharded inputs: the compiler partitions the work.
@@ -215,6 +236,11 @@ class JaxparMagics(Magics, Configurable):
         from .shard import shard_cell
 
         options = parse_line("shard", line)
+        if options.as_code:
+            return _print_code("shard", options, self.shell, cell)
+        if options.plan is not None:
+            return _show_plan("shard", options, self.shell, cell, mesh=options.mesh, in_specs=options.in_specs,
+                              out_specs=options.out_specs)
         show = self.show if options.show is None else options.show
         namespace = self.shell.user_ns
         result = shard_cell(
@@ -258,6 +284,11 @@ class JaxparMagics(Magics, Configurable):
     @argument("--show", dest="show", action="store_const", const=True, default=None, help="Show the per-device blocks and the outputs' layouts.")
     @argument("--no-show", dest="show", action="store_const", const=False, help="Do not show the views.")
     @argument("--report", action="store_true", help="Add the compiled program's collectives, compile and run time.")
+    @argument("--collectives", action="store_true", help="Show one card per collective call: what every device held before and after it, and the data movement (function mode: the first call records them; fn.collectives() shows them again).")
+    @argument("--as-code", action="store_true", help="Do not run the cell: print the plain JAX it stands for, a self-contained snippet.")
+    @argument("--plan", action="store_true", help="Compile for the mesh without running: per-device memory, collectives, FLOPs; names are bound as jax.ShapeDtypeStructs. Inputs may be abstract (jaxpar_magic.plan(...)).")
+    @argument("--hardware", metavar="NAME", help="With --plan: a device profile for the fit and a roofline step time: tpu-v4, tpu-v5e, tpu-v5p, h100, a100, or custom:flops=...,hbm=...,bw=...,memory=...")
+    @argument("--device-memory", metavar="SIZE", help="With --plan: the device's memory, e.g. 16GiB (overrides the profile's).")
     @no_var_expand
     def shard_map(self, line, cell):
         """Run the cell as the body of `jax.shard_map`: every device runs it on its own blocks.
@@ -269,6 +300,11 @@ class JaxparMagics(Magics, Configurable):
         from .shardmap import shard_map_cell
 
         options = parse_line("shard_map", line)
+        if options.as_code:
+            return _print_code("shard_map", options, self.shell, cell)
+        if options.plan is not None:
+            return _show_plan("shard_map", options, self.shell, cell, mesh=options.mesh, in_specs=options.in_specs,
+                              out_specs=options.out_specs, check_vma=options.check_vma)
         show = self.show if options.show is None else options.show
         namespace = self.shell.user_ns
         result = shard_map_cell(
@@ -280,6 +316,7 @@ class JaxparMagics(Magics, Configurable):
             check_vma=options.check_vma,
             want_facts=show or options.report,
             bind=False,
+            collectives=options.collectives,
         )
         if show:
             from .summaries import report_figures, result_state
@@ -302,8 +339,40 @@ class JaxparMagics(Magics, Configurable):
 
             display(ResultView(state=program_report_state(
                 "%%shard_map program", result.mesh, result.facts, result.run_ms, result.cell.line)))
+        _show_cards(result.collectives)
         namespace.update(result.bindings)  # last, in one step (see %%pmap)
         return result.final if result.has_final and not _silenced(cell) else None
+
+
+def _show_plan(magic: str, options, shell, cell: str, **engine_options) -> None:
+    """--plan: compile the cell for its mesh without running it, show the plan view, bind the
+    names it assigns as ShapeDtypeStructs (last, in one step)."""
+    from .planned import plan_cell
+    from .views.plan import PlanView
+
+    plan = plan_cell(_transformed(shell, cell), shell.user_ns, magic=magic, hardware=options.plan.hardware,
+                     device_memory=options.plan.device_memory, bind=False, **engine_options)
+    sizes = ", ".join(f"{n}={s}" for n, s in plan.axes.items())
+    show = options.show is not False
+    if show:
+        display(PlanView(state=plan.state(f"%%{magic} --plan over {plan.mesh.devices.size} devices ({sizes})")))
+    shell.user_ns.update(plan.bindings)
+    return None
+
+
+def _show_cards(state: dict | None) -> None:
+    """--collectives: one card per collective call, below the cell's other views."""
+    if state is not None:
+        from .views.collectives import CollectivesView
+
+        display(CollectivesView(state=state))
+
+
+def _print_code(magic: str, options, shell, cell: str, **extra) -> None:
+    """--as-code: print the plain JAX the cell stands for; nothing runs, nothing is bound."""
+    from .ascode import as_code
+
+    print(as_code(magic, options, _transformed(shell, cell), shell.user_ns, **extra))
 
 
 def _array_leaves(name, value):

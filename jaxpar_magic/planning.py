@@ -118,6 +118,9 @@ class Plan:
     roofline: Roofline | None = None
     caveats: tuple[str, ...] = CAVEATS
     compiled: object = field(default=None, repr=False)  # jax.stages.Compiled, for anything else
+    # A planned cell (the engines' --plan stage): what it would bind, and which of those it computes.
+    bindings: dict = field(default_factory=dict, repr=False)
+    computed: tuple[str, ...] = ()
 
     @property
     def total_bytes(self) -> int:
@@ -137,7 +140,9 @@ class Plan:
 
     def state(self, title: str, outputs: dict | None = None) -> dict:
         """The plan view's state. `outputs`: names -> ShapeDtypeStructs (pytrees allowed) to list;
-        by default the program's outputs."""
+        by default a planned cell's computed outputs, else the program's outputs."""
+        if outputs is None and self.computed:
+            outputs = {n: self.bindings[n] for n in self.computed}
         shown = outputs if outputs is not None else {"out": self.outputs}
         return {
             "title": title,
@@ -573,3 +578,27 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         caveats=tuple(caveats),
         compiled=compiled,
     )
+
+
+# --- a planned cell (the engines' --plan stage) ------------------------------------------------
+
+def plan_program(program, args, mesh, cell, *, names, hardware=None, device_memory=None, set_mesh=True,
+                 reshape=None) -> Plan:
+    """The --plan stage of an engine: compile the engine's own program over abstract inputs.
+
+    `program` is the engine's CellProgram (its jitted function returns (device outputs, final)),
+    `reshape` an optional map applied to each device output's ShapeDtypeStruct (--merge). The plan
+    carries what the cell would bind: computed outputs as ShapeDtypeStructs with their shardings
+    (the next planned cell can take them), plain Python values as they are.
+    """
+    from .progress import Progress
+
+    with Progress("planning"):
+        plan = compile_plan(program.jitted, args, mesh, names=list(names), filename=cell.filename,
+                            line_text=cell.line, hardware=hardware, device_memory=device_memory, set_mesh=set_mesh)
+    device = plan.outputs[0]
+    plan.bindings = dict(program.static_outputs)
+    for name in program.device_outputs:
+        plan.bindings[name] = reshape(name, device[name]) if reshape is not None else device[name]
+    plan.computed = tuple(program.device_outputs)
+    return plan

@@ -13,6 +13,7 @@ pmap semantics, kept exactly:
 from __future__ import annotations
 
 import functools
+import linecache
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -21,7 +22,7 @@ from .errors import UsageError, explain_trace_error
 from .fingerprints import fingerprint
 from .runner import (
     CACHE_SIZE, BoundedCache, CellProgram, ProgramFacts, analyse_cached, block_on_cpu_collectives, capture_outputs,
-    Rerun, facts_for, has_collectives_on_cpu, plan_inputs, program_facts, run_program, traced,
+    collectives_view_state, Rerun, facts_for, has_collectives_on_cpu, plan_inputs, program_facts, run_program, traced,
 )
 
 # --- block mode --------------------------------------------------------------------------------
@@ -38,6 +39,7 @@ class BlockResult:
     run_ms: float
     cell: cells.Cell | None = None
     per_device: dict | None = None  # device outputs before --merge: what the view shows per device
+    collectives: dict | None = None  # the collective cards' view state (--collectives)
 
     @property
     def bindings(self) -> dict:
@@ -64,7 +66,10 @@ def _mapped_value(name, value, mesh, split: bool):
                     f"(e.g. {total * max(1, (leaf.shape[0] if leaf.ndim else 1) // total)}), or trim it "
                     f"(`{name}[:{total * ((leaf.shape[0] if leaf.ndim else 0) // total)}]`)."
                 )
-            return leaf.reshape(sizes + (leaf.shape[0] // total,) + leaf.shape[1:])
+            shape = sizes + (leaf.shape[0] // total,) + tuple(leaf.shape[1:])
+            if isinstance(leaf, jax.ShapeDtypeStruct):  # --plan: only the shape changes
+                return jax.ShapeDtypeStruct(shape, leaf.dtype)
+            return leaf.reshape(shape)
         return jax.tree.map(reshape, value)
     for leaf in jax.tree.leaves(value):
         if tuple(leaf.shape[:k]) != sizes:
@@ -116,20 +121,28 @@ def _expand(k):
     return lambda tree: jax.tree.map(lambda a: jnp.asarray(a).reshape((1,) * k + jnp.shape(a)), tree)
 
 
-def _compile_block(cell, inputs, broadcast, mesh, namespace) -> CellProgram:
+def _compile_block(cell, inputs, broadcast, mesh, namespace, collectives: bool = False) -> CellProgram:
     import jax
     from jax.sharding import PartitionSpec as P
+
+    from .recorder import record_collectives
 
     fn = cells.build_function(cell, inputs, namespace)
     k = len(mesh.axis_names)
     squeeze, expand = _squeeze(k), _expand(k)
     mapped_flags = [name not in broadcast for name in inputs]
     program = CellProgram(jitted=None)
+    # --collectives: the same cell, evaluated so that every collective also hands out a small
+    # preview of its input and output, as extra outputs of this one program.
+    program.recording = record_collectives(fn, mesh.axis_names) if collectives else None
 
     def per_device(*blocks):
         values = [squeeze(b) if mapped else b for b, mapped in zip(blocks, mapped_flags)]
-        outs, final = fn(*values)
-        return capture_outputs(program, outs, final, expand)
+        if program.recording is None:
+            outs, final = fn(*values)
+            return capture_outputs(program, outs, final, expand)
+        (outs, final), records = program.recording(*values)
+        return (*capture_outputs(program, outs, final, expand), expand(records))
 
     axes = P(*mesh.axis_names)
     in_specs = tuple(axes if m else P() for m in mapped_flags)
@@ -138,16 +151,16 @@ def _compile_block(cell, inputs, broadcast, mesh, namespace) -> CellProgram:
 
 
 def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=(), merge=(),
-              want_facts: bool = False) -> BlockResult:
+              want_facts: bool = False, collectives: bool = False) -> BlockResult:
     """Run a block-mode cell on every device of `mesh`; the namespace is read, never written."""
-    rerun_key = (cell.source, mesh, tuple(broadcast), tuple(split), tuple(merge))
+    rerun_key = (cell.source, mesh, tuple(broadcast), tuple(split), tuple(merge), collectives)
     rerun = _reruns.get(rerun_key)
     args = rerun.args(namespace) if rerun is not None else None
     if args is None:
-        rerun, args = _plan_block(cell, namespace, mesh, broadcast, split, merge)
+        rerun, args = _plan_block(cell, namespace, mesh, broadcast, split, merge, collectives)
     program = rerun.program
     try:
-        (device, final), run_ms, signature = run_program(
+        results, run_ms, signature = run_program(
             _block_cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
     except UsageError:
         raise
@@ -156,8 +169,13 @@ def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=()
             exc.add_note(_per_device_note(cell, namespace, mesh, broadcast))
         raise
     rerun.remember(_reruns, rerun_key, signature)
-    facts = facts_for(program, signature, args, mesh, cell) if want_facts else None
-    return _block_result(cell, mesh, program, device, final, merge, facts, run_ms)
+    device, final = results[0], results[1]
+    facts = facts_for(program, signature, args, mesh, cell) if want_facts or collectives else None
+    result = _block_result(cell, mesh, program, device, final, merge, facts if want_facts else None, run_ms)
+    if collectives:
+        result.collectives = collectives_view_state(
+            program, results[2], f"collectives of the %%pmap cell ({', '.join(mesh.axis_names)})", mesh, cell, facts)
+    return result
 
 
 def _per_device_note(cell, namespace, mesh, broadcast) -> str:
@@ -176,13 +194,11 @@ def _per_device_note(cell, namespace, mesh, broadcast) -> str:
             f"slice of every mapped input: {shapes}.")
 
 
-def _plan_block(cell, namespace, mesh, broadcast, split, merge):
-    """The full path: check everything, find or compile the program, and remember what was checked."""
-    import builtins
-
+def _checked_args(cell, namespace, mesh, broadcast, split, merge, abstract=False):
+    """Names against the cell, mapped inputs against the mesh: (inputs, constants, arguments)."""
     axis_names = tuple(mesh.axis_names)
     cells.check_axis_names(cell.source, axis_names)
-    inputs, constants = plan_inputs(cell, namespace, {"--broadcast": broadcast, "--split": split})
+    inputs, constants = plan_inputs(cell, namespace, {"--broadcast": broadcast, "--split": split}, abstract)
     for name in merge:
         if name not in cell.writes:
             raise UsageError(
@@ -193,10 +209,58 @@ def _plan_block(cell, namespace, mesh, broadcast, split, merge):
     _check_same_leading({n: namespace[n] for n in inputs if n not in broadcast and n not in split}, mesh.devices.size)
     args = [namespace[name] if name in broadcast else _mapped_value(name, namespace[name], mesh, name in split)
             for name in inputs]
+    return inputs, constants, args
+
+
+def plan_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=(), merge=(), hardware=None,
+               device_memory=None):
+    """The --plan stage of a block-mode cell: its program compiled over abstract inputs (each mapped
+    input one slice per device, as a global array split over the mesh), never run."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from .planning import plan_program
+
+    inputs, _, args = _checked_args(cell, namespace, mesh, broadcast, split, merge, abstract=True)
+    per_device = NamedSharding(mesh, P(*mesh.axis_names))
+    args = [a if n in broadcast else jax.tree.map(
+        lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=per_device), a)
+        for n, a in zip(inputs, args)]
+    k = len(mesh.axis_names)
+    merged = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+
+    def merge_output(name, value):
+        """--merge: the device and block axes flattened into one, split over all mesh axes."""
+        if name not in merge:
+            return value
+
+        def merged_struct(s):
+            rows = _product(s.shape[:k + 1])
+            return jax.ShapeDtypeStruct((rows,) + tuple(s.shape[k + 1:]), s.dtype, sharding=merged)
+
+        return jax.tree.map(merged_struct, value)
+
+    program = _compile_block(cell, inputs, frozenset(broadcast), mesh, namespace)
+    return plan_program(program, args, mesh, cell, names=inputs, hardware=hardware, device_memory=device_memory,
+                        set_mesh=False, reshape=merge_output)
+
+
+def _product(sizes) -> int:
+    total = 1
+    for s in sizes:
+        total *= int(s)
+    return total
+
+
+def _plan_block(cell, namespace, mesh, broadcast, split, merge, collectives=False):
+    """The full path: check everything, find or compile the program, and remember what was checked."""
+    import builtins
+
+    inputs, constants, args = _checked_args(cell, namespace, mesh, broadcast, split, merge)
     fingerprints = tuple((n, fingerprint(namespace[n])) for n in constants)
-    key = (cell.source, inputs, tuple(sorted(broadcast)), mesh, fingerprints)
-    program = _block_cache.lookup(key, lambda: _compile_block(cell, inputs, frozenset(broadcast), mesh, namespace),
-                                  family=key[:-1])
+    key = (cell.source, inputs, tuple(sorted(broadcast)), mesh, collectives, fingerprints)
+    program = _block_cache.lookup(
+        key, lambda: _compile_block(cell, inputs, frozenset(broadcast), mesh, namespace, collectives), family=key[:-1])
     values = [namespace[n] for n in inputs]
     absent = tuple(n for n in cell.reads if n not in namespace and hasattr(builtins, n))
     reshape = tuple(tuple(a.shape) if n in split else None for n, a in zip(inputs, args))
@@ -252,7 +316,8 @@ class ParallelFunction:
     argument/output; `None` broadcasts (replicates). The original stays at `.__wrapped__`.
     """
 
-    def __init__(self, fn, mesh, in_axes=0, out_axes=0, static_broadcasted_argnums=(), donate_argnums=()):
+    def __init__(self, fn, mesh, in_axes=0, out_axes=0, static_broadcasted_argnums=(), donate_argnums=(),
+                 collectives: bool = False):
         functools.update_wrapper(self, fn)
         self.mesh = mesh
         self.in_axes = in_axes
@@ -263,12 +328,16 @@ class ParallelFunction:
         self.donate_argnums = tuple((donate_argnums,) if isinstance(donate_argnums, int) else donate_argnums)
         self._jitted: OrderedDict = OrderedDict()  # (static args, in_axes) -> [jitted, needs CPU guard, reads]
         self.facts: ProgramFacts | None = None
+        # --collectives: the first call runs a recording program and keeps its cards; later calls
+        # run the plain one, so only that first call pays for the extra outputs.
+        self._record_next = collectives
+        self._cards: dict | None = None
 
     @property
     def axis_names(self) -> tuple[str, ...]:
         return tuple(self.mesh.axis_names)
 
-    def _build(self, statics: tuple, all_in_axes: tuple):
+    def _build(self, statics: tuple, all_in_axes: tuple, recording=None):
         import jax
         import jax.numpy as jnp
         from jax.sharding import PartitionSpec as P
@@ -292,13 +361,17 @@ class ParallelFunction:
             full, it = [], iter(values)
             for i in range(total):
                 full.append(static_values[i] if i in static_values else next(it))
-            out = fn(*full)
+            if recording is not None:
+                out, records = recording(*full)
+                return expand_out(out), jax.tree.map(lambda a: expand(a, 0), records)
+            return expand_out(fn(*full))
+
+        def expand(a, ax):
+            a = jnp.asarray(a)
+            return a if ax is None else a.reshape(a.shape[:ax] + (1,) * k + a.shape[ax:])
+
+        def expand_out(out):
             out_axes = self.out_axes
-
-            def expand(a, ax):
-                a = jnp.asarray(a)
-                return a if ax is None else a.reshape(a.shape[:ax] + (1,) * k + a.shape[ax:])
-
             if isinstance(out_axes, (tuple, list)) and isinstance(out, (tuple, list)):
                 return type(out)(jax.tree.map(lambda a, ax=ax: expand(a, ax), o) for o, ax in zip(out, out_axes))
             return jax.tree.map(lambda a: expand(a, out_axes), out)
@@ -309,8 +382,9 @@ class ParallelFunction:
             return spec(self.out_axes)
 
         donate = tuple(dynamic.index(i) for i in self.donate_argnums if i in dynamic)
+        out_specs = out_spec_tree() if recording is None else (out_spec_tree(), P(*self.axis_names))
         mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=tuple(spec(a) for a in in_axes),
-                               out_specs=out_spec_tree(), check_vma=False)
+                               out_specs=out_specs, check_vma=False)
         return jax.jit(mapped, donate_argnums=donate)
 
     def _arg_names(self, count: int) -> list[str]:
@@ -371,10 +445,19 @@ class ParallelFunction:
             # jax.grad(loss) inside train_step): run as the plain per-device function, which is what
             # the seed's code means. jax.pmap nested in jax.pmap fails on JAX 0.10; use --mesh.
             return self.__wrapped__(*args)
+        if self._record_next:
+            return self._recorded_call(args)
         slot, dynamic = self._jitted_for(args)
         jitted = slot[0]
+        out = self._explained(jitted, dynamic)
+        if slot[1] is None:  # once per configuration: does this program need the CPU guard?
+            slot[1] = has_collectives_on_cpu(self.mesh, jitted, dynamic)
+        block_on_cpu_collectives(out, slot[1])
+        return out
+
+    def _explained(self, jitted, dynamic):
         try:
-            out = jitted(*dynamic)
+            return jitted(*dynamic)
         except UsageError:
             raise
         except Exception as exc:
@@ -382,10 +465,40 @@ class ParallelFunction:
             if explained is not None:
                 raise explained from None
             raise
-        if slot[1] is None:  # once per configuration: does this program need the CPU guard?
-            slot[1] = has_collectives_on_cpu(self.mesh, jitted, dynamic)
-        block_on_cpu_collectives(out, slot[1])
+
+    def _recorded_call(self, args):
+        """The first call after `%%pmap --collectives`: run a recording program once, show its cards."""
+        import jax
+        from IPython.display import display
+
+        from .recorder import collectives_state, record_collectives
+        from .views.collectives import CollectivesView
+
+        statics = tuple((i, args[i]) for i in self.static_argnums if i < len(args))
+        dynamic = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
+        recording = record_collectives(self.__wrapped__, self.axis_names)
+        jitted = self._build(statics, self._effective_in_axes(args), recording)
+        out, records = self._explained(jitted, dynamic)
+        jax.block_until_ready(out)
+        filename = self.__wrapped__.__code__.co_filename
+        facts = program_facts(jitted, dynamic, [d.id for d in self.mesh.devices.flat], filename)
+        self._cards = collectives_state(
+            f"collectives of {self.__name__}()", recording.sites, jax.device_get(records), self.mesh,
+            filename=filename, line_text=lambda n: linecache.getline(filename, n).strip(), compiled=facts.collectives)
+        self._record_next = False
+        display(CollectivesView(state=self._cards))
         return out
+
+    def collectives(self):
+        """The collective cards recorded by the first call after `%%pmap --collectives`, shown again."""
+        from .views.collectives import CollectivesView
+
+        if self._cards is None:
+            raise UsageError(
+                f"{self.__name__}.collectives(): nothing was recorded. Define {self.__name__} in a `%%pmap --collectives` "
+                f"cell, then call it once: that call records what each collective did."
+            )
+        return CollectivesView(state=self._cards)
 
     def program_facts(self, *args) -> ProgramFacts:
         """Collectives, compile time and costs of the program a call with `args` runs."""
@@ -431,7 +544,7 @@ def bind_functions(cell: cells.Cell, namespace: dict, mesh, **options) -> dict:
 
 def pmap_cell(source: str, namespace: dict, *, axis_name: str = "i", devices=None, mesh=None,
               broadcast=(), split=(), merge=(), in_axes=0, out_axes=0, static_broadcasted_argnums=(),
-              donate_argnums=(), want_facts: bool = False, bind: bool = True):
+              donate_argnums=(), want_facts: bool = False, bind: bool = True, collectives: bool = False):
     """Run `source` as `%%pmap` would: per-device code (block mode) or pmapped definitions.
 
     Returns a BlockResult (block mode) or the dict of bound functions (function mode). With
@@ -442,12 +555,12 @@ def pmap_cell(source: str, namespace: dict, *, axis_name: str = "i", devices=Non
     if cell.mode == "function":
         bound = bind_functions(cell, namespace, mesh, in_axes=in_axes, out_axes=out_axes,
                                static_broadcasted_argnums=static_broadcasted_argnums,
-                               donate_argnums=donate_argnums)
+                               donate_argnums=donate_argnums, collectives=collectives)
         if bind:
             namespace.update(bound)  # one step: an interrupt leaves all or nothing
         return bound
     result = run_block(cell, namespace, mesh, broadcast=tuple(broadcast), split=tuple(split),
-                       merge=tuple(merge), want_facts=want_facts)
+                       merge=tuple(merge), want_facts=want_facts, collectives=collectives)
     if bind:
         namespace.update(result.bindings)
     return result

@@ -28,16 +28,27 @@ def is_array(value) -> bool:
     return isinstance(value, (jax.Array, np.ndarray))
 
 
-def is_array_tree(value) -> bool:
-    """An array, or a (non-empty) tuple/list/dict pytree whose leaves are all arrays."""
+def is_abstract(value) -> bool:
+    """A jax.ShapeDtypeStruct: a shape, a dtype and maybe a sharding, no values (what --plan takes)."""
     import jax
 
-    if is_array(value):
+    return isinstance(value, jax.ShapeDtypeStruct)
+
+
+def is_array_tree(value, abstract: bool = False) -> bool:
+    """An array, or a (non-empty) tuple/list/dict pytree whose leaves are all arrays (with
+    `abstract`, ShapeDtypeStructs count as arrays)."""
+    import jax
+
+    def leaf_ok(leaf):
+        return is_array(leaf) or (abstract and is_abstract(leaf))
+
+    if leaf_ok(value):
         return True
     if not isinstance(value, (tuple, list, dict)):
         return False
     leaves = jax.tree.leaves(value)
-    return bool(leaves) and all(is_array(leaf) for leaf in leaves)
+    return bool(leaves) and all(leaf_ok(leaf) for leaf in leaves)
 
 
 # --- the collectives view's facts, shared with %%shard -------------------------------------------
@@ -135,6 +146,7 @@ class CellProgram:
     final_per_device: list = field(default_factory=list)
     facts: dict = field(default_factory=dict)  # shape signature -> ProgramFacts
     compile_ms: dict = field(default_factory=dict)  # shape signature -> first call's compile time
+    recording: object = None  # recorder.Recording when compiled with --collectives
 
     def final_of(self, traced_final) -> tuple[object, bool]:
         """The cell's final expression, and whether it was computed on the devices (traced)
@@ -143,15 +155,26 @@ class CellProgram:
         return (traced_final if on_devices else (self.static_final[0] if self.static_final else None)), on_devices
 
 
-def plan_inputs(cell: cells.Cell, namespace: dict, named: dict | None = None):
-    """Split the names a cell reads into array inputs and constants; undefined names are errors."""
+def plan_inputs(cell: cells.Cell, namespace: dict, named: dict | None = None, abstract: bool = False):
+    """Split the names a cell reads into array inputs and constants; undefined names are errors.
+
+    With `abstract` (--plan), jax.ShapeDtypeStructs are inputs too; without it, reading one is a
+    mistake we can explain (it has no values to compute with).
+    """
     import builtins
 
     inputs, constants = [], []
     for name in cell.reads:
         if name in namespace:
             value = namespace[name]
-            (inputs if is_array_tree(value) else constants).append(name)
+            if is_array_tree(value, abstract=True) and not is_array_tree(value) and not abstract:
+                lineno = _first_line_reading(cell, name)
+                raise UsageError(
+                    f"{name!r} is an abstract array (jax.ShapeDtypeStruct: a shape and a layout, no values), read on "
+                    f"line {lineno} of the cell (`{cell.line(lineno)}`). A cell can only plan with it: add --plan to "
+                    f"the magic line to see what the program would cost, or give {name!r} real values first."
+                )
+            (inputs if is_array_tree(value, abstract) else constants).append(name)
         elif not hasattr(builtins, name):
             lineno = _first_line_reading(cell, name)
             raise UsageError(
@@ -338,6 +361,17 @@ class Rerun:
             # Held weakly: a placed array the user deletes must be freed, not kept by this record.
             self.objects = {name: Ref(value) for name, value in (objects or {}).items()}
             reruns.put(key, self)
+
+
+def collectives_view_state(program: CellProgram, records, title: str, mesh, cell: cells.Cell, facts=None) -> dict:
+    """The collective cards of a run compiled with --collectives (records: its extra outputs)."""
+    import jax
+
+    from .recorder import collectives_state
+
+    return collectives_state(title, program.recording.sites, jax.device_get(records), mesh,
+                             filename=cell.filename, line_text=cell.line,
+                             compiled=facts.collectives if facts is not None else None)
 
 
 def facts_for(program: CellProgram, signature, args, mesh, cell: cells.Cell, context_mesh=None):

@@ -12,7 +12,7 @@ from .errors import UsageError
 from .fingerprints import fingerprint
 from .layout import spec_axes
 from .runner import (
-    BoundedCache, CellProgram, ProgramFacts, Rerun, analyse_cached, capture_outputs, facts_for, is_array,
+    BoundedCache, CellProgram, ProgramFacts, Rerun, analyse_cached, capture_outputs, facts_for, is_abstract, is_array,
     plan_inputs, run_program,
 )
 from .specs import MeshShape, parse_mesh_shape
@@ -239,15 +239,14 @@ def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs
     )
 
 
-def _plan_shard(cell, namespace, mesh, in_specs, out_specs):
-    """The full path: check names and specs, place inputs, find or compile the program."""
-    import builtins
-
-    inputs, constants = plan_inputs(cell, namespace)
+def _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):
+    """Inputs and outputs named on the line against the cell and the mesh; returns (inputs,
+    constants, out specs with device counts turned into the auto axis)."""
+    inputs, constants = plan_inputs(cell, namespace, abstract=abstract)
     for name, spec in in_specs.items():
         if name not in namespace:
             raise UsageError(f"--in {name}: {name!r} is not defined; --in names arrays from your namespace.")
-        if not is_array(namespace[name]):
+        if not (is_array(namespace[name]) or (abstract and is_abstract(namespace[name]))):
             raise UsageError(
                 f"--in {name}: {name!r} is a {type(namespace[name]).__name__}, not an array; only arrays can be "
                 f"sharded. Convert it first (`{name} = jnp.asarray({name})`) or drop it from --in."
@@ -268,6 +267,14 @@ def _plan_shard(cell, namespace, mesh, in_specs, out_specs):
             for axis in axes:
                 if axis not in mesh.axis_names:
                     raise UsageError(f"--out {name}: {axis!r} is not an axis of the mesh {tuple(mesh.axis_names)}.")
+    return inputs, constants, out_specs
+
+
+def _plan_shard(cell, namespace, mesh, in_specs, out_specs):
+    """The full path: check names and specs, place inputs, find or compile the program."""
+    import builtins
+
+    inputs, constants, out_specs = _check_names(cell, namespace, mesh, in_specs, out_specs)
     placed = {name: place(namespace[name], mesh, spec, name) for name, spec in in_specs.items()}
     args = [placed.get(n, namespace[n]) for n in inputs]
     fingerprints = tuple((n, fingerprint(namespace[n])) for n in constants)
@@ -278,6 +285,28 @@ def _plan_shard(cell, namespace, mesh, in_specs, out_specs):
     rerun = Rerun(inputs if Rerun.possible(args) else None, args, (None,) * len(inputs), fingerprints, absent,
                   program, key)
     return rerun, args, placed
+
+
+def plan_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, hardware=None,
+               device_memory=None):
+    """The --plan stage: the same program, compiled over abstract inputs laid out by --in, never run.
+    Inputs named in --in are described by their spec, not placed: nothing is allocated."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from .planning import plan_program
+
+    inputs, _, out_specs = _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=True)
+    args = []
+    for name in inputs:
+        value = namespace[name]
+        if name in in_specs:
+            spec = _with_auto_axis(in_specs[name])
+            check_spec(name, tuple(value.shape), spec, mesh)
+            value = jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=NamedSharding(mesh, P(*spec)))
+        args.append(value)
+    program = _compile(cell, inputs, namespace, mesh, out_specs)
+    return plan_program(program, args, mesh, cell, names=inputs, hardware=hardware, device_memory=device_memory)
 
 
 def shard_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None,

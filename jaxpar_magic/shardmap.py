@@ -20,8 +20,8 @@ from .errors import UsageError, explain_trace_error
 from .fingerprints import fingerprint
 from .layout import spec_axes
 from .runner import (
-    BoundedCache, CellProgram, ProgramFacts, Rerun, analyse_cached, capture_outputs, facts_for, plan_inputs,
-    run_program, traced,
+    BoundedCache, CellProgram, ProgramFacts, Rerun, analyse_cached, capture_outputs, collectives_view_state, facts_for,
+    plan_inputs, run_program, traced,
 )
 from .shard import check_spec, is_mesh, resolve_mesh
 
@@ -44,6 +44,7 @@ class ShardMapResult:
     facts: ProgramFacts | None
     run_ms: float
     cell: cells.Cell
+    collectives: dict | None = None  # the collective cards' view state (--collectives)
 
     @property
     def bindings(self) -> dict:
@@ -145,13 +146,16 @@ def _spec_text(spec) -> str:
     return "P(" + ", ".join(one(e) for e in spec) + ")"
 
 
-def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma) -> tuple[CellProgram, dict]:
+def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, collectives=False) -> tuple[CellProgram, dict]:
     """Discover what the cell returns (a trace without running), then build jit(shard_map)."""
     import jax
     from jax.sharding import PartitionSpec as P
 
+    from .recorder import record_collectives
+
     fn = cells.build_function(cell, inputs, namespace)
     program = CellProgram(jitted=None)
+    program.recording = record_collectives(fn, mesh.axis_names) if collectives else None
     found: dict = {}  # name -> (varying axes, per-leaf ndims) of every value computed on the devices
 
     def probe(*blocks):
@@ -222,13 +226,20 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma) -> tupl
 
     device_specs = {n: P(*chosen[n]) for n in program.device_outputs}
 
-    def body(*blocks):
-        outs, final = fn(*blocks)
-        return capture_outputs(program, outs, final, lambda v: v)
+    k = len(mesh.axis_names)
 
-    mapped = jax.shard_map(body, mesh=mesh, in_specs=in_specs,
-                           out_specs=(device_specs, final_spec if final_spec is not None else P()),
-                           check_vma=check_vma)
+    def body(*blocks):
+        if program.recording is None:
+            outs, final = fn(*blocks)
+            return capture_outputs(program, outs, final, lambda v: v)
+        (outs, final), records = program.recording(*blocks)
+        stacked = jax.tree.map(lambda a: a.reshape((1,) * k + a.shape), records)  # one row per device
+        return (*capture_outputs(program, outs, final, lambda v: v), stacked)
+
+    result_specs = (device_specs, final_spec if final_spec is not None else P())
+    if program.recording is not None:
+        result_specs += (P(*mesh.axis_names),)
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=result_specs, check_vma=check_vma)
     program.jitted = jax.jit(on_blocks(mapped))
     return program, {n: tuple(chosen[n]) for n in program.device_outputs}
 
@@ -245,14 +256,12 @@ def _abstract(value):
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), value)
 
 
-def _plan(cell, namespace, mesh, in_specs, out_specs, check_vma):
-    """The full path: check names and specs, find or build the program, remember what was checked."""
-    import builtins
-
+def _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):
+    """Names and specs against the cell and the mesh: (inputs, constants, each input's spec)."""
     import jax
 
     cells.check_axis_names(cell.source, tuple(mesh.axis_names))
-    inputs, constants = plan_inputs(cell, namespace, {"--in": tuple(in_specs)})
+    inputs, constants = plan_inputs(cell, namespace, {"--in": tuple(in_specs)}, abstract)
     for name, spec in in_specs.items():
         for leaf in jax.tree.leaves(namespace[name]):
             check_spec(name, tuple(leaf.shape), spec, mesh, "--in")
@@ -262,12 +271,47 @@ def _plan(cell, namespace, mesh, in_specs, out_specs, check_vma):
                 f"--out {name}: the cell does not assign {name!r}; --out assembles names the cell assigns "
                 f"({', '.join(cell.writes) or 'none'})."
             )
-    specs = tuple(tuple(in_specs.get(n, ())) for n in inputs)
+    return inputs, constants, tuple(tuple(in_specs.get(n, ())) for n in inputs)
+
+
+def plan_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True,
+                   hardware=None, device_memory=None):
+    """The --plan stage: the same jit(shard_map), compiled over abstract inputs, never run."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from .planning import plan_program
+
+    inputs, _, specs = _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=True)
+    try:
+        program, _ = _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma)
+    except UsageError:
+        raise
+    except Exception as exc:
+        explained = explain_trace_error(exc, cell.filename, tuple(mesh.axis_names))
+        if explained is not None:
+            raise explained from None
+        raise
+    args = [jax.tree.map(lambda leaf, s=spec: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
+                                                                    sharding=NamedSharding(mesh, P(*s))),
+                         namespace[n]) for n, spec in zip(inputs, specs)]
+    return plan_program(program, args, mesh, cell, names=inputs, hardware=hardware, device_memory=device_memory)
+
+
+def _plan(cell, namespace, mesh, in_specs, out_specs, check_vma, collectives=False):
+    """The full path: check names and specs, find or build the program, remember what was checked."""
+    import builtins
+
+    import jax
+
+    inputs, constants, specs = _check_names(cell, namespace, mesh, in_specs, out_specs)
     fingerprints = tuple((n, fingerprint(namespace[n])) for n in constants)
     shapes = tuple(tuple((tuple(leaf.shape), str(leaf.dtype)) for leaf in jax.tree.leaves(namespace[n])) for n in inputs)
-    key = (cell.source, inputs, mesh, specs, tuple(sorted(out_specs.items())), check_vma, shapes, fingerprints)
+    key = (cell.source, inputs, mesh, specs, tuple(sorted(out_specs.items())), check_vma, collectives, shapes,
+           fingerprints)
     program, chosen = _cache.lookup(
-        key, lambda: _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma), family=key[:-2])
+        key, lambda: _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, collectives),
+        family=key[:-2])
     values = [namespace[n] for n in inputs]
     absent = tuple(n for n in cell.reads if n not in namespace and hasattr(builtins, n))
     rerun = Rerun(inputs if Rerun.possible(values) else None, values, (None,) * len(inputs), fingerprints, absent,
@@ -276,14 +320,15 @@ def _plan(cell, namespace, mesh, in_specs, out_specs, check_vma):
 
 
 def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True,
-                  want_facts: bool = False) -> ShardMapResult:
+                  want_facts: bool = False, collectives: bool = False) -> ShardMapResult:
     """Run the cell as the body of jit(shard_map); the namespace is read, never written."""
-    rerun_key = (cell.source, mesh, tuple(sorted(in_specs.items())), tuple(sorted(out_specs.items())), check_vma)
+    rerun_key = (cell.source, mesh, tuple(sorted(in_specs.items())), tuple(sorted(out_specs.items())), check_vma,
+                 collectives)
     rerun = _reruns.get(rerun_key)
     args = rerun.args(namespace) if rerun is not None else None
     if args is None:
         try:
-            rerun, args = _plan(cell, namespace, mesh, in_specs, out_specs, check_vma)
+            rerun, args = _plan(cell, namespace, mesh, in_specs, out_specs, check_vma, collectives)
         except UsageError:
             raise
         except Exception as exc:  # raised while discovering the outputs: explain what we can foresee
@@ -292,10 +337,13 @@ def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_s
                 raise explained from None
             raise
     program, chosen = rerun.program
-    (device, final), run_ms, signature = run_program(
+    results, run_ms, signature = run_program(
         _cache, rerun.key, program, args, cell, mesh.axis_names, mesh, signature=rerun.signature)
     rerun.remember(_reruns, rerun_key, signature)
-    facts = facts_for(program, signature, args, mesh, cell, context_mesh=mesh) if want_facts else None
+    device, final = results[0], results[1]
+    facts = facts_for(program, signature, args, mesh, cell, context_mesh=mesh) if want_facts or collectives else None
+    cards = (collectives_view_state(program, results[2], "collectives of the %%shard_map cell", mesh, cell, facts)
+             if collectives else None)
     outputs = dict(program.static_outputs)
     outputs.update(device)
     final, final_is_array = program.final_of(final)
@@ -308,14 +356,15 @@ def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_s
         final_is_array=final_is_array,
         has_final=cell.has_final_expression,
         mesh=mesh,
-        facts=facts,
+        facts=facts if want_facts else None,
         run_ms=run_ms,
         cell=cell,
+        collectives=cards,
     )
 
 
 def shard_map_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None, check_vma: bool = True,
-                   want_facts: bool = False, bind: bool = True) -> ShardMapResult:
+                   want_facts: bool = False, bind: bool = True, collectives: bool = False) -> ShardMapResult:
     """Plain-Python twin of `%%shard_map`: specs as dicts of tuples, e.g.
     `shard_map_cell("c = lax.psum(a @ b, 'y')", ns, mesh=mesh, in_specs={'a': ('x', 'y'), 'b': ('y', None)},
     out_specs={'c': ('x', None)})`. With `bind`, the outputs go into `namespace` once the cell succeeded."""
@@ -336,7 +385,7 @@ def shard_map_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, ou
             )
     if not is_mesh(mesh):
         mesh = resolve_mesh(mesh, namespace, [in_specs, out_specs])
-    result = run_shard_map(cell, namespace, mesh, in_specs, out_specs, check_vma, want_facts)
+    result = run_shard_map(cell, namespace, mesh, in_specs, out_specs, check_vma, want_facts, collectives)
     if bind:
         namespace.update(result.bindings)  # one step: an interrupt leaves all or nothing
     return result

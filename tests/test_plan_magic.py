@@ -1,0 +1,189 @@
+"""`--plan` through the magics: `%%shard`, `%%pmap` and `%%shard_map` compile for their mesh without
+running, show the plan view, and bind what the cell assigns as ShapeDtypeStructs, so a training
+step can be planned cell by cell. (The figures themselves are tested in tests/test_planning.py.)
+"""
+from __future__ import annotations
+
+import resource
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import jaxpar_magic
+from shell_helpers import shown_widgets, snapshot
+
+MiB = 1 << 20
+
+
+def run(ip, magic: str, line: str, source: str):
+    with capture_output() as captured:
+        value = ip.run_cell_magic(magic, line, textwrap.dedent(source))
+    views = [w.state for w in shown_widgets(captured) if type(w).__name__ == "PlanView"]
+    return value, views
+
+
+@pytest.fixture
+def mesh(jx):
+    with capture_output():
+        jx.run_line_magic("mesh", "data=4 model=2 --no-show")
+    return jx.user_ns["mesh"]
+
+
+@pytest.fixture
+def step(jx, mesh):
+    """The issue's train step, scaled to 8 devices: 512 MiB of bf16 weights, never allocated."""
+    jx.push({"jaxpar_magic": jaxpar_magic})
+    jx.run_cell(textwrap.dedent("""
+        params = {"w1": jaxpar_magic.plan((8192, 16384), "bfloat16", mesh, (None, "model")),
+                  "w2": jaxpar_magic.plan((16384, 8192), "bfloat16", mesh, ("model", None))}
+        batch = jaxpar_magic.plan((4096, 8192), "bfloat16", mesh, ("data", None))
+        def loss_fn(p, x):
+            h = jax.nn.relu(x @ p["w1"])
+            return jnp.mean((h @ p["w2"]).astype(jnp.float32) ** 2)
+    """), store_history=False).raise_error()
+    return jx
+
+
+def test_the_issues_example_plans_without_allocating(step):
+    live = len(jax.live_arrays())
+    _, (state,) = run(step, "shard", "--plan --mesh mesh --hardware tpu-v5e",
+                      "loss, grads = jax.value_and_grad(loss_fn)(params, batch)")
+    assert len(jax.live_arrays()) == live  # no input, no output was ever allocated
+    weights = 2 * 8192 * 16384 * 2 // 2  # both matrices, bf16, split over model=2
+    batch = 4096 * 8192 * 2 // 4  # split over data=4
+    assert state["memory"]["argument"] == weights + batch
+    assert state["memory"]["capacity"] == 16 * 1024**3 and state["memory"]["fits"] is True
+    assert state["hardware"]["name"] == "tpu-v5e" and state["roofline"]["bound"] in ("compute", "memory", "collectives")
+    assert {c["op"] for c in state["collectives"]} == {"all-reduce"}
+    assert any(c["axes"] == ["data"] for c in state["collectives"])  # the gradient's all-reduce over the batch
+    assert [o["name"] for o in state["outputs"]] == ["loss", "grads['w1']", "grads['w2']"]
+    grads = step.user_ns["grads"]
+    assert isinstance(grads["w1"], jax.ShapeDtypeStruct) and grads["w1"].shape == (8192, 16384)
+    assert grads["w1"].sharding.spec == P(None, "model")
+    assert state["caveats"] and "CPU compiler" in state["caveats"][0]
+
+
+def test_a_training_step_planned_cell_by_cell(step):
+    run(step, "shard", "--plan --mesh mesh", "loss, grads = jax.value_and_grad(loss_fn)(params, batch)")
+    _, (state,) = run(step, "shard", "--plan --mesh mesh",
+                      "new = jax.tree.map(lambda p, g: p - 0.1 * g.astype(p.dtype), params, grads)")
+    assert step.user_ns["new"]["w2"].shape == (16384, 8192)
+    with capture_output() as shown:
+        step.run_line_magic("sharding", "new")
+    states = [w.state for w in shown_widgets(shown)]
+    assert [s["name"] for s in states] == ["new['w1']", "new['w2']"] and all(s["abstract"] for s in states)
+
+
+def test_device_memory_overrides_and_says_it_does_not_fit(step):
+    _, (state,) = run(step, "shard", "--plan --mesh mesh --hardware tpu-v5e --device-memory 1GiB",
+                      "loss, grads = jax.value_and_grad(loss_fn)(params, batch)")
+    memory = state["memory"]
+    assert memory["capacity"] == 1024**3 and memory["capacity_source"] == "--device-memory"
+    assert memory["fits"] is False and memory["overshoot"] == memory["total"] - 1024**3
+
+
+def test_in_specs_lay_out_concrete_inputs_without_placing_them(jx, mesh):
+    x = jnp.ones((64, 32))
+    jx.push({"x": x})
+    _, (state,) = run(jx, "shard", "--plan --mesh mesh --in x=data,model", "y = jnp.tanh(x) * 2")
+    assert state["memory"]["argument"] == 64 * 32 * 4 // 8
+    assert jx.user_ns["x"] is x  # not rebound, not placed
+    assert jx.user_ns["y"].sharding.spec == P("data", "model")
+
+
+def test_pmap_plan_takes_inputs_with_a_leading_device_axis(jx):
+    per_device = NamedSharding(jax.make_mesh((8,), ("i",), axis_types=(jax.sharding.AxisType.Auto,)), P("i"))
+    jx.push({"x": jax.ShapeDtypeStruct((8, 1024, 256), jnp.float32, sharding=per_device)})
+    _, (state,) = run(jx, "pmap", "--plan -a i", "y = jax.lax.psum(x @ x.T, 'i')")
+    assert state["memory"]["argument"] == 1024 * 256 * 4
+    assert [c["op"] for c in state["collectives"]] == ["all-reduce"]
+    y = jx.user_ns["y"]
+    assert isinstance(y, jax.ShapeDtypeStruct) and y.shape == (8, 1024, 1024)
+
+
+def test_shard_map_plan(jx, mesh):
+    jx.push({"a": jax.ShapeDtypeStruct((4096, 2048), jnp.float32), "b": jax.ShapeDtypeStruct((2048, 512), jnp.float32)})
+    _, (state,) = run(jx, "shard_map", "--plan --mesh mesh --in a=data,model b=model,None --out c=data,None",
+                      "c = jax.lax.psum(a @ b, 'model')")
+    assert state["memory"]["argument"] == 4096 * 2048 * 4 // 8 + 2048 * 512 * 4 // 2
+    assert jx.user_ns["c"].shape == (4096, 512) and jx.user_ns["c"].sharding.spec == P("data")
+
+
+def test_more_than_ram_is_planned_in_place(jx, mesh):
+    """256 GiB of inputs (more than this machine has) planned without the process growing."""
+    jx.push({"big": jaxpar_magic.plan((1 << 20, 1 << 16), "float32", mesh, ("data", "model"))})
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    _, (state,) = run(jx, "shard", "--plan --mesh mesh", "total = big.sum(axis=1)")
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    assert state["memory"]["argument"] == (1 << 36) * 4 // 8
+    assert after - before < 512 * MiB
+
+
+# --- mistakes: one-paragraph UsageErrors, the namespace untouched -----------------------------------
+
+def failing(ip, magic: str, line: str, source: str) -> str:
+    before = snapshot(ip.user_ns)
+    with pytest.raises(UsageError) as err:
+        run(ip, magic, line, source)
+    assert snapshot(ip.user_ns) == before
+    return str(err.value)
+
+
+def test_unknown_hardware_lists_the_profiles(step):
+    message = failing(step, "shard", "--plan --mesh mesh --hardware tpu-v9", "loss = loss_fn(params, batch)")
+    for profile in ("tpu-v4", "tpu-v5e", "tpu-v5p", "h100", "a100", "custom:"):
+        assert profile in message
+
+
+def test_device_memory_that_does_not_parse(step):
+    message = failing(step, "shard", "--plan --mesh mesh --device-memory lots", "loss = loss_fn(params, batch)")
+    assert "--device-memory" in message and "GiB" in message
+
+
+def test_planning_options_without_plan(step):
+    assert "add --plan" in failing(step, "shard", "--mesh mesh --hardware h100", "loss = loss_fn(params, batch)")
+
+
+@pytest.mark.parametrize("source", ["y = float(batch.sum())", "y = batch.sum()\nif y > 0:\n    z = 1"])
+def test_a_cell_that_needs_values(step, source):
+    message = failing(step, "shard", "--plan --mesh mesh", source)
+    assert "a plan has no values" in message and "line" in message
+
+
+def test_an_input_that_is_neither_an_array_nor_abstract(jx, mesh):
+    jx.push({"x": [1.0, 2.0]})
+    assert "not an array" in failing(jx, "shard", "--plan --mesh mesh --in x=data", "y = x")
+
+
+def test_abstract_inputs_without_plan_say_add_plan(step):
+    message = failing(step, "shard", "--mesh mesh", "loss = loss_fn(params, batch)")
+    assert "'params' is an abstract array" in message and "add --plan" in message
+
+
+def test_plan_and_collectives_or_as_code_exclude_each_other(jx):
+    jx.push({"x": jnp.ones(8)})
+    assert "plan first" in failing(jx, "pmap", "--plan --collectives", "y = x")
+    assert "use one of them" in failing(jx, "pmap", "--plan --as-code", "y = x")
+
+
+def test_more_than_2048_devices_says_why_and_suggests_a_slice(jx):
+    with capture_output():
+        jx.run_line_magic("mesh", "--abstract --name pod data=512 model=8 --no-show")
+    jx.push({"x": jax.ShapeDtypeStruct((4096, 1024), jnp.float32)})
+    message = failing(jx, "shard", "--plan --mesh pod --in x=data,model", "y = x * 2")
+    assert "2,048" in message and "Multiprocess" in message and "data=256" in message
+
+
+def test_the_twin_returns_a_plan_with_numbers(mesh):
+    ns = {"jnp": jnp, "x": jaxpar_magic.plan((1024, 1024), "float32", mesh, ("data", None))}
+    plan = jaxpar_magic.plan_cell("y = x @ x.T", ns, magic="shard", mesh=mesh, hardware="h100")
+    assert plan.argument_bytes == 1024 * 1024 * 4 // 4
+    assert plan.flops and plan.roofline is not None and plan.capacity == jaxpar_magic.planning.parse_hardware("h100").memory
+    assert isinstance(ns["y"], jax.ShapeDtypeStruct) and ns["y"].shape == (1024, 1024)
+    assert np.isclose(plan.total_bytes, plan.argument_bytes + plan.output_bytes + plan.temp_bytes - plan.alias_bytes)
