@@ -62,6 +62,7 @@ function drawOutput(out, axes, procOf = () => null) {
       { class: "jpm-out-head" },
       h("span", { class: "jpm-out-name", text: out.name }),
       h("span", { class: "jpm-chip" }, "per device ", h("b", { text: shape })),
+      out.global_shape ? h("span", { class: "jpm-chip" }, "blocks of ", h("b", { text: formatShape(out.dtype, out.global_shape) })) : null,
       out.same_on_all ? h("span", { class: "jpm-badge", text: "same on all" }) : null,
     ),
   );
@@ -94,7 +95,8 @@ function drawOutput(out, axes, procOf = () => null) {
       const where = tile.coords ? formatCoords(axes, tile.coords) : "";
       const who = tile.devices.length === 1 ? `device ${first}` : `devices ${formatIds(tile.devices)}`;
       const proc = procLabel(procOf, tile.devices);
-      const detail = `${out.name} on ${who}${where ? ` (${where})` : ""}${proc ? ` · process ${proc.slice(1)}` : ""}: ${shape}`;
+      const slice = tile.slice ? ` ${out.name}${tile.slice}` : "";
+      const detail = `${out.name} on ${who}${where ? ` (${where})` : ""}${proc ? ` · process ${proc.slice(1)}` : ""}: ${shape}${slice ? ` =${slice}` : ""}`;
       grid.append(
         h(
           "div",
@@ -106,6 +108,7 @@ function drawOutput(out, axes, procOf = () => null) {
             h("span", { text: where }),
             proc ? h("span", { class: "jpm-proc", text: proc }) : null,
           ),
+          tile.slice ? h("div", { class: "jpm-tile-slice", text: `${out.name}${tile.slice}` }) : null,
           h("pre", { class: "jpm-tile-val", text: tile.text }),
         ),
       );

@@ -100,6 +100,7 @@ def to_html(state: dict[str, Any]) -> str:
         out.append(
             '<div class="jpm-section jpm-output"><div class="jpm-out-head">'
             f'<span class="jpm-out-name">{esc(str(o.get("name")))}</span>{chip("per device", shape)}'
+            + (chip("blocks of", format_shape(str(o.get("dtype")), o["global_shape"])) if o.get("global_shape") else "")
             + ('<span class="jpm-badge">same on all</span>' if o.get("same_on_all") else "")
             + "</div>"
         )
@@ -127,7 +128,8 @@ def to_html(state: dict[str, Any]) -> str:
                     f"<span>{esc(who)}</span><span>{esc(where)}</span>"
                     + (f'<span class="jpm-proc">{esc(proc)}</span>' if proc else "")
                     + "</div>"
-                    f'<pre class="jpm-tile-val">{esc(str(t["text"]))}</pre></div>'
+                    + (f'<div class="jpm-tile-slice">{esc(str(o.get("name")) + str(t["slice"]))}</div>' if t.get("slice") else "")
+                    + f'<pre class="jpm-tile-val">{esc(str(t["text"]))}</pre></div>'
                 )
             out.append("</div>")
         if o.get("omitted"):
@@ -191,7 +193,8 @@ def to_text(state: dict[str, Any]) -> str:
     dims = ", ".join(f"{a['name']}={a['size']}" for a in axes)
     lines = [f"{state.get('title') or 'per-device results'}" + (f"  ({dims})" if dims else "")]
     for o in state.get("outputs") or []:
-        lines.append(f"{o.get('name')}: {format_shape(str(o.get('dtype')), o.get('shape') or [])} per device")
+        whole = f" (blocks of {format_shape(str(o.get('dtype')), o['global_shape'])})" if o.get("global_shape") else ""
+        lines.append(f"{o.get('name')}: {format_shape(str(o.get('dtype')), o.get('shape') or [])} per device{whole}")
         tiles = o.get("tiles") or []
         if o.get("same_on_all") and tiles:
             label = o.get("same_text") or f"same on all {len(tiles[0]['devices'])} devices"
@@ -202,7 +205,8 @@ def to_text(state: dict[str, Any]) -> str:
                 devs = [int(d) for d in t.get("devices") or [0]]
                 where = f" ({format_coords(axes, t['coords'])})" if t.get("coords") else ""
                 proc = _proc_label(proc_of, devs)
-                prefix = f"  dev {format_ids(devs, 3)}{where}{' ' + proc if proc else ''}: "
+                part = f" = {o.get('name')}{t['slice']}" if t.get("slice") else ""
+                prefix = f"  dev {format_ids(devs, 3)}{where}{' ' + proc if proc else ''}{part}: "
                 lines.append(prefix + _indent(t["text"], " " * len(prefix)))
         if o.get("omitted"):
             lines.append(f"  … {int(o['omitted'])} more devices not shown")

@@ -336,3 +336,21 @@ def test_malformed_state_says_so(view_page: Any) -> None:
     # An empty state (a widget before its first sync) draws an empty view, not an error.
     for view in ("devices", "results", "mesh", "sharding"):
         assert "cannot draw" not in view_page.mount(view, {}).inner_text()
+
+
+def test_shard_map_blocks_show_the_slice_each_device_holds(view_page: Any, samples: Any) -> None:
+    """A %%shard_map result: each tile names the slice of the global array its block is; the
+    static HTML and text say the same."""
+    from jaxpar_magic.views.results import to_html, to_text
+
+    state = samples.result(4)
+    out = state["outputs"][0]
+    out["global_shape"] = [20]
+    for k, tile in enumerate(out["tiles"]):
+        tile["slice"] = f"[{5 * k}:{5 * k + 5}]"
+    host = view_page.mount("results", state)
+    slices = host.locator(".jpm-tile-slice").all_text_contents()
+    assert slices == ["y[0:5]", "y[5:10]", "y[10:15]", "y[15:20]"]
+    assert "blocks of float32[20]" in host.locator(".jpm-out-head").first.inner_text().replace("\n", " ")
+    assert 'class="jpm-tile-slice">y[5:10]<' in to_html(state)
+    assert "dev 1 (i=1) = y[5:10]:" in to_text(state)
