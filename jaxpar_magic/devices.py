@@ -111,15 +111,18 @@ def devices_state() -> dict:
 
 
 def select_devices(selection, axis_total: int | None = None) -> list:
-    """The devices a cell runs on: all local ones, the first N, or the listed ids."""
+    """The devices a cell runs on: all of them, the first N, or the listed ids.
+
+    All of `jax.devices()`: in a cluster that is every process's devices, so that collectives span
+    every process (in one process it is the local devices)."""
     import jax
 
-    local = jax.local_devices()
+    local = jax.devices()
     if selection is None:
         chosen = local if axis_total is None else local[:axis_total]
         if axis_total is not None and axis_total > len(local):
             raise UsageError(
-                f"the mesh needs {axis_total} devices but this process has {len(local)} "
+                f"the mesh needs {axis_total} devices but JAX has {len(local)} "
                 f"({local[0].platform}). Use a smaller mesh, or restart the kernel and ask for more "
                 f"simulated devices with `%devices --simulate {axis_total}`."
             )
@@ -127,7 +130,7 @@ def select_devices(selection, axis_total: int | None = None) -> list:
     if isinstance(selection, int):
         if selection < 1 or selection > len(local):
             raise UsageError(
-                f"--devices {selection}: this process has {len(local)} local device(s). Ask for at most "
+                f"--devices {selection}: JAX has {len(local)} device(s). Ask for at most "
                 f"{len(local)}, or restart the kernel and run `%devices --simulate {selection}` first."
             )
         return local[:selection]
@@ -135,7 +138,7 @@ def select_devices(selection, axis_total: int | None = None) -> list:
     missing = [i for i in selection if i not in by_id]
     if missing:
         raise UsageError(
-            f"--devices: no local device with id {missing[0]}; the local ids are "
+            f"--devices: no device with id {missing[0]}; the device ids are "
             f"{sorted(by_id)[:16]}{' …' if len(by_id) > 16 else ''}."
         )
     if len(set(selection)) != len(selection):

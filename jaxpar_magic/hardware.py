@@ -85,6 +85,7 @@ _UNITS = {
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
+MAX_EXPONENT = 30  # 10**30 bytes is already a million times the largest memory there is
 _UNIT_NAMES = "B, KB, MB, GB, TB (powers of 1000) and KiB, MiB, GiB, TiB (powers of 1024)"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)(?:[eE]\+?(\d+))?\s*([a-zA-Z]*)\s*$")
 
@@ -101,7 +102,10 @@ def parse_memory_size(text, option: str = "--device-memory") -> int:
             f"(2**30 bytes each), `16GB` (10**9), `512MiB`, `1.5TiB`, or plain bytes (`17179869184`); "
             f"units: {_UNIT_NAMES}."
         )
-    value = float(m.group(1)) * 10 ** int(m.group(2) or 0) * _UNITS.get(unit, 1)
+    exponent = int(m.group(2) or 0)
+    value = float(m.group(1)) * 10 ** min(exponent, MAX_EXPONENT + 1) * _UNITS.get(unit, 1)
+    if not value <= 10**MAX_EXPONENT:  # 1e400GiB, 400 nines: past any memory, and past what a float holds
+        raise UsageError(f"{option} {text}: far larger than any device's memory; write e.g. `16GiB` or `80GB`.")
     if value < 1:
         raise UsageError(f"{option} {text}: a device's memory must be at least one byte; e.g. `16GiB`.")
     return int(value)

@@ -1,19 +1,25 @@
-"""The IPython layer: parse the magic line, call the plain-Python core, display a view.
+"""The IPython layer: parse the magic line, decide where the magic runs (this kernel, or every
+process of a running cluster), show the outcome, bind its names.
 
-Nothing here computes anything the twins in `pmap.py` / `devices.py` don't.
+What each magic computes lives in actions.py (and the engines below it); nothing here computes.
 """
 from __future__ import annotations
 
 import functools
+import sys
 
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
+from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
-from traitlets import Bool, Unicode
+from traitlets import Bool, Float, Unicode
 from traitlets.config import Configurable
 
 from . import lines
+from .cluster_magic import HELP as CLUSTER_HELP
 from .errors import UsageError
+
+#: Magics that run in every process while a cluster is running (the others always run here).
+ON_CLUSTER = ("devices", "mesh", "sharding", "pmap", "shard", "shard_map")
 
 
 def show_devices(simulate: int | None = None):
@@ -42,16 +48,41 @@ def show_sharding(value, name: str = "array"):
     return ShardingView(state=sharding_state(name, value))
 
 
-def result_view(result, title: str, report: bool):
-    from .summaries import report_figures, result_state
-    from .views.results import ResultView
+def view_of(kind: str, state: dict):
+    """The widget that shows a view state of `kind` (actions.Outcome.views)."""
+    from . import views
 
-    outputs = dict(result.per_device)
-    if result.has_final and result.final_per_device and not result.cell.final_is_output:
-        outputs["(result)"] = result.final
-    facts = result.facts
-    figures = report_figures(facts, result.run_ms) if report and facts is not None else None
-    return ResultView(state=result_state(title, result.mesh, outputs, facts, result.cell.line, figures))
+    classes = {"devices": views.DevicesView, "mesh": views.MeshView, "sharding": views.ShardingView,
+               "results": views.ResultView, "collectives": views.CollectivesView, "plan": views.PlanView}
+    return classes[kind](state=state)
+
+
+def _applying(*decorators):
+    """One decorator applying several `argument(...)`s: options that several magics share."""
+    def apply(function):
+        for decorator in reversed(decorators):
+            function = decorator(function)
+        return function
+    return apply
+
+
+_code_and_plan_options = _applying(
+    argument("--as-code", action="store_true",
+             help="Do not run the cell: print the plain JAX it stands for, a self-contained snippet."),
+    argument("--plan", action="store_true",
+             help="Compile for the mesh without running: per-device memory, collectives, FLOPs; names are bound as "
+                  "jax.ShapeDtypeStructs. Inputs may be abstract (jaxpar_magic.plan(...))."),
+    argument("--hardware", metavar="NAME",
+             help="With --plan: a device profile for the fit and a roofline step time: tpu-v4, tpu-v5e, tpu-v5p, h100, "
+                  "a100, or custom:flops=...,hbm=...,bw=...,memory=..."),
+    argument("--device-memory", metavar="SIZE",
+             help="With --plan: the device's memory, e.g. 16GiB (overrides the profile's)."),
+)
+_collectives_option = _applying(
+    argument("--collectives", action="store_true",
+             help="Show one card per collective call: what every device held before and after it, and the data "
+                  "movement (function mode: the first call records them; fn.collectives() shows them again)."),
+)
 
 
 @magics_class
@@ -62,9 +93,49 @@ class JaxparMagics(Magics, Configurable):
     show = Bool(True, help="Show the per-device result view after a %%pmap cell (--show/--no-show override it).").tag(
         config=True
     )
+    cluster_timeout = Float(
+        120.0, help="Seconds a cluster cell may take before its processes are interrupted (--timeout overrides it)."
+    ).tag(config=True)
 
     def __init__(self, shell=None, **kwargs):
         super().__init__(shell=shell, config=shell.config if shell is not None else None, **kwargs)
+
+    def _run(self, magic: str, line: str, cell: str | None = None):
+        """Parse, run here or on the cluster, show the outcome, then bind its names (last, in one
+        step: an interrupt at any earlier moment leaves the namespace as it was)."""
+        from . import actions
+
+        options = parse_line(magic, line)
+        source = _transformed(self.shell, cell) if cell is not None else None
+        defaults = actions.Defaults(axis_name=self.axis_name, show=self.show)
+        namespace = self.shell.user_ns
+        cluster = _running_cluster()
+        if cluster is not None and magic in ON_CLUSTER:
+            from .remote import on_cluster
+
+            outcome = on_cluster(cluster, magic, line, source, defaults, self.cluster_timeout, namespace)
+        else:
+            outcome = actions.run(magic, options, source, namespace, defaults)
+        if outcome.text:
+            print(outcome.text)
+        for kind, state in outcome.views:
+            display(view_of(kind, state))
+        namespace.update(outcome.bindings)
+        if cell is not None and outcome.has_final and not _silenced(cell):
+            return outcome.final
+        return None
+
+    # --- %cluster / %%cluster ---------------------------------------------------------------------
+    @line_cell_magic
+    @no_var_expand
+    def cluster(self, line="", cell=None):
+        from . import cluster_magic
+
+        if cell is None:
+            return cluster_magic.line(self.shell, line, self.cluster_timeout)
+        return cluster_magic.cell(self.shell, line, cell, self.cluster_timeout)
+
+    cluster.__doc__ = CLUSTER_HELP
 
     # --- %devices --------------------------------------------------------------------------------
     @line_magic
@@ -74,8 +145,7 @@ class JaxparMagics(Magics, Configurable):
     @no_var_expand
     def devices(self, line=""):
         """Show the devices JAX sees: id, platform, kind, process, coords, memory; counts per platform."""
-        options = parse_line("devices", line)
-        display(show_devices(options.simulate))
+        self._run("devices", line)
 
     # --- %%pmap ----------------------------------------------------------------------------------
     @cell_magic
@@ -93,11 +163,8 @@ class JaxparMagics(Magics, Configurable):
     @argument("--show", dest="show", action="store_const", const=True, default=None, help="Show the per-device result view.")
     @argument("--no-show", dest="show", action="store_const", const=False, help="Do not show the result view.")
     @argument("--report", action="store_true", help="Add compile time, run time, flops and bytes to the view.")
-    @argument("--collectives", action="store_true", help="Show one card per collective call: what every device held before and after it, and the data movement (function mode: the first call records them; fn.collectives() shows them again).")
-    @argument("--as-code", action="store_true", help="Do not run the cell: print the plain JAX it stands for, a self-contained snippet.")
-    @argument("--plan", action="store_true", help="Compile for the mesh without running: per-device memory, collectives, FLOPs; names are bound as jax.ShapeDtypeStructs. Inputs may be abstract (jaxpar_magic.plan(...)).")
-    @argument("--hardware", metavar="NAME", help="With --plan: a device profile for the fit and a roofline step time: tpu-v4, tpu-v5e, tpu-v5p, h100, a100, or custom:flops=...,hbm=...,bw=...,memory=...")
-    @argument("--device-memory", metavar="SIZE", help="With --plan: the device's memory, e.g. 16GiB (overrides the profile's).")
+    @_collectives_option
+    @_code_and_plan_options
     @no_var_expand
     def pmap(self, line, cell):
         """Run the cell as what ONE device runs, on every device at once.
@@ -106,57 +173,7 @@ class JaxparMagics(Magics, Configurable):
         names it assigns come back with a leading device axis. Function mode (a cell that only
         defines functions): each function is bound as its pmapped version.
         """
-        from .pmapping import pmap_cell
-
-        options = parse_line("pmap", line)
-        if options.as_code:
-            return _print_code("pmap", options, self.shell, cell, axis_name=options.axis_name or self.axis_name)
-        if options.plan is not None:
-            return _show_plan("pmap", options, self.shell, cell, axis_name=options.axis_name or self.axis_name,
-                              devices=options.devices, mesh=options.mesh, broadcast=options.broadcast,
-                              split=options.split, merge=options.merge)
-        show = self.show if options.show is None else options.show
-        namespace = self.shell.user_ns
-        result = pmap_cell(
-            _transformed(self.shell, cell),
-            namespace,
-            axis_name=options.axis_name or self.axis_name,
-            devices=options.devices,
-            mesh=options.mesh,
-            broadcast=options.broadcast,
-            split=options.split,
-            merge=options.merge,
-            in_axes=options.in_axes,
-            out_axes=options.out_axes,
-            static_broadcasted_argnums=options.static_broadcasted_argnums,
-            donate_argnums=options.donate_argnums,
-            want_facts=show or options.report,
-            bind=False,
-            collectives=options.collectives,
-        )
-        if isinstance(result, dict):  # function mode
-            if show:
-                from .pmapping import ParallelFunction
-
-                for name, fn in result.items():
-                    if isinstance(fn, ParallelFunction):
-                        recorded = "; its first call shows what each collective did" if options.collectives else ""
-                        print(f"{name}: pmapped over {fn.mesh.devices.size} devices, axes {fn.axis_names}; "
-                              f"original at {name}.__wrapped__{recorded}")
-            namespace.update(result)
-            return None
-        if show:
-            sizes = "x".join(str(s) for s in result.mesh.devices.shape)
-            axes = ", ".join(result.mesh.axis_names)
-            display(result_view(result, f"%%pmap over {sizes} devices (axis {axes})", options.report))
-        elif options.report and result.facts is not None:
-            f = result.facts
-            print(f"compile {f.compile_ms:.1f} ms, run {result.run_ms:.2f} ms, flops {f.flops}, bytes {f.bytes_accessed}, "
-                  f"collectives {[c.op for c in f.collectives]}")
-        _show_cards(result.collectives)
-        # Bound last, in one step: an interrupt at any earlier moment leaves the namespace as it was.
-        namespace.update(result.bindings)
-        return result.final if result.has_final and not _silenced(cell) else None
+        return self._run("pmap", line, cell)
 
     # --- %mesh ------------------------------------------------------------------------------------
     @line_magic
@@ -172,22 +189,7 @@ class JaxparMagics(Magics, Configurable):
     @no_var_expand
     def mesh(self, line=""):
         """Build a device mesh (binds `mesh`) and show it: devices laid out by mesh coordinates."""
-        from .shard import is_mesh, make_mesh
-
-        options = parse_line("mesh", line)
-        namespace = self.shell.user_ns
-        if options.shape is None:
-            name = options.show_name
-            if not is_mesh(namespace.get(name)):
-                raise UsageError(
-                    f"%mesh {name}: no mesh called {name!r} in your namespace. Build one with `%mesh data=4 model=2`."
-                )
-            display(show_mesh(namespace[name], name))
-            return
-        mesh = make_mesh(options.shape, options.devices, options.axis_types, options.abstract)
-        namespace[options.name] = mesh
-        if options.show:
-            display(show_mesh(mesh, options.name))
+        self._run("mesh", line)
 
     # --- %sharding ---------------------------------------------------------------------------------
     @line_magic
@@ -196,21 +198,7 @@ class JaxparMagics(Magics, Configurable):
     @no_var_expand
     def sharding(self, line=""):
         """Show how each array is laid out over devices: tiles coloured by device, the PartitionSpec."""
-        options = parse_line("sharding", line)
-        namespace = self.shell.user_ns
-        from .runner import is_array_tree
-
-        for name in options.names:
-            if name not in namespace:
-                raise UsageError(f"%sharding {name}: {name!r} is not defined.")
-            if not is_array_tree(namespace[name], abstract=True):
-                raise UsageError(
-                    f"%sharding {name}: {name!r} is a {type(namespace[name]).__name__}; %sharding shows arrays "
-                    "(jax.Array, or jax.ShapeDtypeStruct with a sharding), or a dict/list/tuple of them."
-                )
-        for name in options.names:
-            for label, leaf in _array_leaves(name, namespace[name]):
-                display(show_sharding(leaf, label))
+        self._run("sharding", line)
 
     # --- %%shard -----------------------------------------------------------------------------------
     @cell_magic
@@ -222,10 +210,7 @@ class JaxparMagics(Magics, Configurable):
     @argument("--show", dest="show", action="store_const", const=True, default=None, help="Show the sharding views.")
     @argument("--no-show", dest="show", action="store_const", const=False, help="Do not show the views.")
     @argument("--report", action="store_true", help="Show the compiled program's collectives, compile and run time.")
-    @argument("--as-code", action="store_true", help="Do not run the cell: print the plain JAX it stands for, a self-contained snippet.")
-    @argument("--plan", action="store_true", help="Compile for the mesh without running: per-device memory, collectives, FLOPs; names are bound as jax.ShapeDtypeStructs. Inputs may be abstract (jaxpar_magic.plan(...)).")
-    @argument("--hardware", metavar="NAME", help="With --plan: a device profile for the fit and a roofline step time: tpu-v4, tpu-v5e, tpu-v5p, h100, a100, or custom:flops=...,hbm=...,bw=...,memory=...")
-    @argument("--device-memory", metavar="SIZE", help="With --plan: the device's memory, e.g. 16GiB (overrides the profile's).")
+    @_code_and_plan_options
     @no_var_expand
     def shard(self, line, cell):
         """Run the cell's code unchanged on sharded inputs: the compiler partitions the work.
@@ -233,43 +218,7 @@ class JaxparMagics(Magics, Configurable):
         Inputs named in --in are placed with those PartitionSpecs (and rebound, placed); outputs come
         back as sharded arrays; the views show where every piece lives.
         """
-        from .shard import shard_cell
-
-        options = parse_line("shard", line)
-        if options.as_code:
-            return _print_code("shard", options, self.shell, cell)
-        if options.plan is not None:
-            return _show_plan("shard", options, self.shell, cell, mesh=options.mesh, in_specs=options.in_specs,
-                              out_specs=options.out_specs)
-        show = self.show if options.show is None else options.show
-        namespace = self.shell.user_ns
-        result = shard_cell(
-            _transformed(self.shell, cell),
-            namespace,
-            mesh=options.mesh,
-            in_specs=options.in_specs,
-            out_specs=options.out_specs,
-            want_facts=options.report,
-            bind=False,
-        )
-        if show:
-            for name, value in result.placed.items():
-                display(show_sharding(value, name))
-            for name in result.device_outputs:
-                for label, leaf in _array_leaves(name, result.outputs[name]):
-                    display(show_sharding(leaf, label))
-            if result.has_final and result.final_is_array and not result.cell.final_is_output:
-                for label, leaf in _array_leaves("(result)", result.final):
-                    display(show_sharding(leaf, label))
-        if options.report and result.facts is not None:
-            from .summaries import program_report_state
-            from .views.results import ResultView
-
-            display(ResultView(state=program_report_state(
-                "%%shard program", result.mesh, result.facts, result.run_ms, result.cell.line)))
-        namespace.update(result.bindings)  # last, in one step (see %%pmap)
-        return result.final if result.has_final and not _silenced(cell) else None
-
+        return self._run("shard", line, cell)
 
     # --- %%shard_map -------------------------------------------------------------------------------
     @cell_magic
@@ -284,11 +233,8 @@ class JaxparMagics(Magics, Configurable):
     @argument("--show", dest="show", action="store_const", const=True, default=None, help="Show the per-device blocks and the outputs' layouts.")
     @argument("--no-show", dest="show", action="store_const", const=False, help="Do not show the views.")
     @argument("--report", action="store_true", help="Add the compiled program's collectives, compile and run time.")
-    @argument("--collectives", action="store_true", help="Show one card per collective call: what every device held before and after it, and the data movement (function mode: the first call records them; fn.collectives() shows them again).")
-    @argument("--as-code", action="store_true", help="Do not run the cell: print the plain JAX it stands for, a self-contained snippet.")
-    @argument("--plan", action="store_true", help="Compile for the mesh without running: per-device memory, collectives, FLOPs; names are bound as jax.ShapeDtypeStructs. Inputs may be abstract (jaxpar_magic.plan(...)).")
-    @argument("--hardware", metavar="NAME", help="With --plan: a device profile for the fit and a roofline step time: tpu-v4, tpu-v5e, tpu-v5p, h100, a100, or custom:flops=...,hbm=...,bw=...,memory=...")
-    @argument("--device-memory", metavar="SIZE", help="With --plan: the device's memory, e.g. 16GiB (overrides the profile's).")
+    @_collectives_option
+    @_code_and_plan_options
     @no_var_expand
     def shard_map(self, line, cell):
         """Run the cell as the body of `jax.shard_map`: every device runs it on its own blocks.
@@ -297,89 +243,16 @@ class JaxparMagics(Magics, Configurable):
         in --out are assembled from the blocks by theirs; the cell uses collectives (lax.psum,
         all_gather, ...) over the mesh's axis names explicitly. Runs under jax.jit, cached.
         """
-        from .shardmap import shard_map_cell
-
-        options = parse_line("shard_map", line)
-        if options.as_code:
-            return _print_code("shard_map", options, self.shell, cell)
-        if options.plan is not None:
-            return _show_plan("shard_map", options, self.shell, cell, mesh=options.mesh, in_specs=options.in_specs,
-                              out_specs=options.out_specs, check_vma=options.check_vma)
-        show = self.show if options.show is None else options.show
-        namespace = self.shell.user_ns
-        result = shard_map_cell(
-            _transformed(self.shell, cell),
-            namespace,
-            mesh=options.mesh,
-            in_specs=options.in_specs,
-            out_specs=options.out_specs,
-            check_vma=options.check_vma,
-            want_facts=show or options.report,
-            bind=False,
-            collectives=options.collectives,
-        )
-        if show:
-            from .summaries import report_figures, result_state
-            from .views.results import ResultView
-
-            device = {n: result.outputs[n] for n in result.device_outputs}
-            if result.has_final and result.final_is_array and not result.cell.final_is_output:
-                device["(result)"] = result.final
-            sizes = ", ".join(f"{n}={s}" for n, s in result.mesh.shape.items())
-            figures = report_figures(result.facts, result.run_ms) if options.report and result.facts else None
-            display(ResultView(state=result_state(
-                f"%%shard_map over {result.mesh.devices.size} devices ({sizes}): each device's block", result.mesh,
-                device, result.facts, result.cell.line, figures, blocks=True)))
-            for name, value in device.items():
-                for label, leaf in _array_leaves(name, value):
-                    display(show_sharding(leaf, label))
-        elif options.report and result.facts is not None:
-            from .summaries import program_report_state
-            from .views.results import ResultView
-
-            display(ResultView(state=program_report_state(
-                "%%shard_map program", result.mesh, result.facts, result.run_ms, result.cell.line)))
-        _show_cards(result.collectives)
-        namespace.update(result.bindings)  # last, in one step (see %%pmap)
-        return result.final if result.has_final and not _silenced(cell) else None
+        return self._run("shard_map", line, cell)
 
 
-def _show_plan(magic: str, options, shell, cell: str, **engine_options) -> None:
-    """--plan: compile the cell for its mesh without running it, show the plan view, bind the
-    names it assigns as ShapeDtypeStructs (last, in one step)."""
-    from .planned import plan_cell
-    from .views.plan import PlanView
+def _running_cluster():
+    """The cluster this kernel drives, or None. Never imports ipyparallel when no cluster was made."""
+    if "jaxpar_magic.cluster" not in sys.modules:
+        return None
+    from .cluster import current
 
-    plan = plan_cell(_transformed(shell, cell), shell.user_ns, magic=magic, hardware=options.plan.hardware,
-                     device_memory=options.plan.device_memory, bind=False, **engine_options)
-    sizes = ", ".join(f"{n}={s}" for n, s in plan.axes.items())
-    show = options.show is not False
-    if show:
-        display(PlanView(state=plan.state(f"%%{magic} --plan over {plan.mesh.devices.size} devices ({sizes})")))
-    shell.user_ns.update(plan.bindings)
-    return None
-
-
-def _show_cards(state: dict | None) -> None:
-    """--collectives: one card per collective call, below the cell's other views."""
-    if state is not None:
-        from .views.collectives import CollectivesView
-
-        display(CollectivesView(state=state))
-
-
-def _print_code(magic: str, options, shell, cell: str, **extra) -> None:
-    """--as-code: print the plain JAX the cell stands for; nothing runs, nothing is bound."""
-    from .ascode import as_code
-
-    print(as_code(magic, options, _transformed(shell, cell), shell.user_ns, **extra))
-
-
-def _array_leaves(name, value):
-    import jax
-
-    for path, leaf in jax.tree_util.tree_leaves_with_path(value):
-        yield name + jax.tree_util.keystr(path), leaf
+    return current()
 
 
 _LINE_READERS = {

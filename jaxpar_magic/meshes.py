@@ -31,16 +31,16 @@ def _mesh(device_ids: tuple[int, ...], shape: MeshShape, kind: str):
 
 
 def build_mesh(shape: MeshShape, selection=None, kind: str = "auto"):
-    """A Mesh of `shape` over the chosen local devices (all of them unless --devices says otherwise).
+    """A Mesh of `shape` over the chosen devices (all of them unless --devices says otherwise).
 
     The sizes must multiply to the number of devices: `jax.make_mesh((2, 2))` on 8 devices silently
     takes a subset, which is never what a demo of "all my devices" means.
     """
     import jax
 
-    devices = select_devices(selection) if selection is not None else jax.local_devices()
+    devices = select_devices(selection) if selection is not None else jax.devices()
     if len(devices) != shape.size:
-        chosen = "--devices chose" if selection is not None else "this process has"
+        chosen = "--devices chose" if selection is not None else "JAX has"
         raise UsageError(
             f"the mesh {shape} has {shape.size} devices but {chosen} {len(devices)}. Make the axis sizes "
             f"multiply to {len(devices)} (e.g. {_suggest(shape, len(devices))}), or pick {shape.size} devices "

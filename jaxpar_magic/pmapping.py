@@ -263,7 +263,7 @@ def _plan_block(cell, namespace, mesh, broadcast, split, merge, collectives=Fals
         key, lambda: _compile_block(cell, inputs, frozenset(broadcast), mesh, namespace, collectives), family=key[:-1])
     values = [namespace[n] for n in inputs]
     absent = tuple(n for n in cell.reads if n not in namespace and hasattr(builtins, n))
-    reshape = tuple(tuple(a.shape) if n in split else None for n, a in zip(inputs, args))
+    reshape = tuple(tuple(a.shape) if n in split and hasattr(a, "shape") else None for n, a in zip(inputs, args))
     # Pytree inputs always take this full path: their record has no inputs to compare.
     rerun = Rerun(inputs if Rerun.possible(values) else None, values, reshape, fingerprints, absent, program, key)
     return rerun, args
@@ -472,6 +472,7 @@ class ParallelFunction:
         from IPython.display import display
 
         from .recorder import collectives_state, record_collectives
+        from .summaries import to_host
         from .views.collectives import CollectivesView
 
         statics = tuple((i, args[i]) for i in self.static_argnums if i < len(args))
@@ -483,7 +484,7 @@ class ParallelFunction:
         filename = self.__wrapped__.__code__.co_filename
         facts = program_facts(jitted, dynamic, [d.id for d in self.mesh.devices.flat], filename)
         self._cards = collectives_state(
-            f"collectives of {self.__name__}()", recording.sites, jax.device_get(records), self.mesh,
+            f"collectives of {self.__name__}()", recording.sites, jax.tree.map(to_host, records), self.mesh,
             filename=filename, line_text=lambda n: linecache.getline(filename, n).strip(), compiled=facts.collectives)
         self._record_next = False
         display(CollectivesView(state=self._cards))

@@ -7,6 +7,7 @@ in place. In a terminal or a bare InteractiveShell nothing is shown.
 """
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import html
 import threading
@@ -32,7 +33,22 @@ class StatusLine:
         }
 
 
+_off = [0]  # > 0 while progress lines are switched off (a cluster process: the kernel shows one)
+
+
+@contextlib.contextmanager
+def disabled():
+    """No status lines inside this block."""
+    _off[0] += 1
+    try:
+        yield
+    finally:
+        _off[0] -= 1
+
+
 def _in_kernel() -> bool:
+    if _off[0]:
+        return False
     try:
         from IPython import get_ipython
     except ImportError:

@@ -368,8 +368,9 @@ def collectives_view_state(program: CellProgram, records, title: str, mesh, cell
     import jax
 
     from .recorder import collectives_state
+    from .summaries import to_host
 
-    return collectives_state(title, program.recording.sites, jax.device_get(records), mesh,
+    return collectives_state(title, program.recording.sites, jax.tree.map(to_host, records), mesh,
                              filename=cell.filename, line_text=cell.line,
                              compiled=facts.collectives if facts is not None else None)
 

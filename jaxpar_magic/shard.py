@@ -115,14 +115,14 @@ def resolve_mesh(mesh_arg, namespace: dict, specs: list[dict]):
         import jax
 
         count = counts.pop()
-        have = len(jax.local_devices())
+        have = len(jax.devices())
         if not 1 <= count <= have:
             name = next(n for n, e in counted if e == count)
             raise UsageError(
-                f"--in {name}={count}: this process has {have} device(s), so an array can be split over 1 to {have} "
+                f"--in {name}={count}: JAX has {have} device(s), so an array can be split over 1 to {have} "
                 f"of them; use `{name}={have}` for all of them."
             )
-        return make_mesh(MeshShape((AUTO_AXIS,), (count,)), devices=None if count == len(jax.local_devices()) else count)
+        return make_mesh(MeshShape((AUTO_AXIS,), (count,)), devices=None if count == len(jax.devices()) else count)
     if is_mesh(namespace.get("mesh")):
         return namespace["mesh"]
     raise UsageError(
@@ -162,9 +162,9 @@ def split(value, devices: int | None = None, axis: int = 0):
     """The one-liner for PositionalSharding's users: split `axis` over `devices` devices (all by default)."""
     import jax
 
-    count = devices or len(jax.local_devices())
+    count = devices or len(jax.devices())
     spec = (None,) * axis + (count,)
-    mesh = make_mesh(MeshShape((AUTO_AXIS,), (count,)), devices=None if count == len(jax.local_devices()) else count)
+    mesh = make_mesh(MeshShape((AUTO_AXIS,), (count,)), devices=None if count == len(jax.devices()) else count)
     return place(value, mesh, spec)
 
 

@@ -38,9 +38,9 @@ def per_device_summary(name: str, stacked, k: int, device_ids: list[int], coords
     total = len(device_ids)
     per_shape = tuple(stacked.shape[k:])
     head, same = _summariser()(stacked, total)
-    same = bool(same)
+    same = bool(to_host(same))
     shown = 1 if same else min(total, MAX_TILES)
-    head = np.asarray(head)[:shown]  # the only values that ever leave the devices
+    head = to_host(head)[:shown]  # the only values that ever leave the devices
     tiles = []
     for row in range(shown):
         ids = device_ids if same else [device_ids[row]]
@@ -58,6 +58,18 @@ def per_device_summary(name: str, stacked, k: int, device_ids: list[int], coords
         "omitted": 0 if same else total - shown,
         "same_text": f"same on all {total} devices" if same else None,
     }
+
+
+def to_host(value):
+    """A small device value as NumPy. In a cluster a global array is not all on this process's
+    devices: every process then gathers it (the processes run this same code together)."""
+    import numpy as np
+
+    if getattr(value, "is_fully_addressable", True):
+        return np.asarray(value)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(value, tiled=True))
 
 
 @functools.lru_cache(maxsize=1)

@@ -96,7 +96,7 @@ def test_select_all_first_n_and_ids():
 
 @pytest.mark.parametrize(
     "selection, pattern",
-    [(16, r"16.*8 local device"), (0, r"8 local device"), ((0, 99), r"no local device with id 99"),
+    [(16, r"16.*JAX has 8 device"), (0, r"JAX has 8 device"), ((0, 99), r"no device with id 99"),
      ((1, 1), r"listed twice")],
 )
 def test_select_devices_errors(selection, pattern):

@@ -75,6 +75,12 @@ def flag(name: str):
     return st.just(name)
 
 
+hardware = st.sampled_from(["tpu-v4", "tpu-v5e", "tpu-v5p", "h100", "a100", "H100", "tpu-v9", "", "custom:",
+                            "custom:flops=1e15,hbm=3.3e12,bw=4.5e11,memory=80GiB", "custom:flops=x", "custom:flops=1e15",
+                            f"custom:flops={CANARY}()"])
+memory_sizes = st.sampled_from(["16GiB", "16 GiB", "16GB", "1.5TiB", "17179869184", "0", "-1GiB", "16G", "lots",
+                                "1e400GiB", "nanGiB", f"{CANARY}()"])
+planning = st.one_of(flag("--plan"), option("--hardware", hardware), option("--device-memory", memory_sizes))
 pmap_lines = line_of(
     option("-a", names | bad_names), option("--axis-name", names | bad_names),
     option("--devices", counts | st.sampled_from(["0 2 4 6", "0,1", "0 0", "x"])),
@@ -82,15 +88,17 @@ pmap_lines = line_of(
     option("--merge", names | bad_names), option("--in-axes", literals), option("--out-axes", literals),
     option("--static-broadcasted-argnums", literals), option("--donate-argnums", literals),
     flag("--show"), flag("--no-show"), flag("--report"), flag("--nope"), flag("-"), flag("--"),
+    flag("--collectives"), flag("--as-code"), planning,
 )
 shard_lines = line_of(
     option("--mesh", meshes | names | bad_names), option("--in", assignments), option("--out", assignments),
     st.lists(assignments, min_size=2, max_size=3).map(lambda a: "--in " + " ".join(a)),
-    flag("--show"), flag("--no-show"), flag("--report"), flag("--bogus"),
+    flag("--show"), flag("--no-show"), flag("--report"), flag("--bogus"), flag("--as-code"), planning,
 )
 shard_map_lines = line_of(
     option("--mesh", meshes | names | bad_names), option("--in", assignments), option("--out", assignments),
     flag("--no-check-vma"), flag("--show"), flag("--no-show"), flag("--report"), flag("--check-vma"),
+    flag("--collectives"), flag("--as-code"), planning,
 )
 mesh_lines = line_of(
     meshes, axis_sizes, names, option("--name", names | bad_names), option("--axis-types", st.sampled_from(
@@ -167,8 +175,10 @@ def run_through_shell(ip, magic: str, line: str):
         assert snapshot(ip.user_ns) == before
         return False
     changed = {n for n in set(before) | set(ip.user_ns) if before.get(n) != id(ip.user_ns.get(n, before))}
-    allowed = {"pmap": {"y"}, "shard": {"y", "x"}, "shard_map": {"y"}, "mesh": set(ip.user_ns) - set(before) | {"mesh", "m"},
-               "sharding": set(), "devices": set()}[magic]
+    if magic == "mesh":
+        allowed = {parse_line("mesh", line).name}  # %mesh binds the name it is given
+    else:
+        allowed = {"pmap": {"y"}, "shard": {"y", "x"}, "shard_map": {"y"}, "sharding": set(), "devices": set()}[magic]
     assert changed <= allowed | {"_", "__", "___"}, changed
     return True
 

@@ -152,3 +152,10 @@ def test_memory_size_must_be_at_least_a_byte(text):
 def test_memory_size_names_the_option_it_came_from():
     with pytest.raises(UsageError, match=r"^plan\(device_memory=\) 12 parsecs"):
         parse_memory_size("12 parsecs", "plan(device_memory=)")
+
+
+@pytest.mark.parametrize("text", ["1e400GiB", "1e31", "9" * 400])
+def test_absurd_memory_sizes_are_usage_errors(text):
+    """Found by tests/test_fuzz_lines.py: 1e400GiB raised OverflowError."""
+    with pytest.raises(UsageError):
+        parse_memory_size(text)

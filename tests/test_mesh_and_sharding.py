@@ -186,7 +186,7 @@ def test_mesh_duplicate_device_ids(ip):
 
 
 def test_mesh_unknown_device_id(ip):
-    assert "no local device with id 9" in mesh_error(ip, "data=2 --devices 0 9")
+    assert "no device with id 9" in mesh_error(ip, "data=2 --devices 0 9")
 
 
 @pytest.mark.parametrize("line", ["data=0", "data=-2", "data=x", "data=4 model", "data=2 data=4"])

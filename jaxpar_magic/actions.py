@@ -1,0 +1,217 @@
+"""What each magic does, as data: run the engines on an options record (lines.py) and say what to
+show, print and bind. No display, no IPython.
+
+The magic layer (magics.py) decides *where* an action runs: in the kernel, where it displays the
+outcome and binds its names, or in every process of a cluster (remote.py), where each process
+binds its names and the kernel shows one outcome built from theirs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import UsageError
+
+ARRAY_VIEWS = ("results", "sharding", "collectives")  # views whose devices may span processes
+
+
+@dataclass
+class Outcome:
+    """What a magic's run produced."""
+
+    views: list = field(default_factory=list)  # (kind, state): devices, mesh, sharding, results, collectives, plan
+    text: str = ""  # what it prints
+    bindings: dict = field(default_factory=dict)  # names for the namespace, bound in one step once shown
+    final: object = None  # the cell's value (IPython's Out), when it has one
+    has_final: bool = False
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """The magics' configurable defaults (%config JaxparMagics.*), passed along to where a magic runs."""
+
+    axis_name: str = "i"
+    show: bool = True
+
+
+def run(magic: str, options, source: str | None, namespace: dict, defaults: Defaults) -> Outcome:
+    """Run `magic` with its parsed `options` over `namespace` (read, never written)."""
+    return _ACTIONS[magic](options, source, namespace, defaults)
+
+
+# --- line magics ---------------------------------------------------------------------------------
+
+def devices(options, source, namespace, defaults) -> Outcome:
+    from .devices import devices_state, simulate
+
+    if options.simulate is not None:
+        simulate(options.simulate)
+    return Outcome(views=[("devices", devices_state())])
+
+
+def mesh(options, source, namespace, defaults) -> Outcome:
+    from .shard import is_mesh, make_mesh
+    from .summaries import mesh_state
+
+    if options.shape is None:
+        name = options.show_name
+        if not is_mesh(namespace.get(name)):
+            raise UsageError(f"%mesh {name}: no mesh called {name!r} in your namespace. Build one with `%mesh data=4 model=2`.")
+        return Outcome(views=[("mesh", mesh_state(namespace[name], name))])
+    built = make_mesh(options.shape, options.devices, options.axis_types, options.abstract)
+    views = [("mesh", mesh_state(built, options.name))] if options.show else []
+    return Outcome(views=views, bindings={options.name: built})
+
+
+def sharding(options, source, namespace, defaults) -> Outcome:
+    from .runner import is_array_tree
+
+    for name in options.names:
+        if name not in namespace:
+            raise UsageError(f"%sharding {name}: {name!r} is not defined.")
+        if not is_array_tree(namespace[name], abstract=True):
+            raise UsageError(
+                f"%sharding {name}: {name!r} is a {type(namespace[name]).__name__}; %sharding shows arrays "
+                "(jax.Array, or jax.ShapeDtypeStruct with a sharding), or a dict/list/tuple of them."
+            )
+    return Outcome(views=[v for name in options.names for v in sharding_views(name, namespace[name])])
+
+
+# --- cell magics -------------------------------------------------------------------------------
+
+def pmap(options, source, namespace, defaults) -> Outcome:
+    from .pmapping import ParallelFunction, pmap_cell
+    from .summaries import report_figures, result_state
+
+    axis_name = options.axis_name or defaults.axis_name
+    if options.as_code:
+        return _as_code("pmap", options, source, namespace, axis_name=axis_name)
+    if options.plan is not None:
+        return _plan("pmap", options, source, namespace, axis_name=axis_name, devices=options.devices,
+                     mesh=options.mesh, broadcast=options.broadcast, split=options.split, merge=options.merge)
+    show = defaults.show if options.show is None else options.show
+    result = pmap_cell(
+        source, namespace, axis_name=axis_name, devices=options.devices, mesh=options.mesh,
+        broadcast=options.broadcast, split=options.split, merge=options.merge, in_axes=options.in_axes,
+        out_axes=options.out_axes, static_broadcasted_argnums=options.static_broadcasted_argnums,
+        donate_argnums=options.donate_argnums, want_facts=show or options.report, bind=False,
+        collectives=options.collectives,
+    )
+    if isinstance(result, dict):  # function mode
+        lines = []
+        if show:
+            recorded = "; its first call shows what each collective did" if options.collectives else ""
+            lines = [f"{name}: pmapped over {fn.mesh.devices.size} devices, axes {fn.axis_names}; original at "
+                     f"{name}.__wrapped__{recorded}" for name, fn in result.items() if isinstance(fn, ParallelFunction)]
+        return Outcome(text="\n".join(lines), bindings=result)
+    outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final)
+    if show:
+        outputs = dict(result.per_device)
+        if result.has_final and result.final_per_device and not result.cell.final_is_output:
+            outputs["(result)"] = result.final
+        figures = report_figures(result.facts, result.run_ms) if options.report and result.facts else None
+        sizes = "x".join(str(s) for s in result.mesh.devices.shape)
+        title = f"%%pmap over {sizes} devices (axis {', '.join(result.mesh.axis_names)})"
+        outcome.views.append(("results", result_state(title, result.mesh, outputs, result.facts, result.cell.line,
+                                                      figures)))
+    elif options.report and result.facts is not None:
+        f = result.facts
+        outcome.text = (f"compile {f.compile_ms:.1f} ms, run {result.run_ms:.2f} ms, flops {f.flops}, bytes "
+                        f"{f.bytes_accessed}, collectives {[c.op for c in f.collectives]}")
+    if result.collectives is not None:
+        outcome.views.append(("collectives", result.collectives))
+    return outcome
+
+
+def shard(options, source, namespace, defaults) -> Outcome:
+    from .shard import shard_cell
+
+    if options.as_code:
+        return _as_code("shard", options, source, namespace)
+    if options.plan is not None:
+        return _plan("shard", options, source, namespace, mesh=options.mesh, in_specs=options.in_specs,
+                     out_specs=options.out_specs)
+    show = defaults.show if options.show is None else options.show
+    result = shard_cell(source, namespace, mesh=options.mesh, in_specs=options.in_specs,
+                        out_specs=options.out_specs, want_facts=options.report, bind=False)
+    outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final)
+    if show:
+        shown = dict(result.placed)
+        shown.update({n: result.outputs[n] for n in result.device_outputs})
+        if result.has_final and result.final_is_array and not result.cell.final_is_output:
+            shown["(result)"] = result.final
+        outcome.views += [v for name, value in shown.items() for v in sharding_views(name, value)]
+    if options.report and result.facts is not None:
+        outcome.views.append(_program_report("%%shard program", result))
+    return outcome
+
+
+def shard_map(options, source, namespace, defaults) -> Outcome:
+    from .shardmap import shard_map_cell
+    from .summaries import report_figures, result_state
+
+    if options.as_code:
+        return _as_code("shard_map", options, source, namespace)
+    if options.plan is not None:
+        return _plan("shard_map", options, source, namespace, mesh=options.mesh, in_specs=options.in_specs,
+                     out_specs=options.out_specs, check_vma=options.check_vma)
+    show = defaults.show if options.show is None else options.show
+    result = shard_map_cell(source, namespace, mesh=options.mesh, in_specs=options.in_specs,
+                            out_specs=options.out_specs, check_vma=options.check_vma,
+                            want_facts=show or options.report, bind=False, collectives=options.collectives)
+    outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final)
+    if show:
+        device = {n: result.outputs[n] for n in result.device_outputs}
+        if result.has_final and result.final_is_array and not result.cell.final_is_output:
+            device["(result)"] = result.final
+        sizes = ", ".join(f"{n}={s}" for n, s in result.mesh.shape.items())
+        figures = report_figures(result.facts, result.run_ms) if options.report and result.facts else None
+        title = f"%%shard_map over {result.mesh.devices.size} devices ({sizes}): each device's block"
+        outcome.views.append(("results", result_state(title, result.mesh, device, result.facts, result.cell.line,
+                                                      figures, blocks=True)))
+        outcome.views += [v for name, value in device.items() for v in sharding_views(name, value)]
+    elif options.report and result.facts is not None:
+        outcome.views.append(_program_report("%%shard_map program", result))
+    if result.collectives is not None:
+        outcome.views.append(("collectives", result.collectives))
+    return outcome
+
+
+_ACTIONS = {"devices": devices, "mesh": mesh, "sharding": sharding, "pmap": pmap, "shard": shard,
+            "shard_map": shard_map}
+
+
+# --- shared steps --------------------------------------------------------------------------------
+
+def sharding_views(name: str, value) -> list:
+    """One sharding view per array leaf of `value` (a pytree is shown leaf by leaf)."""
+    import jax
+
+    from .summaries import sharding_state
+
+    return [("sharding", sharding_state(name + jax.tree_util.keystr(path), leaf))
+            for path, leaf in jax.tree_util.tree_leaves_with_path(value)]
+
+
+def _program_report(title: str, result) -> tuple:
+    from .summaries import program_report_state
+
+    return ("results", program_report_state(title, result.mesh, result.facts, result.run_ms, result.cell.line))
+
+
+def _plan(magic: str, options, source, namespace, **engine_options) -> Outcome:
+    """--plan: the cell compiled for its mesh, never run; its names bound as ShapeDtypeStructs."""
+    from .planned import plan_cell
+
+    plan = plan_cell(source, namespace, magic=magic, hardware=options.plan.hardware,
+                     device_memory=options.plan.device_memory, bind=False, **engine_options)
+    sizes = ", ".join(f"{n}={s}" for n, s in plan.axes.items())
+    title = f"%%{magic} --plan over {plan.mesh.devices.size} devices ({sizes})"
+    views = [] if options.show is False else [("plan", plan.state(title))]
+    return Outcome(views=views, bindings=plan.bindings)
+
+
+def _as_code(magic: str, options, source, namespace, **extra) -> Outcome:
+    """--as-code: the plain JAX the cell stands for; nothing runs, nothing is bound."""
+    from .ascode import as_code
+
+    return Outcome(text=as_code(magic, options, source, namespace, **extra))
