@@ -4,7 +4,7 @@
 the JAX backend, so `%devices --simulate 8` still works afterwards. Every magic has a plain-Python
 twin, importable from here: `pmap`, `pmap_cell`, `simulate`, `show_devices`, `make_mesh`,
 `show_mesh`, `show_sharding`, `shard_cell`, `place`, `plan`, `split`, `shard_map_cell`,
-`compile_plan`, `plan_cell`.
+`compile_plan`, `plan_cell`, and `Cluster` (the multi-process cluster behind `%cluster`).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ _TWINS = {
     "shard_map_cell": ("shardmap", "shard_map_cell"),
     "compile_plan": ("planning", "compile_plan"),
     "plan_cell": ("planned", "plan_cell"),
+    "Cluster": ("cluster", "Cluster"),
 }
 
 

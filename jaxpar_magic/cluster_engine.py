@@ -1,0 +1,224 @@
+"""What runs ON the cluster's engines: joining jax.distributed, facts, moving data, two-phase cells.
+
+The kernel (`cluster.py`) sends these functions by reference with ipyparallel's `apply`; every
+engine imports this module from the same environment as the kernel. Nothing here talks to other
+engines except through JAX itself, and nothing here imports JAX before `join` has configured it.
+
+State kept between two requests (pending bindings, the namespace snapshot) lives in module
+globals: an engine runs one request at a time, in the order the kernel sent them.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+
+from .errors import UsageError
+
+_pending: dict[str, dict] = {}  # token -> bindings of a call, applied only when the kernel commits
+_snapshot: dict | None = None  # the namespace as it was before the running %%cluster cell
+_coordinator: str | None = None  # the address this engine joined with (JAX has no public getter)
+
+
+def namespace() -> dict:
+    """The engine's IPython user namespace: where cells run and names live."""
+    from IPython import get_ipython
+
+    return get_ipython().user_ns
+
+
+# --- joining -----------------------------------------------------------------------------------
+def join(rank: int, num_processes: int, coordinator: str, bind_address: str | None, simulate: int | None,
+         init_timeout: int, heartbeat_timeout: int, shutdown_timeout: int,
+         local_device_ids: list[int] | None = None) -> dict:
+    """Configure JAX and join `jax.distributed`: the engine's very first JAX act. Returns `facts()`.
+
+    `simulate` pins the CPU platform with that many devices (before the backend starts).
+    `local_device_ids` restricts the process to those GPUs of its host (several local processes on
+    a multi-GPU box: one GPU each); CPU and TPU backends ignore it.
+    `bind_address` None lets JAX listen on every interface (multi-host); local clusters pass
+    127.0.0.1. Short timeouts make a lost peer noticed in seconds instead of JAX's minutes.
+    An engine that already joined (a second `connect` to the same engines) keeps its JAX cluster
+    when it matches.
+    """
+    global _coordinator
+    import jax
+
+    if jax.distributed.is_initialized():
+        if (jax.process_count(), jax.process_index()) != (num_processes, rank):
+            raise UsageError(
+                f"this engine already belongs to a JAX cluster of {jax.process_count()} processes as process "
+                f"{jax.process_index()}, not {num_processes} processes as process {rank}. Restart the engines "
+                "(`ipcluster stop` then `ipcluster start`), then `%cluster connect` again."
+            )
+        return facts()
+    if simulate is not None:
+        jax.config.update("jax_platforms", "cpu")
+        jax.config.update("jax_num_cpu_devices", simulate)
+    options = dict(
+        coordinator_address=coordinator,
+        num_processes=num_processes,
+        process_id=rank,
+        initialization_timeout=init_timeout,
+        heartbeat_timeout_seconds=heartbeat_timeout,
+        shutdown_timeout_seconds=shutdown_timeout,
+    )
+    if bind_address is not None:
+        options["coordinator_bind_address"] = bind_address
+    if local_device_ids is not None:
+        options["local_device_ids"] = local_device_ids
+    jax.distributed.initialize(**options)
+    _coordinator = coordinator
+    return facts()
+
+
+def whereami() -> dict:
+    """Host and pid, without touching JAX: what `connect` needs before choosing a coordinator."""
+    return {"host": socket.gethostname(), "pid": os.getpid()}
+
+
+def free_port() -> int:
+    """A TCP port free on this host right now, for the coordinator that rank 0 will host."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def facts() -> dict:
+    """This process's place in the JAX cluster, small enough to send back."""
+    import jax
+
+    return {
+        "rank": jax.process_index(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "platform": jax.default_backend(),
+        "coordinator": _coordinator,  # None when something else joined this engine to JAX
+        "local_devices": [str(d) for d in jax.local_devices()],
+        "local_device_ids": [int(d.id) for d in jax.local_devices()],
+        # Every process sees the same global order; the kernel splits scattered rows by it.
+        "global_devices": [(int(d.id), int(d.process_index)) for d in jax.devices()],
+    }
+
+
+def probe() -> None:
+    """A tiny collective over every process: after an interrupt it hangs if JAX's cluster is broken."""
+    from jax.experimental import multihost_utils
+
+    multihost_utils.sync_global_devices("jaxpar_magic probe")
+
+
+def hard_exit() -> None:
+    """Leave at once. JAX's preemption handler swallows SIGTERM, so a fast stop asks for this."""
+    os._exit(0)
+
+
+# --- two-phase calls -----------------------------------------------------------------------------
+def run_phase(token: str, func_path: str, *args) -> dict:
+    """Phase one of `Cluster.call`: run `module:function` as `func(namespace, *args)`.
+
+    The arguments travel as apply's own arguments, so ipyparallel cans what it can at their top
+    level (functions defined in the kernel, the values of a dict like `push`'s).
+
+    The function returns `(reply, bindings)`. The reply goes back to the kernel; the bindings wait
+    under `token` until the kernel says `commit` (every process succeeded) or `discard`.
+    """
+    module_name, _, function_name = func_path.partition(":")
+    func = getattr(importlib.import_module(module_name), function_name)
+    reply, bindings = func(namespace(), *args)
+    if bindings:
+        _pending[token] = dict(bindings)
+    return {"reply": reply, "pending": bool(bindings)}
+
+
+def commit(token: str) -> None:
+    """Phase two, when every process succeeded: bind the names in one step."""
+    namespace().update(_pending.pop(token, {}))
+
+
+def discard(token: str) -> None:
+    """Phase two, when some process failed: forget the names."""
+    _pending.pop(token, None)
+
+
+def echo_bindings(namespace: dict, values: dict) -> tuple[dict, dict]:
+    """A `call`-able function that binds `values` as they are (what `Cluster.push` runs)."""
+    return {"names": sorted(values)}, dict(values)
+
+
+# --- %%cluster cells: snapshot, then keep or roll back --------------------------------------------
+def snapshot() -> None:
+    """Remember every name's object before a cell runs (a shallow copy: objects are not copied)."""
+    global _snapshot
+    _snapshot = dict(namespace())
+
+
+def restore() -> None:
+    """Undo a failed cell's rebindings and new names. In-place mutation of objects stays."""
+    global _snapshot
+    if _snapshot is None:
+        return
+    ns = namespace()
+    for name in [n for n in ns if n not in _snapshot]:
+        del ns[name]
+    for name, value in _snapshot.items():
+        if name not in ns or ns[name] is not value:
+            ns[name] = value
+    _snapshot = None
+
+
+def forget_snapshot() -> None:
+    global _snapshot
+    _snapshot = None
+
+
+# --- moving data --------------------------------------------------------------------------------
+def import_rows(namespace: dict, rows: dict, global_shapes: dict, axis_name: str) -> tuple[dict, dict]:
+    """Scatter's engine side: this process's rows -> a global jax.Array split over all devices.
+
+    `rows[name]` holds the rows of this process's devices, in global device order; the global
+    array's leading axis is split over `jax.devices()` along a 1-D mesh axis `axis_name`. No
+    collective runs: each process only places its own rows.
+    """
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    sharding = NamedSharding(Mesh(np.array(jax.devices()), (axis_name,)), PartitionSpec(axis_name))
+    bindings = {
+        name: jax.make_array_from_process_local_data(sharding, local, tuple(global_shapes[name]))
+        for name, local in rows.items()
+    }
+    reply = {name: (tuple(value.shape), str(value.dtype)) for name, value in bindings.items()}
+    return reply, bindings
+
+
+def export_values(namespace: dict, names: list[str]) -> tuple[dict, dict]:
+    """Gather's engine side. Per name: ("missing",), ("global", shape, dtype, shards) for a
+    jax.Array spanning processes (only the shards with replica_id 0, with their indices), or
+    ("value", value) for anything else (a process-local jax.Array as numpy)."""
+    import jax
+    import numpy as np
+
+    reply = {}
+    from ipyparallel.serialize import serialize_object
+
+    for name in names:
+        if name not in namespace:
+            reply[name] = ("missing",)
+            continue
+        value = namespace[name]
+        if isinstance(value, jax.Array) and not value.is_fully_addressable:
+            shards = [(shard.index, np.asarray(shard.data)) for shard in value.addressable_shards
+                      if shard.replica_id == 0]
+            reply[name] = ("global", tuple(value.shape), str(value.dtype), shards)
+        elif isinstance(value, jax.Array):
+            reply[name] = ("value", np.asarray(value))
+        else:
+            try:
+                serialize_object(value)
+            except Exception as error:  # whatever stops it from travelling, the kernel says so for this name
+                reply[name] = ("unsendable", type(value).__name__, f"{type(error).__name__}: {error}")
+                continue
+            reply[name] = ("value", value)
+    return reply, {}
