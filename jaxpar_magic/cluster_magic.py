@@ -93,8 +93,9 @@ HELP = "\n\n".join([
 
 
 # --- entry points --------------------------------------------------------------------------------
-def line(shell, line: str, default_timeout: float):
-    """`%cluster SUBCOMMAND ...`. Returns the status object for `status`, else None."""
+def parse(line: str):
+    """The parse step of `%cluster SUBCOMMAND ...`: (subcommand, argparse namespace), every option
+    checked, or a UsageError. (subcommand, None) asks for the subcommand's help."""
     words = shell_words(line, "%cluster")
     if not words:
         raise UsageError(f"%cluster needs a subcommand: {', '.join(PARSERS)}. `%cluster?` shows their options.")
@@ -106,16 +107,42 @@ def line(shell, line: str, default_timeout: float):
             "every process with the %%cluster cell magic. `%cluster?` shows their options."
         )
     if "-h" in rest or "--help" in rest:
-        print(parser.format_help())
+        return name, None
+    args = parser.parse_args(rest)
+    if getattr(args, "timeout", None) is not None:
+        _timeout(args.timeout, None, f"%cluster {name}")
+    for option in ("n", "simulate"):
+        value = getattr(args, option, None)
+        if value is not None and value < 1:
+            flag = "-n" if option == "n" else "--simulate"
+            raise UsageError(f"%cluster {name} {flag} {value}: it must be at least 1, e.g. "
+                             "`%cluster start -n 2 --simulate 4`.")
+    if getattr(args, "names", None) is not None:
+        python_names(args.names, f"%cluster {name}")
+    return name, args
+
+
+def parse_cell(line: str):
+    """The parse step of `%%cluster [--timeout S] [--targets RANKS]`."""
+    args = CELL_PARSER.parse_args(shell_words(line, "%%cluster"))
+    _timeout(args.timeout, None, "%%cluster")
+    return args
+
+
+def line(shell, line: str, default_timeout: float):
+    """`%cluster SUBCOMMAND ...`. Returns the status object for `status`, else None."""
+    name, args = parse(line)
+    if args is None:
+        print(PARSERS[name].format_help())
         return None
-    return _HANDLERS[name](shell, parser.parse_args(rest), default_timeout)
+    return _HANDLERS[name](shell, args, default_timeout)
 
 
 def cell(shell, line: str, cell: str, default_timeout: float) -> None:
     """`%%cluster [--timeout S] [--targets RANKS]`: the cell in every process (or the targets)."""
     from .cluster import ClusterCellError, explain_missing_name
 
-    args = CELL_PARSER.parse_args(shell_words(line, "%%cluster"))
+    args = parse_cell(line)
     timeout = _timeout(args.timeout, default_timeout, "%%cluster")
     cluster = _running("%%cluster")
     targets = parse_targets(args.targets, len(cluster.processes))
@@ -243,6 +270,6 @@ def _kernel_values(shell, names: list[str], action: str) -> dict:
 
 
 def _timeout(given: float | None, default: float | None, magic: str) -> float | None:
-    if given is not None and not given > 0:
-        raise UsageError(f"{magic} --timeout {given:g}: a timeout is a positive number of seconds.")
+    if given is not None and not 0 < given < float("inf"):  # nan and inf too: every wait has an end
+        raise UsageError(f"{magic} --timeout {given:g}: a timeout is a positive, finite number of seconds.")
     return default if given is None else given

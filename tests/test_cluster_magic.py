@@ -77,9 +77,10 @@ def test_cluster_cell_needs_a_cluster(ip):
         cluster_magic.cell(ip, "", "print(1)", TIMEOUT)
 
 
-def test_cell_timeout_must_be_positive(ip):
-    with pytest.raises(UsageError, match="--timeout 0: a timeout is a positive number"):
-        cluster_magic.cell(ip, "--timeout 0", "print(1)", TIMEOUT)
+@pytest.mark.parametrize("value", ["0", "-3", "nan", "inf"])
+def test_cell_timeout_must_be_positive_and_finite(ip, value):
+    with pytest.raises(UsageError, match=f"--timeout {value}: a timeout is a positive, finite number"):
+        cluster_magic.cell(ip, f"--timeout {value}", "print(1)", TIMEOUT)
 
 
 def test_status_without_a_cluster_says_how_to_start_one(ip):

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
+from jaxpar_magic import cluster_magic
 from jaxpar_magic.magics import parse_line
 from shell_helpers import N_DEVICES, snapshot
 
@@ -108,18 +109,38 @@ mesh_lines = line_of(
 sharding_lines = line_of(names, bad_names)
 devices_lines = line_of(option("--simulate", counts), flag("--other"))
 
+cluster_lines = st.one_of(
+    st.tuples(st.sampled_from(["start", "connect", "status", "stop", "restart", "push", "scatter", "gather",
+                               "bogus", "", "START"]),
+              line_of(option("-n", counts), option("--processes", counts), option("--simulate", counts),
+                      option("--timeout", st.sampled_from(["10", "0", "-1", "nan", "inf", "1e400", "x", "2.5"])),
+                      option("--profile", names | bad_names), option("--cluster-id", names | bad_names),
+                      option("--coordinator", st.sampled_from(["127.0.0.1:1234", "host", "::", "a:b:c"])),
+                      names, bad_names, flag("--help"))).map(" ".join),
+)
+cluster_cell_lines = line_of(option("--timeout", st.sampled_from(["10", "0", "-5", "nan", "inf", "x"])),
+                             option("--targets", st.sampled_from(["0", "0,1", "1-3", "3-1", "a", "-1", "0 1"])),
+                             flag("--bogus"))
+
 GRAMMARS = {"pmap": pmap_lines, "shard": shard_lines, "mesh": mesh_lines, "sharding": sharding_lines,
             "devices": devices_lines, "shard_map": shard_map_lines}
 
 
+PARSED_ONLY = {"cluster": cluster_lines, "cluster_cell": cluster_cell_lines}  # running them starts processes
+
+
 def any_line(magic: str):
-    return st.one_of(GRAMMARS[magic], text, special, long_text,
-                     st.tuples(GRAMMARS[magic], special).map(" ".join))
+    grammar = GRAMMARS.get(magic) or PARSED_ONLY[magic]
+    return st.one_of(grammar, text, special, long_text, st.tuples(grammar, special).map(" ".join))
 
 
 def parses_or_usage_error(magic: str, line: str):
     parse_line.cache_clear()  # each example parses for real
     try:
+        if magic == "cluster":
+            return cluster_magic.parse(line)
+        if magic == "cluster_cell":
+            return cluster_magic.parse_cell(line)
         return parse_line(magic, line)
     except UsageError as err:
         message = str(err)
@@ -130,7 +151,7 @@ def parses_or_usage_error(magic: str, line: str):
 
 # --- the parse step, hard ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("magic", sorted(GRAMMARS))
+@pytest.mark.parametrize("magic", sorted(GRAMMARS) + sorted(PARSED_ONLY))
 @sized(FAST)
 @given(data=st.data())
 def test_every_line_parses_or_is_a_usage_error(magic, data):
@@ -138,7 +159,7 @@ def test_every_line_parses_or_is_a_usage_error(magic, data):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("magic", sorted(GRAMMARS))
+@pytest.mark.parametrize("magic", sorted(GRAMMARS) + sorted(PARSED_ONLY))
 @sized(SLOW)
 @given(data=st.data())
 def test_every_line_parses_or_is_a_usage_error_many(magic, data):
