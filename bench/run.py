@@ -26,9 +26,24 @@ Sections (numbers match the table):
   6. bytes each view sends to the browser, small vs large
   7. Chromium rendering the 4,096-device mesh view (skipped, with the reason, when Chromium,
      Playwright or js/mesh.js is missing)
+  8. memory over 300 distinct `%%pmap` cells, each over a fresh 8 MiB input, vs hand-written
+     `jax.pmap` over 300 distinct functions: RSS and heap growth over the last 200, what our caches
+     hold, the same after `jax.clear_caches()` (fresh processes; sections_memory.py)
+  9. re-running a cached `%%shard_map` cell (block matmul, 4x2 mesh) vs a hand-written
+     `jax.jit(jax.shard_map(...))` (9b: control; sections_engines.py)
+ 10. `--collectives`: a cell's first run with it vs without it (fresh cell texts, both compile);
+     10b: a cached re-run without the flag after one with it vs a plain cached re-run
+     (sections_engines.py)
+ 11. `%%shard --plan` of the issue's train step on 512 simulated devices vs the bare
+     `jax.jit(f).lower(...).compile()` (fresh processes; sections_plan.py)
+ 12. `%cluster` with 2 processes x 4 devices on loopback: start, a cached `%%pmap` re-run on the
+     cluster vs the same computation sent by hand through ipyparallel (as `%%px` sends it),
+     `%cluster gather` of 8 MiB, stop (one child process; sections_cluster.py; its rows say why when
+     the cluster magics are not there or not wired yet)
 When a ratio misses its target (and always with --profile), the run ends with where our time per
-call goes, step by step, measured in place. `--skip 2 3 7` leaves out the subprocess and browser
-sections for a quick look.
+call goes, step by step, measured in place. `--skip 2 3 7` leaves out the slowest subprocess and
+browser sections; `--only 9 10` runs just those. Shared helpers (timing, the table, children,
+the profiler) live in benchkit.py; the sections 8-12 in the sections_*.py modules beside this file.
 
 Timing method: every comparison interleaves its cases (ours, hand-written, ours, ...; the order
 flips every repetition), times batches of calls with `time.perf_counter`, and reports the median
@@ -36,15 +51,17 @@ flips every repetition), times batches of calls with `time.perf_counter`, and re
 machine XLA's CPU collectives deadlock when ~50-70 collective programs are in flight, so the
 hand-written side has to block too to survive (our engine blocks for the same reason).
 
-`--child MODE` is internal: the script runs itself in fresh subprocesses for the cold-start and
-guard measurements (the guard one dispatches collectives without blocking, so a hang there must
-not take the whole run down).
+First runs (section 10) and one-off figures (3, 8, 11, 12) are timed once per run or per fresh
+process and reported as medians, with every run in the details.
+
+`--child MODE` is internal: the script runs itself in fresh subprocesses for the cold-start,
+guard, memory, 512-device plan and cluster measurements (each with a timeout: a hang or a crash
+there must not take the whole run down, and the run never waits forever).
 """
 from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import json
 import os
 import platform
@@ -52,152 +69,27 @@ import statistics
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
-from unittest import mock
 
-DEVICES = 8
-TARGET_US = 1000.0  # the per-call workload we tune to (~1 ms)
-RATIO_TARGET = 1.10
+import sections_cluster
+import sections_engines
+import sections_memory
+import sections_plan
+from benchkit import (
+    DETAILS, DEVICES, RATIO_TARGET, ChildFailed, Timing, compare_row, detail, device_mesh, emit, fmt_bytes,
+    fmt_us, interleaved, ipython_steps, log, make_shell, paired_ratio, print_profile, print_table, profile_steps, row,
+    run_child, shown_widgets, start_jax, tune, under_action,
+)
+
 PMAP_SRC = "y = lax.psum(x @ x, 'i')\n"
 PMAP_FN_SRC = "def step(x):\n    return lax.psum(x @ x, 'i')\n"
 SHARD_SRC = "c = a @ b\n"
-MARK = "BENCH-JSON "
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]
 ORIGIN = "http://jpm.bench"
-
-
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-# --- timing --------------------------------------------------------------------------------------
-
-@dataclass
-class Timing:
-    median: float  # seconds per call
-    min: float
-    samples: list[float] = field(default_factory=list)
-
-    @property
-    def us(self) -> float:
-        return self.median * 1e6
-
-
-def interleaved(cases: dict, reps: int, batch: int, warmup: int = 3) -> dict[str, Timing]:
-    """Per-call time of each case: `reps` batches of `batch` calls, cases interleaved, order flipped
-    every repetition so neither side always runs right after the other."""
-    for fn in cases.values():
-        for _ in range(warmup):
-            fn()
-    samples = {k: [] for k in cases}
-    order = list(cases)
-    for rep in range(reps):
-        for key in (order if rep % 2 == 0 else order[::-1]):
-            fn = cases[key]
-            start = time.perf_counter()
-            for _ in range(batch):
-                fn()
-            samples[key].append((time.perf_counter() - start) / batch)
-    return {k: Timing(statistics.median(v), min(v), v) for k, v in samples.items()}
-
-
-def paired_ratio(ours: Timing, hand: Timing) -> float:
-    """Median of the per-repetition ratios (each repetition ran both sides back to back)."""
-    return statistics.median(a / b for a, b in zip(ours.samples, hand.samples))
-
-
-# --- the table -----------------------------------------------------------------------------------
-
-ROWS: list[tuple[str, str, str, str, str, str, str]] = []
-DETAILS: list[str] = []
-
-
-def row(section, what, ours, reference, ratio="", extra="", target=""):
-    ROWS.append((str(section), what, ours, reference, ratio, extra, target))
-
-
-def detail(text: str) -> None:
-    DETAILS.append(text)
-
-
-def fmt_us(seconds: float) -> str:
-    us = seconds * 1e6
-    return f"{us / 1000:.3f} ms" if us >= 1000 else f"{us:.0f} µs"
-
-
-def fmt_bytes(n: int) -> str:
-    if n < 1024:
-        return f"{n} B"
-    if n < 1024 * 1024:
-        return f"{n / 1024:.1f} KiB"
-    return f"{n / 1024 / 1024:.2f} MiB"
-
-
-def verdict(ratio: float, target: float = RATIO_TARGET) -> str:
-    return f"≤ {target:.2f}: {'meets' if ratio <= target else 'MISSES'}"
-
-
-def compare_row(section, what, t: dict, ours: str, hand: str, target: float | None = RATIO_TARGET):
-    o, h = t[ours], t[hand]
-    ratio = o.median / h.median
-    row(section, what, f"{fmt_us(o.median)} (min {fmt_us(o.min)})", f"{fmt_us(h.median)} (min {fmt_us(h.min)})",
-        f"{ratio:.2f} (paired {paired_ratio(o, h):.2f}, min {o.min / h.min:.2f})",
-        f"{(o.median - h.median) * 1e6:+.0f} µs", verdict(ratio, target) if target else "")
-    return ratio
-
-
-def print_table(out=sys.stdout) -> None:
-    head = ("#", "measure", "ours", "reference (hand-written / small case)", "ratio", "extra", "target")
-    print("| " + " | ".join(head) + " |", file=out)
-    print("|" + "|".join("---" for _ in head) + "|", file=out)
-    for r in ROWS:
-        print("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |", file=out)
-
-
-# --- the process under test ----------------------------------------------------------------------
-
-def start_jax():
-    import jax
-
-    jax.config.update("jax_num_cpu_devices", DEVICES)  # before the backend starts
-    assert jax.device_count() == DEVICES, jax.devices()
-    return jax
-
-
-def make_shell():
-    from IPython.core.interactiveshell import InteractiveShell
-    from traitlets.config import Config
-
-    config = Config()
-    config.HistoryManager.enabled = False
-    return InteractiveShell.instance(config=config)
-
-
-def device_mesh(jax):
-    import numpy as np
-
-    return jax.sharding.Mesh(np.array(jax.devices()), ("i",))  # Auto axes, like our engine's mesh
-
-
-def tune(build, sizes, label: str):
-    """The size in `sizes` whose blocking call (hand-written side) is nearest TARGET_US."""
-    best = None
-    for size in sizes:
-        call = build(size)
-        t = interleaved({"c": call}, reps=7, batch=10, warmup=3)["c"]
-        log(f"tune {label}: size {size} -> {t.us:.0f} µs/call")
-        score = abs(t.us - TARGET_US)
-        if best is None or score < best[0]:
-            best = (score, size, t.us)
-        if t.us > TARGET_US:
-            break
-    return best[1], best[2]
 
 
 def engine_module():
@@ -355,23 +247,6 @@ def bench_guard(n: int, args):
 
 
 # --- 3: cold start ---------------------------------------------------------------------------------
-
-class ChildFailed(RuntimeError):
-    pass
-
-
-def run_child(argv: list[str], timeout: float, env_extra: dict | None = None) -> dict:
-    env = dict(os.environ, **(env_extra or {}))
-    try:
-        proc = subprocess.run([sys.executable, __file__, "--child", *argv], capture_output=True, text=True,
-                              timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        raise ChildFailed(f"--child {' '.join(argv)} did not finish in {timeout:.0f} s (hang?)") from None
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(MARK):
-            return json.loads(line[len(MARK):])
-    raise ChildFailed(f"--child {' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip()[-400:]}")
-
 
 def child_cold(kind: str, n: int) -> dict:
     """One cold start, timed from a ready IPython shell (a kernel has one before any cell runs)."""
@@ -580,13 +455,16 @@ def bench_views(jax, sh, n_pmap):
             "", "")
         detail(f"6. {what}: large {lg}, small {sm} (bytes; 'widget' = the whole synced widget state, "
                "ES module and CSS included)")
-    # The real 8-device result view of the %%pmap cell above, with its collectives (what a user gets).
-    from jaxpar_magic import pmap_cell
+    # The real 8-device result view of the %%pmap cell above, with its collectives, as the magic shows it.
+    from IPython.utils.capture import capture_output
+    from jax import lax
 
-    result = pmap_cell(PMAP_SRC, dict(sh.user_ns), want_facts=True, bind=False)
-    from jaxpar_magic.magics import result_view as real_result_view
-
-    real = view_sizes(real_result_view(result, "%%pmap over 8 devices (axis i)", report=True))
+    if "x" not in sh.user_ns:  # section 1 was skipped
+        sh.user_ns.update(x=jnp.ones((DEVICES, n_pmap, n_pmap), jnp.float32), lax=lax)
+    with capture_output() as captured:
+        sh.run_cell_magic("pmap", "--report", PMAP_SRC)
+    (shown,) = [w for w in shown_widgets(captured) if type(w).__name__ == "ResultView"]
+    real = view_sizes(shown)
     detail(f"6. the real result view of the benchmark's %%pmap cell (y [{n_pmap},{n_pmap}] per device, one "
            f"all-reduce, --report): {real}")
     widget = view_sizes(show_mesh(mesh8))
@@ -645,8 +523,6 @@ window.benchReady = true;
 
 
 def bench_chromium(args):
-    import importlib.resources
-
     reasons = []
     if not CHROMIUM.exists():
         reasons.append(f"no Chromium at {CHROMIUM}")
@@ -654,9 +530,16 @@ def bench_chromium(args):
         import playwright.sync_api  # noqa: F401
     except ImportError:
         reasons.append("playwright is not installed")
-    js = importlib.resources.files("jaxpar_magic.js")
-    if not js.joinpath("mesh.js").is_file():
-        reasons.append("the installed package has no js/mesh.js yet")
+    from jaxpar_magic.views.base import assets  # the wheel's jaxpar_magic.js, or a source checkout's js/
+
+    try:
+        js = assets()
+    except Exception as exc:  # whatever stops the package from finding its views' files is the reason to skip
+        js, missing = None, f"the package finds no js/ folder ({type(exc).__name__}: {exc})"
+    else:
+        missing = None if js.joinpath("mesh.js").is_file() else "the package has no js/mesh.js yet"
+    if missing:
+        reasons.append(missing)
     if reasons:
         row(7, "Chromium render of the 4,096-device mesh view", "skipped: " + "; ".join(reasons), "", "", "", "")
         return
@@ -720,75 +603,20 @@ def bench_chromium(args):
 
 # --- where the time goes (when a ratio misses its target) ---------------------------------------------
 
-def _timed(store: dict, label: str, fn):
-    @functools.wraps(fn)  # keeps IPython's marks on a magic (e.g. @output_can_be_silenced)
-    def wrapper(*a, **k):
-        start = time.perf_counter()
-        try:
-            return fn(*a, **k)
-        finally:
-            store[label] = store.get(label, 0.0) + time.perf_counter() - start
-    return wrapper
-
-
-def _profile(owners: list, run, calls: int) -> list[tuple[str, float]]:
-    """Inclusive µs per call of each (owner, attribute, label) while `run()` repeats, measured in
-    place: each step is wrapped with a perf_counter for this diagnosis only (a wrapper costs well
-    under 1 µs), and put back afterwards."""
-    store: dict[str, float] = {}
-    with ExitStack() as stack:
-        for owner, attr, label in owners:
-            original = owner[attr] if isinstance(owner, dict) else getattr(owner, attr)
-            if isinstance(owner, dict):
-                stack.enter_context(mock.patch.dict(owner, {attr: _timed(store, label, original)}))
-            elif isinstance(owner, type) and isinstance(owner.__dict__.get(attr), staticmethod):
-                stack.enter_context(mock.patch.object(owner, attr, staticmethod(_timed(store, label, original))))
-            else:
-                stack.enter_context(mock.patch.object(owner, attr, _timed(store, label, original)))
-        for _ in range(100):
-            run()
-        store.clear()
-        for _ in range(calls):
-            run()
-    return [(label, store.get(label, 0.0) / calls * 1e6) for _, _, label in owners]
-
-
-def _ipython_steps(sh, magic: str) -> list:
-    """What every re-run of one of our cell magics goes through on the IPython side. The line's
-    parse and the cell's transform are cached per text (magics._parsed, magics._transformed): the
-    IPython steps under them run only the first time a text is seen, so they read ~0 on re-runs."""
-    from IPython.core.displayhook import DisplayHook
-    from IPython.core.interactiveshell import InteractiveShell
-
-    import jaxpar_magic.magics as magics
-
-    head = [
-        (InteractiveShell, "run_cell_magic", "IPython InteractiveShell.run_cell_magic (everything)"),
-        (DisplayHook, "semicolon_at_end_of_expression",
-         "  IPython DisplayHook.semicolon_at_end_of_expression (only for @output_can_be_silenced magics)"),
-        (sh.magics_manager.magics["cell"], magic, f"  jaxpar_magic/magics.py:JaxparMagics.{magic}"),
-        (magics, "_parsed", "    jaxpar_magic/magics.py:_parsed (the line's parse, cached per text)"),
-        (magics, "parse_argstring", "      IPython magic_arguments.parse_argstring (on a cache miss)"),
-        (magics, "_transformed", "    jaxpar_magic/magics.py:_transformed (the cell's transform, cached per text)"),
-        (sh, "transform_cell", "      IPython InteractiveShell.transform_cell (on a cache miss)"),
-        (magics, "_silenced", "    jaxpar_magic/magics.py:_silenced (trailing ';')"),
-    ]
-    return head
-
-
 def profile_pmap_rerun(jax, sh, calls: int = 2000):
+    import jaxpar_magic.cell as cells
     import jaxpar_magic.runner as runner
 
     engine = engine_module()
     eng = "jaxpar_magic/" + Path(engine.__file__).name
     program = engine._block_cache[next(k for k in engine._block_cache if k[0] == PMAP_SRC)]
-    owners = _ipython_steps(sh, "pmap") + [
+    owners = ipython_steps(sh, "pmap") + under_action([
         (engine, "pmap_cell", f"    {eng}:pmap_cell"),
         (engine, "mesh_for", f"      {eng}:mesh_for"),
         (engine, "run_block", f"      {eng}:run_block"),
         (runner.Rerun, "args", "        jaxpar_magic/runner.py:Rerun.args (the short path's input checks)"),
         (engine, "_plan_block", f"        {eng}:_plan_block (the full path: only when the short path declines)"),
-        (engine, "check_axis_names", f"          {eng}:check_axis_names"),
+        (cells, "check_axis_names", "          jaxpar_magic/cell.py:check_axis_names"),
         (engine, "plan_inputs", "          jaxpar_magic/runner.py:plan_inputs"),
         (engine, "run_program", "        jaxpar_magic/runner.py:run_program"),
         (program, "jitted", "          the compiled program's call (dispatch)"),
@@ -796,14 +624,15 @@ def profile_pmap_rerun(jax, sh, calls: int = 2000):
         (runner, "shape_signature", "          jaxpar_magic/runner.py:shape_signature (the short path reuses the first run's)"),
         (runner.Rerun, "remember", "        jaxpar_magic/runner.py:Rerun.remember"),
         (engine, "_block_result", f"        {eng}:_block_result (binds the outputs)"),
-    ]
-    return _profile(owners, lambda: sh.run_cell_magic("pmap", "--no-show", PMAP_SRC), calls)
+    ])
+    return profile_steps(owners, lambda: sh.run_cell_magic("pmap", "--no-show", PMAP_SRC), calls)
 
 
 def profile_pmap_view(jax, sh, calls: int = 300):
     """Where a re-run that shows the per-device result view (the default) spends its time."""
     from IPython.utils.capture import capture_output
 
+    import jaxpar_magic.actions as actions
     import jaxpar_magic.magics as magics
     import jaxpar_magic.summaries as summaries
     from jaxpar_magic.views.base import ViewBase
@@ -812,11 +641,13 @@ def profile_pmap_view(jax, sh, calls: int = 300):
     eng = "jaxpar_magic/" + Path(engine.__file__).name
     owners = [
         (sh.magics_manager.magics["cell"], "pmap", "jaxpar_magic/magics.py:JaxparMagics.pmap (everything)"),
-        (engine, "pmap_cell", f"  {eng}:pmap_cell (the run itself, with want_facts)"),
-        (engine, "facts_for", "    jaxpar_magic/runner.py:facts_for (the program's collectives and costs, cached)"),
-        (magics, "result_view", "  jaxpar_magic/magics.py:result_view"),
+        # actions.run dispatches through its table of actions: the entry there is what gets called.
+        (getattr(actions, "_ACTIONS", actions), "pmap", "  jaxpar_magic/actions.py:pmap (the run and the view's state)"),
+        (engine, "pmap_cell", f"    {eng}:pmap_cell (the run itself, with want_facts)"),
+        (engine, "facts_for", "      jaxpar_magic/runner.py:facts_for (the program's collectives and costs, cached)"),
         (summaries, "result_state", "    jaxpar_magic/summaries.py:result_state"),
         (summaries, "per_device_summary", "      jaxpar_magic/summaries.py:per_device_summary (one jitted call per output, then formatting)"),
+        (magics, "view_of", "  jaxpar_magic/magics.py:view_of (the widget for a state)"),
         (ViewBase, "__init__", "    jaxpar_magic/views/base.py:ViewBase.__init__ (anywidget/ipywidgets widget)"),
         (magics, "display", "  IPython display() of the view (formats text/html and text/plain)"),
     ]
@@ -824,7 +655,7 @@ def profile_pmap_view(jax, sh, calls: int = 300):
     def run():
         with capture_output():
             sh.run_cell_magic("pmap", "", PMAP_SRC)
-    return _profile(owners, run, calls)
+    return profile_steps(owners, run, calls)
 
 
 def profile_function_call(jax, step, x, calls: int = 2000):
@@ -839,20 +670,16 @@ def profile_function_call(jax, step, x, calls: int = 2000):
         (cls, "_arg_names", "      ParallelFunction._arg_names (inspect.signature on every call)"),
         (engine, "block_on_cpu_collectives", "  jaxpar_magic/runner.py:block_on_cpu_collectives (the guard)"),
     ]
-    return _profile(owners, lambda: step(x), calls)
+    return profile_steps(owners, lambda: step(x), calls)
 
 
 def profile_shard_rerun(jax, sh, calls: int = 2000):
-    import jaxpar_magic.magics as magics
     import jaxpar_magic.runner as runner
     import jaxpar_magic.shard as shard_engine
-    import jaxpar_magic.specs as specs
 
     line = "--mesh mesh --in a=None,data b=data,None --no-show"
     program = shard_engine._cache[next(k for k in shard_engine._cache if k[0] == SHARD_SRC)]
-    owners = _ipython_steps(sh, "shard") + [
-        (magics, "_assignments", "    jaxpar_magic/magics.py:_assignments (--in, --out; cached per text)"),
-        (specs, "parse_assignments", "      jaxpar_magic/specs.py:parse_assignments (on a cache miss)"),
+    owners = ipython_steps(sh, "shard") + under_action([
         (shard_engine, "shard_cell", "    jaxpar_magic/shard.py:shard_cell"),
         (shard_engine, "resolve_mesh", "      jaxpar_magic/shard.py:resolve_mesh"),
         (shard_engine, "run_shard", "      jaxpar_magic/shard.py:run_shard"),
@@ -865,14 +692,8 @@ def profile_shard_rerun(jax, sh, calls: int = 2000):
         (jax, "block_until_ready", "          jax.block_until_ready (waiting for the devices)"),
         (runner, "shape_signature", "          jaxpar_magic/runner.py:shape_signature (the short path reuses the first run's)"),
         (runner.Rerun, "remember", "        jaxpar_magic/runner.py:Rerun.remember"),
-    ]
-    return _profile(owners, lambda: sh.run_cell_magic("shard", line, SHARD_SRC), calls)
-
-
-def print_profile(title: str, lines, out=sys.stdout) -> None:
-    print(f"\n{title}", file=out)
-    for label, us in lines:
-        print(f"  {us:8.1f} µs  {label}", file=out)
+    ])
+    return profile_steps(owners, lambda: sh.run_cell_magic("shard", line, SHARD_SRC), calls)
 
 
 def package_provenance() -> str:
@@ -897,34 +718,45 @@ def package_provenance() -> str:
         if path.endswith((".py", ".js", ".css")):
             committed[path] = meta.split()[2]
     found = {}
-    for file in installed.rglob("*"):
+    files = [(file, file.relative_to(installed).as_posix()) for file in installed.rglob("*")]
+    source_checkout = installed == repo / "jaxpar_magic"  # pip install -e . (or the root on sys.path)
+    if source_checkout:  # the package reads its ES modules from the checkout's js/ then
+        files += [(file, "js/" + file.relative_to(repo / "js").as_posix()) for file in (repo / "js").rglob("*")]
+    for file, rel in files:
         if file.suffix in (".py", ".js", ".css") and "__pycache__" not in file.parts:
-            rel = file.relative_to(installed).as_posix()
             path = rel if rel.startswith("js/") else f"jaxpar_magic/{rel}"  # the wheel carries js/ as jaxpar_magic/js
             data = file.read_bytes()
             found[path] = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    where = f"from the source checkout at {repo} (editable)" if source_checkout else f"installed at {installed}"
     changed = sorted(p for p in found if p in committed and found[p] != committed[p])
     extra = sorted(p for p in found if p not in committed)
     missing = sorted(p for p in committed if p not in found)
     if not (changed or extra or missing):
-        return f"jaxpar_magic {jaxpar_magic.__version__} installed at {installed}, identical to commit {head}"
+        return f"jaxpar_magic {jaxpar_magic.__version__} {where}, identical to commit {head}"
     parts = [f"changed: {', '.join(changed)}" if changed else "", f"not in the commit: {', '.join(extra)}" if extra else "",
              f"missing: {', '.join(missing)}" if missing else ""]
-    return (f"jaxpar_magic {jaxpar_magic.__version__} installed at {installed}, DIFFERS from commit {head} "
+    return (f"jaxpar_magic {jaxpar_magic.__version__} {where}, DIFFERS from commit {head} "
             f"({'; '.join(p for p in parts if p)})")
 
 
 # --- main --------------------------------------------------------------------------------------------
 
+CHILD_MODES = {
+    "cold": lambda kind, n: child_cold(kind, int(n)),
+    "guard": lambda n, reps: child_guard(int(n), int(reps)),
+    "memory": lambda mode, cells, window: sections_memory.child_memory(mode, int(cells), int(window)),
+    "plan": lambda mode: sections_plan.child_plan(mode),
+    "cluster": lambda n, reps, gathers: sections_cluster.child_cluster(int(n), int(reps), int(gathers)),
+}
+SECTIONS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12")
+DEFAULT_N = 160  # the %%pmap workload when section 1 (which tunes it) is skipped
+
+
 def child_main(argv: list[str]) -> None:
     mode = argv[0]
-    if mode == "cold":
-        data = child_cold(argv[1], int(argv[2]))
-    elif mode == "guard":
-        data = child_guard(int(argv[1]), int(argv[2]))
-    else:
+    if mode not in CHILD_MODES:
         raise SystemExit(f"unknown child mode {mode!r}")
-    print(MARK + json.dumps(data), flush=True)
+    emit(CHILD_MODES[mode](*argv[1:]))
 
 
 def main() -> None:
@@ -932,13 +764,27 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=60, help="interleaved repetitions per comparison (default 60)")
     parser.add_argument("--cold-runs", type=int, default=5, help="fresh processes per cold-start case (default 5)")
     parser.add_argument("--browser-runs", type=int, default=5, help="Chromium renders per state (default 5)")
+    parser.add_argument("--first-runs", type=int, default=10,
+                        help="section 10: first runs per case, each of a fresh cell text (default 10, at most --reps)")
+    parser.add_argument("--memory-cells", type=int, default=300,
+                        help="section 8: distinct cells per process (default 300; growth is read over the last 200)")
+    parser.add_argument("--memory-runs", type=int, default=3, help="section 8: fresh processes per side (default 3)")
+    parser.add_argument("--plan-runs", type=int, default=5, help="section 11: fresh processes per side (default 5)")
+    parser.add_argument("--cluster-gathers", type=int, default=5, help="section 12: timed gathers of 8 MiB (default 5)")
     parser.add_argument("--profile", action="store_true", help="always print where our per-call time goes")
-    parser.add_argument("--skip", nargs="*", default=[], metavar="N", help="sections to skip, e.g. --skip 3 7")
+    parser.add_argument("--skip", nargs="*", default=[], metavar="N", choices=SECTIONS,
+                        help="sections to skip, e.g. --skip 3 7 (1 skips 1-2, 2 the guard subprocess 2b, 4 or 5 both)")
+    parser.add_argument("--only", nargs="*", default=None, metavar="N", choices=SECTIONS,
+                        help="run only these sections, e.g. --only 8 9 10 11 12")
     parser.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child_main(args.child)
         return
+    skip = set(args.skip) | (set(SECTIONS) - set(args.only) if args.only is not None else set())
+
+    def wanted(*sections) -> bool:
+        return not any(s in skip for s in sections)
 
     began = time.perf_counter()
     jax = start_jax()
@@ -946,23 +792,41 @@ def main() -> None:
 
     sh = make_shell()
     sh.run_line_magic("load_ext", "jaxpar_magic")
-    ratios: dict[str, float] = {}
-    log("1-2: %%pmap re-run and function mode")
-    n, x, r = bench_pmap(jax, sh, args)
-    ratios.update(r)
-    if "2" not in args.skip:
+    ratios: dict[str, tuple[float, float]] = {}  # section -> (ratio, its target)
+    n, x = DEFAULT_N, None
+    if wanted("1"):
+        log("1-2: %%pmap re-run and function mode")
+        n, x, r = bench_pmap(jax, sh, args)
+        ratios.update({k: (v, RATIO_TARGET) for k, v in r.items()})
+    if wanted("2"):
         log("2b: the CPU-collective guard (subprocess)")
         bench_guard(n, args)
-    if "3" not in args.skip:
+    if wanted("3"):
         log("3: cold start (subprocesses)")
         bench_cold(n, args)
-    log("4-5: %%shard re-run and collectives")
-    ratios.update(bench_shard(jax, sh, args))
-    log("6: view sizes")
-    bench_views(jax, sh, n)
-    if "7" not in args.skip:
+    if wanted("4", "5"):
+        log("4-5: %%shard re-run and collectives")
+        ratios.update({k: (v, RATIO_TARGET) for k, v in bench_shard(jax, sh, args).items()})
+    if wanted("6"):
+        log("6: view sizes")
+        bench_views(jax, sh, n)
+    if wanted("7"):
         log("7: Chromium")
         bench_chromium(args)
+    if wanted("8"):
+        sections_memory.bench_memory(args)
+    if wanted("9"):
+        log("9: %%shard_map re-run")
+        ratios.update(sections_engines.bench_shard_map(jax, sh, args))
+    if wanted("10"):
+        log("10: --collectives")
+        ratios.update(sections_engines.bench_collectives(jax, sh, args))
+    if wanted("11"):
+        log("11: --plan on 512 simulated devices (subprocesses)")
+        sections_plan.bench_plan(args)
+    if wanted("12"):
+        log("12: %cluster, 2 processes x 4 devices (subprocess)")
+        sections_cluster.bench_cluster(args)
 
     cpu = platform.processor() or platform.machine()
     print(f"# jaxpar_magic benchmark — {datetime.date.today().isoformat()}")
@@ -979,17 +843,20 @@ def main() -> None:
     for d in DETAILS:
         print(f"- {d}")
 
-    missed = {k for k, v in ratios.items() if v > RATIO_TARGET}
+    missed = {k for k, (ratio, target) in ratios.items() if ratio > target}
     if missed or args.profile:
         print("\nwhere the per-call time goes (inclusive µs per call, measured in place; indented = called by the line above):")
-        if "1" in missed or args.profile:
-            print_profile("1. cached %%pmap re-run:", profile_pmap_rerun(jax, sh))
-        print_profile("1c. cached %%pmap re-run showing the result view (no target; for the record):",
-                      profile_pmap_view(jax, sh))
-        if "2" in missed or args.profile:
+        if wanted("1"):
+            if "1" in missed or args.profile:
+                print_profile("1. cached %%pmap re-run:", profile_pmap_rerun(jax, sh))
+            print_profile("1c. cached %%pmap re-run showing the result view (no target; for the record):",
+                          profile_pmap_view(jax, sh))
+        if "2" in missed or (args.profile and wanted("1")):
             print_profile("2. ParallelFunction call:", profile_function_call(jax, sh.user_ns["step"], x))
-        if "4" in missed or args.profile:
+        if "4" in missed or (args.profile and wanted("4", "5")):
             print_profile("4. cached %%shard re-run:", profile_shard_rerun(jax, sh))
+        if "9" in missed or (args.profile and wanted("9")):
+            print_profile("9. cached %%shard_map re-run:", sections_engines.profile_shard_map_rerun(jax, sh))
     print(f"\ntotal bench time: {time.perf_counter() - began:.0f} s")
 
 
