@@ -13,7 +13,7 @@ from .fingerprints import fingerprint
 from .layout import spec_axes
 from .runner import (
     BoundedCache, CellProgram, ProgramFacts, Rerun, analyse_cached, capture_outputs, facts_for, is_abstract, is_array,
-    plan_inputs, run_program,
+    plan_inputs, run_program, within_mesh,
 )
 from .specs import MeshShape, parse_mesh_shape
 
@@ -198,10 +198,11 @@ def _compile(cell, inputs, namespace, mesh, out_specs) -> CellProgram:
     program = CellProgram(jitted=None)
 
     def whole_program(*args):
-        outs, final = fn(*args)
-        for name, spec in out_specs.items():
-            outs[name] = jax.lax.with_sharding_constraint(outs[name], NamedSharding(mesh, P(*spec)))
-        return capture_outputs(program, outs, final, lambda v: v)
+        with within_mesh(mesh):
+            outs, final = fn(*args)
+            for name, spec in out_specs.items():
+                outs[name] = jax.lax.with_sharding_constraint(outs[name], NamedSharding(mesh, P(*spec)))
+            return capture_outputs(program, outs, final, lambda v: v)
 
     program.jitted = jax.jit(whole_program)
     return program
@@ -219,9 +220,9 @@ def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs
         placed = {name: namespace[name] for name in in_specs}
     program = rerun.program
     (device, final), run_ms, signature = run_program(
-        _cache, rerun.key, program, args, cell, mesh.axis_names, mesh, signature=rerun.signature)
+        _cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
     rerun.remember(_reruns, rerun_key, signature, placed)
-    facts = facts_for(program, signature, args, mesh, cell, context_mesh=mesh) if want_facts else None
+    facts = facts_for(program, signature, args, mesh, cell) if want_facts else None
     outputs = dict(program.static_outputs)
     outputs.update(device)
     final, final_is_array = program.final_of(final)
@@ -306,7 +307,8 @@ def plan_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_spec
             value = jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=NamedSharding(mesh, P(*spec)))
         args.append(value)
     program = _compile(cell, inputs, namespace, mesh, out_specs)
-    return plan_program(program, args, mesh, cell, names=inputs, hardware=hardware, device_memory=device_memory)
+    return plan_program(program, args, mesh, cell, names=inputs, hardware=hardware, device_memory=device_memory,
+                        set_mesh=False)
 
 
 def shard_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None,

@@ -21,7 +21,7 @@ from .fingerprints import fingerprint
 from .layout import spec_axes
 from .runner import (
     BoundedCache, CellProgram, ProgramFacts, Rerun, analyse_cached, capture_outputs, collectives_view_state, facts_for,
-    plan_inputs, run_program, traced,
+    plan_inputs, run_program, traced, within_mesh,
 )
 from .shard import check_spec, is_mesh, resolve_mesh
 
@@ -171,15 +171,15 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, collect
 
     def on_blocks(mapped):
         def whole(*args):
-            if explicit:  # Explicit axes: inputs must already carry the spec shard_map is given
-                args = [jax.reshard(a, s) for a, s in zip(args, in_specs)]
-            return mapped(*args)
+            with within_mesh(mesh):
+                if explicit:  # Explicit axes: inputs must already carry the spec shard_map is given
+                    args = [jax.reshard(a, s) for a, s in zip(args, in_specs)]
+                return mapped(*args)
         return whole
 
     args = [_abstract(namespace[n]) for n in inputs]
-    with jax.set_mesh(mesh):
-        jax.eval_shape(on_blocks(jax.shard_map(probe, mesh=mesh, in_specs=in_specs, out_specs=(),
-                                               check_vma=check_vma)), *args)
+    jax.eval_shape(on_blocks(jax.shard_map(probe, mesh=mesh, in_specs=in_specs, out_specs=(), check_vma=check_vma)),
+                   *args)
 
     final_spec = None
     chosen = {}
@@ -295,7 +295,8 @@ def plan_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_
     args = [jax.tree.map(lambda leaf, s=spec: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
                                                                     sharding=NamedSharding(mesh, P(*s))),
                          namespace[n]) for n, spec in zip(inputs, specs)]
-    return plan_program(program, args, mesh, cell, names=inputs, hardware=hardware, device_memory=device_memory)
+    return plan_program(program, args, mesh, cell, names=inputs, hardware=hardware, device_memory=device_memory,
+                        set_mesh=False)
 
 
 def _plan(cell, namespace, mesh, in_specs, out_specs, check_vma, collectives=False):
@@ -338,10 +339,10 @@ def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_s
             raise
     program, chosen = rerun.program
     results, run_ms, signature = run_program(
-        _cache, rerun.key, program, args, cell, mesh.axis_names, mesh, signature=rerun.signature)
+        _cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
     rerun.remember(_reruns, rerun_key, signature)
     device, final = results[0], results[1]
-    facts = facts_for(program, signature, args, mesh, cell, context_mesh=mesh) if want_facts or collectives else None
+    facts = facts_for(program, signature, args, mesh, cell) if want_facts or collectives else None
     cards = (collectives_view_state(program, results[2], "collectives of the %%shard_map cell", mesh, cell, facts)
              if collectives else None)
     outputs = dict(program.static_outputs)
