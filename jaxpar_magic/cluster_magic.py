@@ -11,6 +11,7 @@ from IPython.core.magic_arguments import MagicArgumentParser
 
 from .errors import UsageError
 from .lines import python_names, shell_words
+from .progress import Progress
 
 
 class _Parser(MagicArgumentParser):
@@ -147,7 +148,8 @@ def cell(shell, line: str, cell: str, default_timeout: float) -> None:
     cluster = _running("%%cluster")
     targets = parse_targets(args.targets, len(cluster.processes))
     try:
-        cluster.execute(cell, targets=targets, timeout=timeout)
+        with Progress(f"running on {len(targets) if targets is not None else len(cluster.processes)} processes"):
+            cluster.execute(cell, targets=targets, timeout=timeout)
     except ClusterCellError as error:
         explained = explain_missing_name(error, shell.user_ns)
         if explained is not None:
@@ -232,18 +234,22 @@ def _restart(shell, args, default_timeout):
 
 def _push(shell, args, default_timeout):
     values = _kernel_values(shell, args.names, "push")
-    _running("%cluster push").push(values, timeout=_timeout(args.timeout, default_timeout, "push"))
+    with Progress(f"pushing {' '.join(args.names)}"):
+        _running("%cluster push").push(values, timeout=_timeout(args.timeout, default_timeout, "push"))
 
 
 def _scatter(shell, args, default_timeout):
     values = _kernel_values(shell, args.names, "scatter")
-    _running("%cluster scatter").scatter(values, timeout=_timeout(args.timeout, default_timeout, "scatter"))
+    with Progress(f"scattering {' '.join(args.names)}"):
+        _running("%cluster scatter").scatter(values, timeout=_timeout(args.timeout, default_timeout, "scatter"))
 
 
 def _gather(shell, args, default_timeout):
     names = python_names(args.names, "%cluster gather")
     timeout = _timeout(args.timeout, default_timeout, "gather")
-    shell.user_ns.update(_running("%cluster gather").gather(names, timeout=timeout))
+    with Progress(f"gathering {' '.join(names)}"):
+        gathered = _running("%cluster gather").gather(names, timeout=timeout)
+    shell.user_ns.update(gathered)
 
 
 _HANDLERS = {"start": _start, "connect": _connect, "status": _status, "stop": _stop, "restart": _restart,

@@ -22,7 +22,8 @@ from .errors import UsageError, explain_trace_error
 from .fingerprints import fingerprint
 from .runner import (
     CACHE_SIZE, BoundedCache, CellProgram, ProgramFacts, analyse_cached, block_on_cpu_collectives, capture_outputs,
-    collectives_view_state, Rerun, facts_for, has_collectives_on_cpu, plan_inputs, program_facts, run_program, traced,
+    collectives_view_state, compile_progress, Rerun, facts_for, has_collectives_on_cpu, plan_inputs, program_facts,
+    run_program, traced,
 )
 
 # --- block mode --------------------------------------------------------------------------------
@@ -449,7 +450,14 @@ class ParallelFunction:
             return self._recorded_call(args)
         slot, dynamic = self._jitted_for(args)
         jitted = slot[0]
-        out = self._explained(jitted, dynamic)
+        if slot[1] is None:  # the first call of this configuration compiles: say so if it takes a while
+            import jax
+
+            with compile_progress():
+                out = self._explained(jitted, dynamic)
+                jax.block_until_ready(out)
+        else:
+            out = self._explained(jitted, dynamic)
         if slot[1] is None:  # once per configuration: does this program need the CPU guard?
             slot[1] = has_collectives_on_cpu(self.mesh, jitted, dynamic)
         block_on_cpu_collectives(out, slot[1])
