@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 import tempfile
 from pathlib import Path
 
@@ -86,6 +87,51 @@ def _assigned_names(body: str) -> list[str]:
     return names
 
 
+_CELL_MAGIC = re.compile(r"%%(pmap|shard_map|shard)\b")
+_SHOW_LAST = re.compile(r"(?:jaxpar_magic\.)?show_(devices|mesh|sharding)\(.*\)$")
+_RECORDED_AGAIN = re.compile(r"([A-Za-z_]\w*)\.collectives\(\)$")
+
+
+def _flags(line: str) -> set[str]:
+    """The `--options` of a magic line (a word that starts with `--`)."""
+    return set(re.findall(r"(?<!\S)--[a-z][a-z-]*", line))
+
+
+def _cell_magic_views(magic: str, first: str, body: str) -> tuple[list[str], list[str]]:
+    """The view kinds a `%%pmap`/`%%shard`/`%%shard_map` cell shows, and the functions it binds to
+    record their collectives on their first call (`%%pmap --collectives` in function mode)."""
+    flags = _flags(first)
+    if "--as-code" in flags:  # prints the plain JAX, runs nothing
+        return [], []
+    if "--plan" in flags:  # the plan view only; the names are bound as ShapeDtypeStructs
+        return ([] if "--no-show" in flags else ["plan"]), []
+    show = "--no-show" not in flags
+    report = "--report" in flags
+    kinds: list[str] = []
+    if magic == "pmap":
+        functions = re.findall(r"^def\s+([A-Za-z_]\w*)", body, re.M)
+        if functions:  # function mode: the cell shows nothing; a first call may
+            return [], functions if "--collectives" in flags else []
+        if show:
+            kinds.append("results")
+    elif magic == "shard":
+        if show:
+            ins = re.search(r"--in((?:\s+(?!-)\S+)+)", first)
+            # `--in v1s=data w=P(None, 'model')`: a word starting `name=` names an input.
+            placed = re.findall(r"(?:^|\s)([A-Za-z_]\w*)=", ins.group(1)) if ins else []
+            kinds += ["sharding"] * (len(placed) + len(_assigned_names(body)))
+        if report:
+            kinds.append("results")
+    else:  # shard_map
+        if show:
+            kinds += ["results"] + ["sharding"] * len(_assigned_names(body))
+        elif report:
+            kinds.append("results")
+    if "--collectives" in flags:
+        kinds.append("collectives")
+    return kinds, []
+
+
 def expected_views(nb: nbformat.NotebookNode) -> list[tuple[int, str]]:
     """(cell index, view kind) for every view the notebook's magics should display, in page order.
 
@@ -96,30 +142,34 @@ def expected_views(nb: nbformat.NotebookNode) -> list[tuple[int, str]]:
     * `%%shard` (no `--no-show`) shows one ``sharding`` view per `--in` name, then one per name
       its body assigns at top level (every such name must hold an array); with `--report` it then
       shows a ``results`` view (the program report), even with `--no-show`;
-    * a plain cell whose last line is ``[jaxpar_magic.]show_<kind>(...)`` shows that view;
+    * `%%shard_map` (no `--no-show`) shows a ``results`` view (every device's block), then one
+      ``sharding`` view per name its body assigns at top level (every such name must hold an
+      array); with `--no-show`, `--report` still shows a ``results`` view;
+    * `--collectives` then adds one ``collectives`` view (all the cell's cards), even with
+      `--no-show`; in function mode (`%%pmap --collectives` over `def`s) the cell shows nothing,
+      and the first later plain cell that calls such a function shows a ``collectives`` view
+      (after the cell's line-magic views);
+    * `--plan` shows only a ``plan`` view (none with `--no-show`); `--as-code` shows no view;
+    * a plain cell whose last line is ``[jaxpar_magic.]show_<kind>(...)`` shows that view, and one
+      whose last line is ``fn.collectives()`` a ``collectives`` view;
     * a cell tagged ``raises-exception`` shows nothing.
-    """
-    import re
 
+    A final expression that is an array is not counted: example cells end in a statement or a
+    non-array value.
+    """
     views = []
+    recording: list[str] = []  # bound by `%%pmap --collectives`, not called yet
     for index, cell in enumerate(nb.cells):
         if cell.cell_type != "code" or "raises-exception" in cell.metadata.get("tags", []):
             continue
         source = cell.source.lstrip()
         first = source.splitlines()[0] if source else ""
         body = source.partition("\n")[2]
-        if first.startswith("%%pmap"):
-            if "--no-show" not in first and not re.search(r"^def ", source, re.M):
-                views.append((index, "results"))
-            continue
-        if first.startswith("%%shard"):
-            if "--no-show" not in first:
-                ins = re.search(r"--in((?:\s+(?!-)\S+)+)", first)
-                # `--in v1s=data w=P(None, 'model')`: a word starting `name=` names an input.
-                placed = re.findall(r"(?:^|\s)([A-Za-z_]\w*)=", ins.group(1)) if ins else []
-                views += [(index, "sharding")] * (len(placed) + len(_assigned_names(body)))
-            if re.search(r"\s--report\b", first):
-                views.append((index, "results"))
+        magic = _CELL_MAGIC.match(first)
+        if magic:
+            kinds, functions = _cell_magic_views(magic.group(1), first, body)
+            views += [(index, kind) for kind in kinds]
+            recording += [name for name in functions if name not in recording]
             continue
         if first.startswith("%%"):
             continue
@@ -130,8 +180,13 @@ def expected_views(nb: nbformat.NotebookNode) -> list[tuple[int, str]]:
                 views.append((index, "mesh"))
             elif re.match(r"%sharding\b", line):
                 views += [(index, "sharding")] * len(line.split()[1:])
+        for name in [n for n in recording if re.search(rf"(?<![\w.]){re.escape(n)}\(", source)]:
+            views.append((index, "collectives"))
+            recording.remove(name)
         last = source.rstrip().splitlines()[-1] if source.strip() else ""
-        shown = re.match(r"(?:jaxpar_magic\.)?show_(devices|mesh|sharding)\(.*\)$", last)
+        shown = _SHOW_LAST.match(last)
         if shown:
             views.append((index, shown.group(1)))
+        elif _RECORDED_AGAIN.match(last):
+            views.append((index, "collectives"))
     return views

@@ -38,6 +38,24 @@ SAYS = {
         "P('data', 'model')", "4096 distinct blocks on 4096 devices",  # sharding views
         "%%shard program", "all-reduce",  # the --report views
     ],
+    "shard_map_chapter.ipynb": [
+        "8 cpu devices",  # the device view
+        "each device's block", "c[2:4, 0:4]", "float32[1, 4]",  # result views: blocks and their slices
+        "P('x', 'y')", "P()",  # sharding views of the assembled outputs
+        "all_gather", "psum_scatter", "f32[2,4] → f32[16,4]",  # the collective cards
+        "compile",  # the --report figures
+    ],
+    "collectives_chapter.ipynb": [
+        "psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all", "ppermute",
+        "pshuffle", "axis_index",  # a card for every supported collective
+        "f32[8] → f32[8,8]", "f32[8] → f32[64]",  # all_gather, plain and tiled
+        "2 groups of 4", "RAN 3×", "collectives of share_of_total()",  # badges are drawn in capitals
+    ],
+    "planning_chapter.ipynb": [
+        "256 cpu devices", "data=32 × model=8",  # the device and mesh views
+        "PLANNED, NOT RUN", "does not fit", "fits:", "tpu-v5e", "all-gather",  # plan views (a badge, in capitals)
+        "8 distinct blocks on 256 devices",  # %sharding of a planned array
+    ],
 }
 
 

@@ -245,7 +245,111 @@ def check_sharding_chapter(page, shots: Path) -> None:
     shot_in_viewport(page, explained.first, shots.with_name(shots.name + "-explicit.png"))
 
 
-CHECKS: dict[str, Callable] = {"pmap_chapter.ipynb": check_pmap_chapter, "sharding_chapter.ipynb": check_sharding_chapter}
+def output_with(page, text: str):
+    """Cell outputs (any kind: stream, error, rich) whose text contains `text`."""
+    return page.locator(".jp-OutputArea-output").filter(has_text=text)
+
+
+def check_shard_map_chapter(page, shots: Path) -> None:
+    # The block product: every device's 2 x 4 block, labelled with its slice of the global c.
+    product = live_view(page, "results", "c[2:4, 0:4]")
+    assert product.count() == 1, "the block-product view does not label the blocks with their slices"
+    tiles = product.first.locator(".jpm-tile-slice").all_text_contents()
+    assert tiles[:4] == ["c[0:2, 0:4]", "c[0:2, 0:4]", "c[2:4, 0:4]", "c[2:4, 0:4]"], tiles
+    assert "all-reduce" in product.first.text_content()
+    # Rank-reducing %%pmap beside rank-preserving %%shard_map on the same rows.
+    assert "float32[4]" in live_view(page, "results", "centred").first.text_content()
+    assert "float32[1, 4]" in live_view(page, "results", "centred_blocks").first.text_content()
+    # The two cells tagged to fail explain themselves, and Run All went on past them.
+    forgot_psum = output_with(page, "can differ between devices along mesh axis 'y'")
+    no_out = output_with(page, "--out row_sums=x")
+    assert forgot_psum.count() == 1 and no_out.count() == 1, "the varying-values errors are not shown"
+    cards = live_view(page, "collectives")
+    assert cards.count() == 1, "the all_gather/psum_scatter cell shows no collective cards"
+    ops = cards.first.locator(".jpm-ccard").evaluate_all("els => els.map(e => e.dataset.op)")
+    assert ops == ["all_gather", "psum_scatter"], ops
+    code = output_with(page, "jax.shard_map(")
+    assert code.count() == 1, "the --as-code cell printed no jax.shard_map call"
+    shot_in_viewport(page, product.first, shots.with_name(shots.name + ".png"))
+    shot_in_viewport(page, forgot_psum.first, shots.with_name(shots.name + "-varying.png"))
+    shoot_view(page, cards.first, shots.with_name(shots.name + "-cards.png"))
+    shot_in_viewport(page, code.first, shots.with_name(shots.name + "-as-code.png"))
+
+
+RING_STEPS_8 = 14  # a ring all-reduce over 8 devices: 7 reduce-scatter steps, then 7 all-gather steps
+
+
+def check_collectives_chapter(page, shots: Path) -> None:
+    views = live_view(page, "collectives")
+    ops = set(views.locator(".jpm-ccard").evaluate_all("els => els.map(e => e.dataset.op)"))
+    wanted = {"psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "all_to_all", "ppermute", "pshuffle",
+              "axis_index"}
+    assert wanted <= ops, f"no card for {wanted - ops}"
+
+    # Click through the psum card's ring, one step at a time, until `next` is disabled.
+    card = views.first.locator('.jpm-ccard[data-op="psum"]')
+    expect(card).to_have_count(1)
+    label, step_next = card.locator(".jpm-step-label"), card.locator('button[data-action="next"]')
+    card.scroll_into_view_if_needed()
+    expect(label).to_have_text("whole movement")
+    expect(card.locator("div[data-step]")).to_have_attribute("data-step", "0")
+    card.screenshot(path=str(shots.with_name(f"{shots.name}-psum-step-0.png")))
+    labels = [label.text_content()]
+    while step_next.get_attribute("aria-disabled") != "true":
+        assert len(labels) <= RING_STEPS_8, f"the step control did not stop: {labels}"
+        step_next.click()
+        expect(label).not_to_have_text(labels[-1])  # each click shows another step
+        labels.append(label.text_content())
+        step = len(labels) - 1
+        expect(card.locator("div[data-step]")).to_have_attribute("data-step", str(step))
+        assert labels[-1].startswith(f"step {step} of {RING_STEPS_8}: "), labels[-1]
+        if step in (RING_STEPS_8 // 2, RING_STEPS_8):
+            card.screenshot(path=str(shots.with_name(f"{shots.name}-psum-step-{step}.png")))
+    assert len(labels) == RING_STEPS_8 + 1, labels
+    phases = [text.split(": ", 1)[1] for text in labels[1:]]
+    half = RING_STEPS_8 // 2
+    assert all(p.startswith("reduce-scatter") for p in phases[:half]), phases
+    assert all(p.startswith("all-gather") for p in phases[half:]), phases
+
+    # The loop's card: ran 3 times, with its first and last iteration a click apart.
+    loop = views.locator('.jpm-ccard[data-op="ppermute"]').filter(has_text="ran 3×")
+    expect(loop).to_have_count(1)
+    last = loop.locator('button[data-iteration="last"]')
+    last.scroll_into_view_if_needed()
+    last.click()
+    expect(last).to_have_attribute("aria-pressed", "true")
+    expect(loop.locator("div[data-iteration]")).to_have_attribute("data-iteration", "last")  # the drawing
+    loop.screenshot(path=str(shots.with_name(f"{shots.name}-loop.png")))
+    # Function mode: the first call and fn.collectives() show the same card.
+    assert live_view(page, "collectives", "share_of_total()").count() == 2
+    shoot_view(page, views.first, shots.with_name(shots.name + ".png"))
+
+
+def check_planning_chapter(page, shots: Path) -> None:
+    devices_text = live_view(page, "devices").first.text_content()
+    assert "256" in devices_text, devices_text[:200]
+    plans = live_view(page, "plan")
+    verdicts = plans.locator(".jpm-fit").all_text_contents()
+    assert len(verdicts) == 5 and verdicts[0].startswith("does not fit"), verdicts
+    assert all(v.startswith("fits:") for v in verdicts[1:]), verdicts
+    expect(plans.first.locator(".jpm-fit.jpm-bad")).to_be_visible()
+    fsdp = plans.nth(1)
+    assert fsdp.locator("td.jpm-op").all_text_contents().count("all-gather") == 6
+    assert "tpu-v5e" in fsdp.text_content()
+    assert "Collectives the compiler inserted (0)" in plans.nth(4).text_content()  # the chained update
+    assert live_view(page, "sharding", "8 distinct blocks on 256 devices").count() == 1
+    shoot_view(page, plans.first, shots.with_name(shots.name + "-data-parallel.png"))
+    shoot_view(page, fsdp, shots.with_name(shots.name + "-fsdp.png"))
+    shoot_view(page, live_view(page, "mesh", "tp").first, shots.with_name(shots.name + "-mesh.png"))
+
+
+CHECKS: dict[str, Callable] = {
+    "pmap_chapter.ipynb": check_pmap_chapter,
+    "sharding_chapter.ipynb": check_sharding_chapter,
+    "shard_map_chapter.ipynb": check_shard_map_chapter,
+    "collectives_chapter.ipynb": check_collectives_chapter,
+    "planning_chapter.ipynb": check_planning_chapter,
+}
 MIN_VIEW = (150, 40)  # px; every live view at least this wide and tall
 STATUS_BAR_PX = 40
 

@@ -59,20 +59,42 @@ def test_runs_and_every_view_has_three_forms(path):
         assert "<script" not in html.lower(), f"{where}: static HTML must not carry scripts"
         assert data.get("text/plain", "").strip(), f"{where}: no text/plain form"
 
-    # `%devices` and `%%pmap` showed exactly the views they should (other magics' views are
-    # checked above for their three forms), and cells tagged to fail did fail.
+    # Every cell showed exactly the views its magics should, in order (notebooks.expected_views),
+    # and cells tagged to fail did fail.
     expected = expected_views(nb)
     for index, cell in code_cells(nb):
-        if cell.source.lstrip().startswith("%%pmap"):
-            want = [kind for i, kind in expected if i == index]
-            assert views_of(cell) == want, f"{path.name}, cell {index}: views {views_of(cell)}, expected {want}"
-    devices = [i for i, c in code_cells(nb) for kind in views_of(c) if kind == "devices"]
-    assert devices == [i for i, kind in expected if kind == "devices"], f"{path.name}: device views in cells {devices}"
+        want = [kind for i, kind in expected if i == index]
+        assert views_of(cell) == want, f"{path.name}, cell {index}: views {views_of(cell)}, expected {want}"
     for index, cell in code_cells(nb):
         if "raises-exception" in cell.metadata.get("tags", []):
             failed = [o for o in cell.outputs if o.output_type == "error" or
                       (o.output_type == "stream" and o.name == "stderr" and "Error" in o.text)]
             assert failed, f"{path.name}, cell {index} is tagged raises-exception but ran cleanly"
+
+
+def chapter_cells(name: str) -> list:
+    """The code cells of the example `name`, executed."""
+    nb = executed(next(p for p in NOTEBOOKS if p.name == name))
+    return [c for _, c in code_cells(nb)]
+
+
+def find(cells, text):
+    """The first cell whose source contains `text`."""
+    found = [c for c in cells if text in c.source]
+    assert found, f"no cell contains {text!r}"
+    return found[0]
+
+
+def plain(cell) -> str:
+    return "\n".join(o["data"].get("text/plain", "") for o in cell.outputs if "data" in o)
+
+
+def stream(cell, name: str = "stdout") -> str:
+    return "".join(o.text for o in cell.outputs if o.output_type == "stream" and o.name == name)
+
+
+def stdout(cell) -> str:
+    return stream(cell, "stdout")
 
 
 @pytest.mark.slow
@@ -81,13 +103,7 @@ def test_pmap_chapter_teaches_what_it_says():
     cells = [c for _, c in code_cells(nb)]
 
     def cell_with(text):
-        return next(c for c in cells if text in c.source)
-
-    def plain(cell):
-        return "\n".join(o["data"].get("text/plain", "") for o in cell.outputs if "data" in o)
-
-    def stdout(cell):
-        return "".join(o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stdout")
+        return find(cells, text)
 
     assert cells[0].source.splitlines()[:2] == ["%load_ext jaxpar_magic", "%devices --simulate 8"]
     assert "8 cpu devices" in plain(cells[0])
@@ -115,3 +131,161 @@ def test_pmap_chapter_teaches_what_it_says():
     assert "2 groups of 4" in mesh and "1 group of 8" in mesh
     report = plain(cell_with("--report"))
     assert "compile" in report and "FLOPs" in report
+
+
+def card_rows(text: str) -> list[tuple[str, dict[int, tuple[str, float]]]]:
+    """The cards of a collectives view's text form, in order: (header line, {device: (before,
+    after)}) from the rows whose *after* is a single number (before as shown, after as a float)."""
+    cards: list[tuple[str, dict]] = []
+    for line in text.splitlines():
+        if re.match(r"\[\d+\] ", line):
+            cards.append((line, {}))
+        row = re.match(r"\s+(\d+)\s+(.*?)\s+(-?[\d.]+)\s+←", line)
+        if row and cards:
+            cards[-1][1][int(row.group(1))] = (row.group(2), float(row.group(3)))
+    return cards
+
+
+@pytest.mark.slow
+def test_shard_map_chapter_teaches_what_it_says():
+    import jax
+    import numpy as np
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    cells = chapter_cells("shard_map_chapter.ipynb")
+
+    def cell_with(text):
+        return find(cells, text)
+
+    assert cells[0].source.splitlines()[:2] == ["%load_ext jaxpar_magic", "%devices --simulate 8"]
+    # Every check the prose relies on came out true.
+    assert plain(cell_with("allclose(c, a @ b)), c.shape")) == "(True, (8, 4))"
+    assert plain(cell_with("array_equal(centred, centred_blocks)")) == "True"
+    assert plain(cell_with("allclose(gram, tall.T @ tall")) == "(True, (4, 4))"
+    assert plain(cell_with("partial[:, :4] + partial[:, 4:]")) == "True"
+    assert plain(cell_with("allclose(row_sums")) == "True"
+    assert plain(cell_with("allclose(ys, xs @ w")) == "(True, True)"
+    assert plain(cell_with("allclose(y, jax.nn.gelu")) == "True"
+
+    block_product = plain(cell_with("%%shard_map --in a=x,y b=y,None --out c=x,None\nc = lax.psum"))
+    assert "c[2:4, 0:4]" in block_product and "all-reduce" in block_product and "4 groups of 2" in block_product
+    assert "float32[4] per device" in plain(cell_with("%%pmap -a i\ncentred"))  # rank-reducing
+    assert "float32[1, 4] per device" in plain(cell_with("--out centred_blocks=i"))  # rank-preserving
+    assert "P()" in plain(cell_with("gram = lax.psum"))  # proven the same everywhere, no --out needed
+    assert "P('x', 'y')" in plain(cell_with("partial = a @ b"))
+
+    # The two cells tagged to fail fail for the reason the prose gives.
+    forgot_psum, no_out = [c for c in cells if "raises-exception" in c.metadata.get("tags", [])]
+    assert "mesh axis 'y'" in stream(forgot_psum, "stderr") and "lax.psum" in stream(forgot_psum, "stderr")
+    assert "`--out row_sums=x`" in stream(no_out, "stderr")
+
+    fsdp = plain(cell_with("--collectives"))
+    assert "all_gather  f32[2,4] → f32[16,4]" in fsdp and "psum_scatter  f32[16,4] → f32[2,4]" in fsdp
+    assert "compile" in plain(cell_with(" --report"))
+
+    # The printed plain JAX runs on its own and computes the layer, laid out as the cell's --out.
+    code = stdout(cell_with("--as-code"))
+    assert "jax.shard_map(" in code and "out_specs=P('data', None)" in code
+    namespace = {"jax": jax, "lax": lax}
+    exec(cell_with("w1 = jax.random").source, namespace)
+    inputs = {name: namespace[name] for name in ("x", "w1", "w2")}
+    snippet = {"lax": lax, **inputs}  # the names the cell reads, nothing else
+    exec(code, snippet)
+    expected = jax.nn.gelu(inputs["x"] @ inputs["w1"]) @ inputs["w2"]
+    np.testing.assert_allclose(np.asarray(snippet["y"]), np.asarray(expected), rtol=1e-5, atol=1e-5)
+    assert snippet["y"].sharding.spec == P("data")  # P("data", None), as JAX writes it
+
+
+@pytest.mark.slow
+def test_collectives_chapter_cards_show_what_jax_computes():
+    import numpy as np
+
+    cells = chapter_cells("collectives_chapter.ipynb")
+
+    def cell_with(text):
+        return find(cells, text)
+
+    def cards(text):
+        found = card_rows(plain(cell_with(text)))
+        assert found, f"the cell with {text!r} shows no cards"
+        return found
+
+    x = np.arange(1, 9, dtype=np.float32)  # as the notebook builds them
+    vec = np.arange(64, dtype=np.float32).reshape(8, 8)
+    devices = range(8)
+
+    def before_after(card):
+        header, rows = card
+        assert sorted(rows) == list(devices), header
+        return [float(rows[d][0]) for d in devices], [rows[d][1] for d in devices]
+
+    # Each card shows what every device held before and after: compare with the semantics.
+    expectations = {
+        "total = lax.psum(x": [(x, [x.sum()] * 8)],
+        "lax.pmean(x": [(x, [x.mean()] * 8)],
+        "lax.pmax(x": [(x, [x.max()] * 8), (x, [x.min()] * 8)],  # pmax, then pmin
+        "lax.ppermute(x, 'i', perm=ring)": [(x, np.roll(x, 1))],
+        "lax.pshuffle(x": [(x, x[::-1])],
+        "axis_index_groups=halves": [(x, [x[:4].sum()] * 4 + [x[4:].sum()] * 4)],
+    }
+    for text, wanted in expectations.items():
+        shown = cards(text)
+        assert len(shown) >= len(wanted), shown
+        for card, (before, after) in zip(shown, wanted):
+            got_before, got_after = before_after(card)
+            np.testing.assert_allclose(got_before, before, err_msg=card[0])
+            np.testing.assert_allclose(got_after, after, err_msg=card[0])
+    (header, rows), = cards("lax.psum_scatter(vec, 'i')")
+    assert "f32[8] → f32[]" in header and [rows[d][1] for d in devices] == list(vec.sum(axis=0)), header
+
+    texts = {text: plain(cell_with(text)) for text in [
+        "lax.all_gather(vec, 'i')", "lax.all_gather(vec, 'i', tiled=True)", "lax.psum_scatter(wide",
+        "lax.all_to_all(", "lax.axis_index(", "--mesh row=2,col=4", "lax.fori_loop("]}
+    assert "f32[8] → f32[8,8]" in texts["lax.all_gather(vec, 'i')"]
+    assert "f32[8] → f32[64]" in texts["lax.all_gather(vec, 'i', tiled=True)"]
+    assert "f32[16] → f32[2]" in texts["lax.psum_scatter(wide"]
+    assert "a transpose of blocks" in texts["lax.all_to_all("]
+    assert plain(cell_with("array_equal(swapped, vec.T)")) == "True"
+    assert re.search(r"^\s+7\s+7$", texts["lax.axis_index("], re.M), "device 7's axis_index is 7"
+    mesh = texts["--mesh row=2,col=4"]
+    for groups in ["over col · 2 groups of 4", "over row · 4 groups of 2", "over row, col · 1 group of 8"]:
+        assert groups in mesh, mesh
+    loop = texts["lax.fori_loop("]
+    assert "ran 3×" in loop and "first iteration" in loop and "last iteration" in loop
+
+    # Function mode: the first call shows the cards, fn.collectives() shows them again.
+    assert "first call" in stdout(cell_with("def share_of_total"))
+    first_call, again = plain(cell_with("shares = share_of_total(x)")), plain(cell_with("share_of_total.collectives()"))
+    assert "collectives of share_of_total()" in first_call and "collectives of share_of_total()" in again
+    assert card_rows(first_call)[0][1] == card_rows(again)[0][1]
+
+
+@pytest.mark.slow
+def test_planning_chapter_plans_what_it_says():
+    cells = chapter_cells("planning_chapter.ipynb")
+
+    def cell_with(text):
+        return find(cells, text)
+
+    assert cells[0].source.splitlines()[:2] == ["%load_ext jaxpar_magic", "%devices --simulate 256"]
+    assert "256 cpu devices" in plain(cells[0])
+    step = "loss, new_params, new_opt_state = train_step(params, opt_state, batch)"
+    planned_steps = [plain(c) for c in cells if c.source.startswith("%%shard --plan") and step in c.source]
+    data_parallel, fsdp, tensor = planned_steps
+    assert "DOES NOT FIT" in data_parallel and "(from --device-memory)" in data_parallel
+    assert "fits:" in fsdp and "fits:" in tensor and "tpu-v5e" in fsdp
+    assert "arguments 9.1 GiB" in data_parallel and "arguments 164.0 MiB" in fsdp  # as the prose says
+    assert len(re.findall(r"^\s+all-gather · ", fsdp, re.M)) == 6  # one per weight matrix
+    assert "32 groups of 8 over 'model'" in tensor and "8 groups of 32 over 'data'" in tensor
+
+    # Chained: the update plans from the gradient plan's ShapeDtypeStructs and sends nothing.
+    update = plain(cell_with("adam_update(params, opt_state, grads)"))
+    assert "Collectives the compiler inserted (0)" in update
+    planned = plain(next(c for c in cells if c.source == 'grads["w1"]'))
+    assert planned.startswith("ShapeDtypeStruct(") and "P(None, 'model')" in planned
+    assert "8 distinct blocks on 256 devices" in plain(cell_with("%sharding w1_grad"))
+
+    # The closing cell's asserts ran; its summary agrees with the views.
+    summary = stdout(cell_with("jaxpar_magic.plan_cell("))
+    assert re.search(r"data parallel .* fits: False", summary) and re.search(r"FSDP .* fits: True", summary), summary
