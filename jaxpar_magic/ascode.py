@@ -112,7 +112,28 @@ class _Names:
         if sharding:
             parts = [attr if attr == name else f"{attr} as {name}" for attr, name in sorted(sharding)]
             lines.append(f"from jax.sharding import {', '.join(parts)}")
+        return lines + self.module_imports(lines)
+
+    def module_imports(self, already: list[str]) -> list[str]:
+        """The modules the cell reads by name (`lax`, `jnp`, `optax`), imported as your namespace has
+        them, so the snippet also runs pasted into a script."""
+        import types
+
+        lines = []
+        for name in sorted(self._reads):
+            module = self._namespace.get(name)
+            if not isinstance(module, types.ModuleType) or self._libraries.get(_library_key(module)) == name:
+                continue
+            parent, _, child = module.__name__.rpartition(".")
+            line = f"from {parent} import {child}" if parent and child == name else _import(module.__name__, name)
+            if line not in already:
+                lines.append(line)
         return lines
+
+
+def _library_key(module) -> str | None:
+    """The _LIBRARIES key under which the snippet itself imports `module`, if it does."""
+    return {"jax": "jax", "jax.numpy": "jnp", "numpy": "np"}.get(getattr(module, "__name__", None))
 
 
 def _import(module: str, name: str) -> str:

@@ -22,6 +22,11 @@ def user_line(exc: BaseException, filename: str) -> tuple[int, str] | None:
     return found
 
 
+def _user_text(exc: BaseException, filename: str) -> str:
+    hit = user_line(exc, filename)
+    return hit[1] if hit else ""
+
+
 def where(exc: BaseException, filename: str) -> str:
     hit = user_line(exc, filename)
     return f"line {hit[0]} of the cell (`{hit[1]}`)" if hit else "the cell"
@@ -56,6 +61,12 @@ def explain_trace_error(exc: BaseException, filename: str, axis_names: tuple[str
             f"{at}: unknown axis name {name!r} in a collective. This cell runs over the axis names "
             f"{axes}; use one of them (e.g. `lax.psum(x, {axis_names[0]!r})`), or name the axis with "
             f"`--axis-name {name}` / `--mesh {name}=N,...`."
+        )
+    if isinstance(exc, NotImplementedError) and "axis_index_groups" in _user_text(exc, filename):
+        return UsageError(
+            f"{at}: `axis_index_groups` with JAX's varying-axes checks on: JAX 0.10 implements grouped "
+            "collectives inside shard_map only with those checks off. Add --no-check-vma to the line (then give "
+            "every output an --out spec), or split the mesh so that each group is a mesh axis of its own."
         )
     if isinstance(exc, ValueError) and "can only accept axis_name which corresponds to one of varying" in str(exc):
         return UsageError(

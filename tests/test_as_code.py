@@ -681,3 +681,18 @@ def test_hypothesis_many_shard_examples(jx, data):
 @given(data=st.data())
 def test_hypothesis_many_pmap_examples(jx, data):
     _pmap_example(jx, data)
+
+
+@pytest.mark.parametrize("magic, line, source", [
+    ("pmap", "", "y = lax.psum(jnp.sin(x), 'i')"),
+    ("shard", "--mesh data=8 --in x=data", "y = jnp.cumsum(x) * np.float32(2)"),
+    ("shard_map", "--mesh i=8 --in x=i --out y=i", "y = lax.psum(jnp.sin(x), 'i') + x"),
+])
+def test_the_snippet_runs_with_only_its_arrays_pasted_into_a_script(jx, magic, line, source):
+    """Found by the chapters' tests: modules the cell reads (lax) were not imported."""
+    jx.push({"x": jnp.arange(8.0)})
+    code = printed(jx, magic, line, source)
+    assert "from jax import lax" in code or magic == "shard"
+    ours, _ = execute(code, {"x": jx.user_ns["x"]})  # no lax, jnp or np given
+    theirs, _ = run_magic(jx, magic, line, source)
+    same(ours["y"], theirs["y"], "y")

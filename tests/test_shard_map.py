@@ -207,6 +207,17 @@ def test_a_psum_over_an_axis_the_value_does_not_vary_over(jx, mesh42):
     assert "line 1" in message and "'y'" in message and "--no-check-vma" in message
 
 
+def test_grouped_collectives_need_no_check_vma(jx):
+    """Found by the collectives chapter: JAX raised an empty NotImplementedError."""
+    jx.push({"x": jnp.arange(8.0)})
+    message = failing(jx, "--mesh i=8 --in x=i --out t=i",
+                      "t = lax.psum(x, 'i', axis_index_groups=[[0, 1, 2, 3], [4, 5, 6, 7]])")
+    assert "line 1" in message and "--no-check-vma" in message
+    sm(jx, "--mesh i=8 --in x=i --out t=i --no-check-vma",
+       "t = lax.psum(x, 'i', axis_index_groups=[[0, 1, 2, 3], [4, 5, 6, 7]])")
+    np.testing.assert_allclose(jx.user_ns["t"], [6.0] * 4 + [22.0] * 4)
+
+
 def test_the_users_own_error_is_unchanged(jx, mesh42):
     jx.push({"a": jnp.ones(8)})
     with pytest.raises(ZeroDivisionError):
