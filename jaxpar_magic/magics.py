@@ -105,21 +105,27 @@ class JaxparMagics(Magics, Configurable):
         step: an interrupt at any earlier moment leaves the namespace as it was)."""
         from . import actions
 
+        from .progress import kept_lines
+
         options = parse_line(magic, line)
         source = _transformed(self.shell, cell) if cell is not None else None
         defaults = actions.Defaults(axis_name=self.axis_name, show=self.show)
         namespace = self.shell.user_ns
         cluster = _running_cluster()
-        if cluster is not None and magic in ON_CLUSTER:
-            from .remote import on_cluster
+        with kept_lines() as status_lines:  # a "compiling… 3 s" line is replaced by the first view
+            if cluster is not None and magic in ON_CLUSTER:
+                from .remote import on_cluster
 
-            outcome = on_cluster(cluster, magic, line, source, defaults, self.cluster_timeout, namespace)
-        else:
-            outcome = actions.run(magic, options, source, namespace, defaults)
-        if outcome.text:
-            print(outcome.text)
-        for kind, state in outcome.views:
-            display(view_of(kind, state))
+                outcome = on_cluster(cluster, magic, line, source, defaults, self.cluster_timeout, namespace)
+            else:
+                outcome = actions.run(magic, options, source, namespace, defaults)
+            if outcome.text:
+                print(outcome.text)
+            for kind, state in outcome.views:
+                view = view_of(kind, state)
+                if not status_lines.fill(view):
+                    display(view)
+            status_lines.close()
         namespace.update(outcome.bindings)
         if cell is not None and outcome.has_final and not _silenced(cell):
             return outcome.final

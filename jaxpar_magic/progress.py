@@ -34,6 +34,7 @@ class StatusLine:
 
 
 _off = [0]  # > 0 while progress lines are switched off (a cluster process: the kernel shows one)
+_keeping: list = []  # a stack of Slots: finished lines are kept for the caller's result, not blanked
 
 
 @contextlib.contextmanager
@@ -44,6 +45,39 @@ def disabled():
         yield
     finally:
         _off[0] -= 1
+
+
+class Slots:
+    """The status lines a block showed, kept in place once their waits end, so that the block's
+    result takes their place in the cell (instead of leaving an empty output above it)."""
+
+    def __init__(self):
+        self.handles: list = []
+
+    def fill(self, obj) -> bool:
+        """Show `obj` where the first kept line is; False when no line was shown."""
+        if not self.handles:
+            return False
+        self.handles.pop(0).update(obj)
+        return True
+
+    def close(self) -> None:
+        while self.handles:
+            self.handles.pop().update(StatusLine(""))
+
+
+@contextlib.contextmanager
+def kept_lines():
+    """`with kept_lines() as slots:` ... then `slots.fill(result)`; lines not filled are blanked."""
+    slots = Slots()
+    _keeping.append(slots)
+    try:
+        yield slots
+    except BaseException:
+        slots.close()
+        raise
+    finally:
+        _keeping.remove(slots)
 
 
 def _in_kernel() -> bool:
@@ -125,4 +159,7 @@ class Progress:
             self._thread.join(timeout=2)
         with self._lock:
             if self._handle is not None:
-                self._handle.update(StatusLine(""))  # blanked: the result below takes its place
+                if _keeping:  # the caller shows its result in this line's place
+                    _keeping[-1].handles.append(self._handle)
+                else:
+                    self._handle.update(StatusLine(""))  # blanked: the result below takes its place

@@ -165,3 +165,30 @@ def test_interrupt_during_a_long_run(kernel, magic):
     cell = f"%%{magic} {line}\n" + LONG_RUN.format(n=n, arg=arg)
     expected = EXPECTED.format(arg=start, n=200)  # the map converges long before n steps
     check_interrupted_then_rerun(kernel, cell, "running", expected, ("x", "v"))
+
+
+def test_the_status_line_is_replaced_by_the_result(kernel):
+    """A first run over a second shows "compiling… N s"; the cell's view then takes that line's
+    place (an update of the same display), leaving no empty output behind."""
+    kernel.drain()
+    msg_id = kernel.kc.execute("%%pmap\n" + LONG_COMPILE.format(n=3000).replace("y = ", "z = ").replace("(y)", "(z)"))
+    status_ids, updates, displays = set(), [], []
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        msg = kernel.kc.get_iopub_msg(timeout=240)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "display_data":
+            displays.append(content)
+            if content["data"].get("text/plain", "").startswith("compiling"):
+                status_ids.add(content["transient"]["display_id"])
+        elif kind == "update_display_data":
+            updates.append(content)
+        elif kind == "status" and content["execution_state"] == "idle":
+            break
+    assert status_ids, "no status line: make the compile longer"
+    last = [u for u in updates if u["transient"]["display_id"] in status_ids][-1]
+    assert "application/vnd.jupyter.widget-view+json" in last["data"]  # the result view, in the line's place
+    assert not any(u["data"].get("text/plain") == "" for u in updates), "a blanked line was left behind"
+    assert kernel.run('del z')["status"] == "ok"
