@@ -51,6 +51,12 @@ SAYS = {
         "f32[8] → f32[8,8]", "f32[8] → f32[64]",  # all_gather, plain and tiled
         "2 groups of 4", "RAN 3×", "collectives of share_of_total()",  # badges are drawn in capitals
     ],
+    "cluster_chapter.ipynb": [
+        "2 processes", "process 1", "cpu:2048",  # the device view, grouped by process
+        "process 1: devices 2048–2051",  # sharding views say which process holds each block
+        "same on all 8 devices", "52.",  # the psum across processes
+        "ppermute", "p1",  # the ring's card, and tiles labelled with their process
+    ],
     "planning_chapter.ipynb": [
         "256 cpu devices", "data=32 × model=8",  # the device and mesh views
         "PLANNED, NOT RUN", "does not fit", "fits:", "tpu-v5e", "all-gather",  # plan views (a badge, in capitals)

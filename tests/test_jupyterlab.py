@@ -343,12 +343,30 @@ def check_planning_chapter(page, shots: Path) -> None:
     shoot_view(page, live_view(page, "mesh", "tp").first, shots.with_name(shots.name + "-mesh.png"))
 
 
+def check_cluster_chapter(page, shots: Path) -> None:
+    devices_text = live_view(page, "devices").first.text_content()
+    assert "process 0" in devices_text and "process 1" in devices_text and "2048" in devices_text, devices_text[:300]
+    labelled = output_with(page, "[process 1] I am process 1 of 2")
+    assert labelled.count() == 1, "the %%cluster cell's output is not labelled by process"
+    total = live_view(page, "results", "same on all 8 devices")
+    assert total.count() >= 1 and "52." in total.first.text_content()
+    ring = live_view(page, "collectives")
+    assert ring.count() == 1 and "ppermute" in ring.first.text_content()
+    assert output_with(page, "array([52., 52.").count() == 1, "gather did not bring the psum into the kernel"
+    held = live_view(page, "sharding", "process 1: devices 2048")
+    assert held.count() >= 1, "the sharding views do not say which process holds each block"
+    shoot_view(page, live_view(page, "devices").first, shots.with_name(shots.name + "-devices.png"))
+    shoot_view(page, ring.first, shots.with_name(shots.name + "-ring.png"))
+    shot_in_viewport(page, held.first, shots.with_name(shots.name + ".png"))
+
+
 CHECKS: dict[str, Callable] = {
     "pmap_chapter.ipynb": check_pmap_chapter,
     "sharding_chapter.ipynb": check_sharding_chapter,
     "shard_map_chapter.ipynb": check_shard_map_chapter,
     "collectives_chapter.ipynb": check_collectives_chapter,
     "planning_chapter.ipynb": check_planning_chapter,
+    "cluster_chapter.ipynb": check_cluster_chapter,
 }
 MIN_VIEW = (150, 40)  # px; every live view at least this wide and tall
 STATUS_BAR_PX = 40

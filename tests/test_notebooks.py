@@ -289,3 +289,28 @@ def test_planning_chapter_plans_what_it_says():
     # The closing cell's asserts ran; its summary agrees with the views.
     summary = stdout(cell_with("jaxpar_magic.plan_cell("))
     assert re.search(r"data parallel .* fits: False", summary) and re.search(r"FSDP .* fits: True", summary), summary
+
+
+@pytest.mark.slow
+def test_cluster_chapter_runs_across_two_processes():
+    """The multi-host chapter, rehearsed on one machine: 2 processes x 4 devices, and the values
+    the prose promises (a psum of both processes' rows, a ring across the boundary, training)."""
+    import numpy as np
+
+    cells = chapter_cells("cluster_chapter.ipynb")
+    assert "cluster running: 2 processes, 8 devices" in plain(find(cells, "%cluster start"))
+    devices = plain(find(cells, "%devices"))
+    assert "process 0 (4 devices)" in devices and "process 1 (4 devices)" in devices
+    said = stdout(find(cells, "I am process"))
+    assert "[process 0] I am process 0 of 2" in said and "[process 1] I am process 1 of 2" in said
+    assert "process 1: devices 2048–2051" in plain(find(cells, "%sharding x"))
+    assert "same on all 8 devices: 52." in plain(find(cells, "total = lax.psum(x, 'i')"))
+    assert "array([52., 52., 52., 52., 52., 52., 52., 52.]" in plain(find(cells, "%cluster gather total"))
+    ring = plain(find(cells, "lax.ppermute(x"))
+    assert "dev 2048 (i=4) p1: 3." in ring  # process 0's last value crossed to process 1's first device
+    assert plain(find(cells, "%cluster gather w")).strip() == "True"
+    trained = plain(find(cells, "%cluster gather params"))
+    values = np.array([float(v) for v in re.findall(r"-?\d+\.\d+", trained)])
+    np.testing.assert_allclose(values, [1.0, -2.0, 0.5], atol=1e-3)
+    assert plain(find(cells, "%%shard --in v1s=data v2s=data")).count("process 1: devices 2048–2051") == 3
+    assert not stream(find(cells, "%cluster stop"), "stderr")
