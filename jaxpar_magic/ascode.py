@@ -706,16 +706,12 @@ def _shard_code(options, source: str, namespace: dict) -> str:
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from .shard import _check_names, _compile, _with_auto_axis, check_spec, resolve_mesh
+    from .shard import _check_names, _compile, _with_auto_axis, check_cell, check_spec, resolve_mesh
 
     in_specs = {n: tuple(s) for n, s in options.in_specs.items()}
     out_specs = {n: tuple(s) for n, s in options.out_specs.items()}
     cell = analyse_cached(source, "shard-cell")
-    if cell.mode == "function":
-        raise UsageError(
-            "%%shard runs code on sharded data; this cell only defines functions. Define them in a normal cell "
-            "and call them from the %%shard cell (the computation code stays unchanged)."
-        )
+    check_cell(cell)
     mesh = resolve_mesh(options.mesh, namespace, [in_specs, out_specs])
     _concrete(mesh, "%%shard")
     inputs, _, constrained = _check_names(cell, namespace, mesh, in_specs, out_specs)
@@ -793,23 +789,12 @@ def _shard_map_code(options, source: str, namespace: dict) -> str:
     import jax
 
     from .shard import resolve_mesh
-    from .shardmap import _check_names, _compile
+    from .shardmap import _check_names, _compile, check_cell
 
     in_specs = {n: tuple(s) for n, s in options.in_specs.items()}
     out_specs = {n: tuple(s) for n, s in options.out_specs.items()}
     cell = analyse_cached(source, "shard_map-cell")
-    if cell.mode == "function":
-        raise UsageError(
-            "%%shard_map runs the cell as the body of a shard_map over blocks of named arrays; this cell only defines "
-            "functions. Call them from a %%shard_map cell whose --in names the arrays to split, or decorate them "
-            "yourself with `jax.shard_map(f, mesh=mesh, in_specs=..., out_specs=...)`."
-        )
-    for name, spec in list(in_specs.items()) + list(out_specs.items()):
-        if any(isinstance(e, int) for e in spec):
-            raise UsageError(
-                f"{name}: a device count in a spec builds its own 1-D mesh in %%shard; %%shard_map names the mesh's "
-                "axes. Pass `--mesh devices=8` and write the axis name instead."
-            )
+    check_cell(cell, in_specs, out_specs)
     mesh = resolve_mesh(options.mesh, namespace, [in_specs, out_specs])
     _concrete(mesh, "%%shard_map")
     inputs, _, specs = _check_names(cell, namespace, mesh, in_specs, out_specs)

@@ -54,17 +54,12 @@ def _mesh_sizes(mesh) -> dict[str, int]:
 
 # --- specs against a mesh and a shape ----------------------------------------------------------
 
-def check_spec(name: str, shape: tuple, spec: tuple, mesh, option: str = "--in") -> None:
-    """A spec fits a shape on a mesh, or a UsageError says which dimension and what to change."""
+def spec_mesh_axes(name: str, spec: tuple, mesh, option: str) -> list[tuple[str, ...]]:
+    """The mesh axes of each entry of `spec`, each an axis of `mesh` used once, or a UsageError."""
     sizes = _mesh_sizes(mesh)
-    if len(spec) > len(shape):
-        raise UsageError(
-            f"{option} {name}: the spec has {len(spec)} entries but {name!r} has shape {shape} ({len(shape)} "
-            f"dimension{'s' if len(shape) != 1 else ''}); give at most one entry per dimension."
-        )
-    used = []
-    for dim, axes in enumerate(spec_axes(spec, len(spec))):
-        count = 1
+    used = set()
+    per_dim = spec_axes(spec, len(spec))
+    for axes in per_dim:
         for axis in axes:
             if axis not in sizes:
                 raise UsageError(
@@ -73,7 +68,30 @@ def check_spec(name: str, shape: tuple, spec: tuple, mesh, option: str = "--in")
                 )
             if axis in used:
                 raise UsageError(f"{option} {name}: mesh axis {axis!r} is used twice; each mesh axis may split one dimension.")
-            used.append(axis)
+            used.add(axis)
+    return per_dim
+
+
+def check_cell(cell: cells.Cell, magic: str = "%%shard") -> None:
+    """A %%shard cell computes: one that only defines functions is refused with what to do."""
+    if cell.mode == "function":
+        raise UsageError(
+            f"{magic} runs code on sharded data; this cell only defines functions. Define them in a normal cell "
+            f"and call them from the {magic} cell (the computation code stays unchanged)."
+        )
+
+
+def check_spec(name: str, shape: tuple, spec: tuple, mesh, option: str = "--in") -> None:
+    """A spec fits a shape on a mesh, or a UsageError says which dimension and what to change."""
+    sizes = _mesh_sizes(mesh)
+    if len(spec) > len(shape):
+        raise UsageError(
+            f"{option} {name}: the spec has {len(spec)} entries but {name!r} has shape {shape} ({len(shape)} "
+            f"dimension{'s' if len(shape) != 1 else ''}); give at most one entry per dimension."
+        )
+    for dim, axes in enumerate(spec_mesh_axes(name, spec, mesh, option)):
+        count = 1
+        for axis in axes:
             count *= sizes[axis]
         if count > 1 and shape[dim] % count:
             raise UsageError(
@@ -322,11 +340,7 @@ def shard_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_sp
     in_specs = {n: tuple(s) for n, s in (in_specs or {}).items()}
     out_specs = {n: tuple(s) for n, s in (out_specs or {}).items()}
     cell = analyse_cached(source, "shard-cell")
-    if cell.mode == "function":
-        raise UsageError(
-            "%%shard runs code on sharded data; this cell only defines functions. Define them in a normal cell "
-            "and call them from the %%shard cell (the computation code stays unchanged)."
-        )
+    check_cell(cell)
     if not is_mesh(mesh):
         mesh = resolve_mesh(mesh, namespace, [in_specs, out_specs])
     result = run_shard(cell, namespace, mesh, in_specs, out_specs, want_facts)

@@ -23,7 +23,7 @@ from .runner import (
     BoundedCache, CellProgram, ProgramFacts, Rerun, analyse_cached, capture_outputs, collectives_view_state, facts_for,
     plan_inputs, run_program, traced, within_mesh,
 )
-from .shard import check_spec, is_mesh, resolve_mesh
+from .shard import check_spec, is_mesh, resolve_mesh, spec_mesh_axes
 
 FINAL = "(result)"  # the final expression's name in messages and views
 
@@ -103,17 +103,7 @@ def _check_out_spec(cell, mesh, name, spec, leaf_ndims, varies, check_vma: bool)
                 f"dimension{'s' if ndim != 1 else ''} (line {where} of the cell: `{cell.line(where)}`); give at most "
                 f"one entry per dimension."
             )
-    used = set()
-    for axes in spec_axes(spec, len(spec)):
-        for axis in axes:
-            if axis not in mesh.axis_names:
-                raise UsageError(
-                    f"--out {name}: {axis!r} is not an axis of the mesh (its axes are "
-                    f"{', '.join(mesh.axis_names)}); use one of those names, or None."
-                )
-            if axis in used:
-                raise UsageError(f"--out {name}: mesh axis {axis!r} is used twice; each mesh axis may split one dimension.")
-            used.add(axis)
+    used = {axis for axes in spec_mesh_axes(name, spec, mesh, "--out") for axis in axes}
     missing = sorted(varies - used, key=list(mesh.axis_names).index)
     if check_vma and missing:
         axes = _axes_text(frozenset(missing), mesh)
@@ -364,14 +354,8 @@ def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_s
     )
 
 
-def shard_map_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None, check_vma: bool = True,
-                   want_facts: bool = False, bind: bool = True, collectives: bool = False) -> ShardMapResult:
-    """Plain-Python twin of `%%shard_map`: specs as dicts of tuples, e.g.
-    `shard_map_cell("c = lax.psum(a @ b, 'y')", ns, mesh=mesh, in_specs={'a': ('x', 'y'), 'b': ('y', None)},
-    out_specs={'c': ('x', None)})`. With `bind`, the outputs go into `namespace` once the cell succeeded."""
-    in_specs = {n: tuple(s) for n, s in (in_specs or {}).items()}
-    out_specs = {n: tuple(s) for n, s in (out_specs or {}).items()}
-    cell = analyse_cached(source, "shard_map-cell")
+def check_cell(cell: cells.Cell, in_specs: dict, out_specs: dict) -> None:
+    """What a %%shard_map line and cell must be before anything is traced."""
     if cell.mode == "function":
         raise UsageError(
             "%%shard_map runs the cell as the body of a shard_map over blocks of named arrays; this cell only defines "
@@ -384,6 +368,17 @@ def shard_map_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, ou
                 f"{name}: a device count in a spec builds its own 1-D mesh in %%shard; %%shard_map names the mesh's axes. "
                 "Pass `--mesh devices=8` and write the axis name instead."
             )
+
+
+def shard_map_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None, check_vma: bool = True,
+                   want_facts: bool = False, bind: bool = True, collectives: bool = False) -> ShardMapResult:
+    """Plain-Python twin of `%%shard_map`: specs as dicts of tuples, e.g.
+    `shard_map_cell("c = lax.psum(a @ b, 'y')", ns, mesh=mesh, in_specs={'a': ('x', 'y'), 'b': ('y', None)},
+    out_specs={'c': ('x', None)})`. With `bind`, the outputs go into `namespace` once the cell succeeded."""
+    in_specs = {n: tuple(s) for n, s in (in_specs or {}).items()}
+    out_specs = {n: tuple(s) for n, s in (out_specs or {}).items()}
+    cell = analyse_cached(source, "shard_map-cell")
+    check_cell(cell, in_specs, out_specs)
     if not is_mesh(mesh):
         mesh = resolve_mesh(mesh, namespace, [in_specs, out_specs])
     result = run_shard_map(cell, namespace, mesh, in_specs, out_specs, check_vma, want_facts, collectives)
