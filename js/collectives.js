@@ -13,6 +13,9 @@
  *   after    the value each device got back
  *   bytes    sent ↑ / received ↓ per device (an estimate from the sizes and the ring algorithm)
  *
+ * The stage fills the card's width (up to its design width): columns shrink in proportion down to
+ * a readable minimum, below which the stage scrolls inside the card, never past its border.
+ *
  * A step control walks through `movement.steps` (the ring algorithm one step at a time); step 0
  * is the whole movement. The drawing's data comes from `movementModel`, the twin of
  * `movement_model` in views/collectives.py, which also draws the static picture.
@@ -25,11 +28,16 @@ const MAX_CARDS = 64;
 const MAX_DEVICES_DRAWN = 16;
 /** Curves drawn per picture; 16 devices all-to-all is exactly this many. */
 const MAX_LINKS = 256;
-/** Stage geometry, in pixels (views/collectives.py uses the same numbers). */
+/**
+ * Stage geometry, in pixels (views/collectives.py uses the same numbers). Device columns and
+ * group gaps are drawn at their design width when the card has room, and shrink in proportion
+ * down to `MIN_COL_W` a column; below that the stage scrolls inside its card.
+ */
 const LABEL_W = 50;
 const GROUP_GAP = 12;
 const BAR_H = 14;
 const LINKS_H = 64;
+const MIN_COL_W = 50;
 /** Autoplay: one step per this many milliseconds. */
 const PLAY_MS = 900;
 /** Heat-map colours: viridis at five stops (readable on light and dark backgrounds). */
@@ -256,6 +264,43 @@ export function stageGeometry(groups) {
   return { width, left, total: x };
 }
 
+/**
+ * The stage's grid and width bounds. Every device column and group gap is a flexible track in
+ * proportion to its design width, so the movement picture (drawn in design units and stretched
+ * over the columns it spans) stays aligned with the tiles at any width between `min_width`
+ * (columns of `MIN_COL_W`) and `max_width` (the design width).
+ * @param {number[][]} groups
+ */
+export function stageLayout(groups) {
+  const geo = stageGeometry(groups);
+  const tracks = [`${LABEL_W}px`];
+  groups.forEach((g, gi) => {
+    if (gi) tracks.push(`minmax(0, ${GROUP_GAP}fr)`);
+    for (let i = 0; i < g.length; i++) tracks.push(`minmax(0, ${geo.width}fr)`);
+  });
+  return { template: tracks.join(" "), min_width: LABEL_W + Math.ceil((geo.total * MIN_COL_W) / geo.width), max_width: LABEL_W + geo.total };
+}
+
+/**
+ * The picture width (in px) a block's label needs to fit its block: the picture is `total`
+ * design units wide, the block `w`; a character takes about 6 px. CSS hides the label below it.
+ * @param {string} text
+ * @param {number} w
+ * @param {number} total
+ */
+export function labelNeed(text, w, total) {
+  return Math.ceil((total * (text.length * 6 + 2)) / w);
+}
+
+/**
+ * A design x coordinate as a percentage of the picture's width.
+ * @param {number} x
+ * @param {number} total
+ */
+function pct(x, total) {
+  return `${Math.round((x / total) * 1e4) / 100}%`;
+}
+
 /** @param {number} t 0..1 */
 function heatRGB(t) {
   const x = Math.max(0, Math.min(1, t)) * (HEAT_STOPS.length - 1);
@@ -323,10 +368,11 @@ function fmtNum(v) {
 }
 
 /**
- * One bar of blocks (top or bottom of the movement picture).
- * @param {SVGElement} root
+ * One bar of blocks (top or bottom of the movement picture): the blocks go into `shapes` (design
+ * units, stretched), their labels into `labels` (at percentages of the width, never stretched).
+ * @param {{shapes: SVGElement, labels: SVGElement}} layers
  * @param {Slot[][]} bar per column, per block, the origins
- * @param {{width: number, left: number[]}} geo
+ * @param {{width: number, left: number[], total: number}} geo
  * @param {number[]} columns
  * @param {number} y
  * @param {boolean} blocked
@@ -334,7 +380,7 @@ function fmtNum(v) {
  * @param {string} where "holds" / "receives"
  * @param {boolean[]} partial per column
  */
-function drawBar(root, bar, geo, columns, y, blocked, sym, where, partial) {
+function drawBar(layers, bar, geo, columns, y, blocked, sym, where, partial) {
   bar.forEach((slots, i) => {
     const d = columns[i];
     const w = (geo.width - 6) / slots.length;
@@ -348,9 +394,12 @@ function drawBar(root, bar, geo, columns, y, blocked, sym, where, partial) {
       else if (devs.length * 1.5 > w) g.append(svg("rect", { class: "jpm-slot-many", x: fx(x), y, width: fx(w), height: BAR_H }));
       else devs.forEach((o, s) => g.append(svg("rect", { x: fx(x + (s * w) / devs.length), y, width: fx(w / devs.length), height: BAR_H, fill: deviceColor(o).bg })));
       g.append(svg("rect", { class: "jpm-slot-edge", x: fx(x), y, width: fx(w), height: BAR_H }));
+      layers.shapes.append(g);
       const onPanel = !devs.length || devs.length * 1.5 > w;
-      if (text.length * 6 + 2 <= w) g.append(svg("text", { class: onPanel ? "jpm-on-panel" : null, x: fx(x + w / 2), y: y + BAR_H / 2, text }));
-      root.append(g);
+      if (text.length * 6 + 2 <= w) {
+        const need = labelNeed(text, w, geo.total);
+        layers.labels.append(svg("text", { class: onPanel ? "jpm-on-panel" : null, x: pct(x + w / 2, geo.total), y: y + BAR_H / 2, style: { "--need": `${need}px` }, text }));
+      }
     });
   });
 }
@@ -363,6 +412,10 @@ function fx(v) {
 /**
  * The movement picture: the two bars and a curve per transfer (through a combining node when
  * one set of contributions feeds several outputs, as in an all-reduce).
+ *
+ * Curves and blocks are drawn in design units in an inner SVG stretched to the columns' width
+ * (the strokes keep their width); the labels and the combining nodes sit above it at
+ * percentages of the width, so text keeps its size and shape at any width.
  * @param {Picture} pic
  * @param {any} card
  * @param {{width: number, left: number[], total: number}} geo
@@ -371,7 +424,10 @@ function drawPicture(pic, card, geo) {
   const sym = reduceSymbol(card.op);
   const blocked = pictureBlocked(pic);
   const height = 2 * BAR_H + LINKS_H;
-  const root = svg("svg", { class: "jpm-move", width: geo.total, height, viewBox: `0 0 ${geo.total} ${height}`, role: "img", "aria-label": `${card.op}: ${pic.label}` });
+  const shapes = svg("svg", { class: "jpm-move-shapes", width: "100%", height: "100%", viewBox: `0 0 ${geo.total} ${height}`, preserveAspectRatio: "none" });
+  const labels = svg("g", { class: "jpm-labels" });
+  const hubNodes = svg("g", { class: "jpm-hubs" });
+  const root = svg("svg", { class: "jpm-move", width: "100%", height, role: "img", "aria-label": `${card.op}: ${pic.label}` }, shapes, labels, hubNodes);
   const col = new Map(pic.columns.map((d, i) => [d, i]));
   const xOf = (/** @type {number} */ d, /** @type {number} */ b, /** @type {number} */ slots) => {
     const i = /** @type {number} */ (col.get(d));
@@ -399,12 +455,12 @@ function drawPicture(pic, card, geo) {
       links.append(svg("path", { class: "jpm-link jpm-link-out", d: curve(x, y + 7, xOf(t.dst, t.dst_block, pic.out_slots), y1), data: { detail, src: "hub", dst: t.dst } }, svg("title", { text: detail })));
     }
     const tw = Math.max(16, sym.length * 7 + 8);
-    links.append(
+    hubNodes.append(
       svg(
         "g",
         { class: "jpm-hub", data: { detail: `${who}: combined, then sent to devices ${formatIds(hub.dsts.map((t) => t.dst), 4)}` } },
-        svg("rect", { x: fx(x - tw / 2), y: y - 8, width: tw, height: 16, rx: 8 }),
-        svg("text", { x: fx(x), y, text: sym }),
+        svg("ellipse", { cx: pct(x, geo.total), cy: y, rx: tw / 2, ry: 8 }),
+        svg("text", { x: pct(x, geo.total), y, text: sym }),
       ),
     );
   }
@@ -414,10 +470,12 @@ function drawPicture(pic, card, geo) {
       svg("path", { class: "jpm-link", d: curve(xOf(t.src, t.src_block, pic.in_slots), y0, xOf(t.dst, t.dst_block, pic.out_slots), y1), stroke: deviceColor(t.src).bg, data: { detail, src: t.src, dst: t.dst } }, svg("title", { text: detail })),
     );
   }
-  root.append(links);
-  drawBar(root, pic.top, geo, pic.columns, 0, blocked, sym, "holds", pic.columns.map(() => false));
-  drawBar(root, pic.bottom, geo, pic.columns, y1, blocked, sym, "receives into", pic.partial);
-  return root;
+  shapes.append(links);
+  const layers = { shapes, labels };
+  drawBar(layers, pic.top, geo, pic.columns, 0, blocked, sym, "holds", pic.columns.map(() => false));
+  drawBar(layers, pic.bottom, geo, pic.columns, y1, blocked, sym, "receives into", pic.partial);
+  // The box is a size container: the labels' CSS compares its width with each label's --need.
+  return h("div", { class: "jpm-move-box" }, root);
 }
 
 /**
@@ -486,12 +544,8 @@ function bytesOf(card, order, d) {
  */
 function drawStage(card, it, pic, ctx) {
   const geo = stageGeometry(pic.groups);
-  const template = [`${LABEL_W}px`];
-  pic.groups.forEach((g, gi) => {
-    if (gi) template.push(`${GROUP_GAP}px`);
-    for (let i = 0; i < g.length; i++) template.push(`${geo.width}px`);
-  });
-  const stage = h("div", { class: "jpm-stage", style: { "grid-template-columns": template.join(" ") } });
+  const layout = stageLayout(pic.groups);
+  const stage = h("div", { class: "jpm-stage", style: { "grid-template-columns": layout.template, "min-width": `${layout.min_width}px`, "max-width": `${layout.max_width}px` } });
   const gridCol = (/** @type {number} */ i) => {
     let gi = 0;
     for (let seen = pic.groups[0].length; i >= seen; seen += pic.groups[gi].length) gi += 1;
@@ -624,8 +678,9 @@ function drawCard(card, ctx) {
   }
   controls.append(status);
   el.append(controls);
+  // The stage keeps a readable minimum width; below it, it scrolls here, inside the card.
   let stage = h("div");
-  el.append(stage);
+  el.append(h("div", { class: "jpm-stage-scroll" }, stage));
   const note = h("div", { class: "jpm-note" });
   el.append(note);
 

@@ -26,7 +26,7 @@ from sample_states import collective_card, collectives_state, unrecorded_card
 HOSTILE = "<img src=x onerror=window.__xss=1>\"'&"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 #: Tags the static HTML may hold; anything else means a string got in unescaped.
-ALLOWED_TAGS = {"style", "div", "span", "b", "i", "pre", "img", "svg", "g", "path", "rect", "text", "title"}
+ALLOWED_TAGS = {"style", "div", "span", "b", "i", "pre", "img", "svg", "g", "path", "rect", "ellipse", "text", "title"}
 
 
 def every_op_state(n: int = 8) -> dict[str, Any]:
@@ -113,6 +113,54 @@ def test_sub_groups_are_separate_groups_of_columns() -> None:
     assert len(hubs(pic["links"])[0]) == 2
     width, left, total = collectives.stage_geometry(pic["groups"])
     assert left[4] - left[3] == width + collectives.GROUP_GAP and total == 8 * width + collectives.GROUP_GAP
+
+
+@pytest.mark.parametrize("groups", [[list(range(8))], [[0, 2, 4, 6], [1, 3, 5, 7]], [list(range(16))], [[0, 1]]])
+def test_stage_layout_shrinks_in_proportion_between_bounds(groups: list[list[int]]) -> None:
+    width, left, total = collectives.stage_geometry(groups)
+    layout = collectives.stage_layout(groups)
+    tracks = layout["template"].split(" minmax")
+    assert tracks[0] == f"{collectives.LABEL_W}px"  # the row names keep their width
+    fr = [float(re.fullmatch(r"\(0, ([\d.]+)fr\)", t).group(1)) for t in tracks[1:]]
+    # One track per device and per gap between groups, in proportion to the design widths, so
+    # the picture (design units, stretched over all of them) stays under its columns.
+    n = sum(len(g) for g in groups)
+    assert len(fr) == n + len(groups) - 1 and sum(fr) == total
+    assert sorted(set(fr)) == sorted({width} | ({collectives.GROUP_GAP} if len(groups) > 1 else set()))
+    assert layout["max_width"] == collectives.LABEL_W + total
+    # At the minimum width a device column is MIN_COL_W wide (rounded up to a whole pixel).
+    scale = (layout["min_width"] - collectives.LABEL_W) / total
+    assert collectives.MIN_COL_W <= width * scale < collectives.MIN_COL_W + width / total
+    assert layout["min_width"] < layout["max_width"]
+
+
+def test_label_need_is_the_width_where_the_label_fits_its_block() -> None:
+    card = collective_card("psum", 8, groups=[[0, 2, 4, 6], [1, 3, 5, 7]])
+    width, _, total = collectives.stage_geometry(movement_model(card, 0)["groups"])
+    w = width - 6
+    text = slot_text(movement_model(card, 0)["bottom"][0][0], False, "Σ")
+    need = collectives.label_need(text, w, total)
+    room = len(text) * 6 + 2  # what a label takes, at 6 px a character
+    assert w * need / total >= room > w * (need - 1) / total
+    assert collectives.label_need("0", w, total) < need
+
+
+def test_static_picture_stretches_and_its_labels_say_what_they_need() -> None:
+    card = collective_card("psum", 8)
+    out = collectives.to_html(collectives_state([card], 8))
+    layout = collectives.stage_layout(movement_model(card, 0)["groups"])
+    _, _, total = collectives.stage_geometry(movement_model(card, 0)["groups"])
+    assert (f'<div class="jpm-stage-scroll"><div class="jpm-stage" style="grid-template-columns:{layout["template"]};'
+            f'min-width:{layout["min_width"]}px;max-width:{layout["max_width"]}px">') in out
+    # No fixed pixel width on the picture: the outer SVG fills its columns; the inner one is
+    # stretched from design units; labels and the combining node are placed in percentages.
+    assert '<svg class="jpm-move" width="100%" height="92"' in out
+    assert f'<svg class="jpm-move-shapes" width="100%" height="100%" viewBox="0 0 {total} 92" preserveAspectRatio="none">' in out
+    labels = re.findall(r'<text[^>]* x="([\d.]+)%" y="[\d.]+" style="--need:(\d+)px">([^<]*)</text>', out)
+    assert [t for _, _, t in labels] == [str(d) for d in range(8)] + ["Σ(0–7)"] * 8
+    for x, need, text in labels:
+        assert 0 < float(x) < 100 and int(need) <= total
+    assert re.search(r'<ellipse cx="50%" cy="46" rx="8" ry="8">', out)
 
 
 @pytest.mark.parametrize("op", ["psum", "all_gather", "psum_scatter"])
@@ -232,7 +280,7 @@ def test_static_html_draws_each_card() -> None:
         assert f"background:{device_color(d)[0]}" in cards[0]
     assert f'stroke="{device_color(3)[0]}"' in cards[1]
     # Every recorded card with movement has one still picture; axis_index and the unrecorded none.
-    pictures = [c.count("<svg") for c in cards]
+    pictures = [c.count('<svg class="jpm-move"') for c in cards]
     assert pictures == [1, 1, 1, 1, 1, 1, 1, 0, 0, 2]  # pmax ran in a loop: first and last iteration
     # all-gather: one curve per (source, destination) pair, 8 sources -> one path each.
     assert cards[1].count('class="jpm-link"') == 8

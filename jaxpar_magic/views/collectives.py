@@ -3,11 +3,14 @@
 
 The static HTML draws each card's whole movement as one still SVG picture (the live widget adds
 the step control); :func:`movement_model` is the twin of ``movementModel`` in the JS module and
-says what both pictures show: which device's block lands in which output block.
+says what both pictures show: which device's block lands in which output block. Both lay the
+cards out the same way (:func:`stage_layout`): they fit the width of the output area they are
+given, and past a readable minimum the stage scrolls inside its card.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ids, png_data_uri, style_block, swatch_style
@@ -16,11 +19,14 @@ from .palette import device_color
 MAX_CARDS = 64
 MAX_DEVICES_DRAWN = 16
 MAX_LINKS = 256
-#: Stage geometry in pixels; the same numbers as js/collectives.js.
+#: Stage geometry in pixels; the same numbers as js/collectives.js. Columns and group gaps are
+#: drawn at their design width when the card has room and shrink in proportion down to
+#: ``MIN_COL_W`` a column; below that the stage scrolls inside its card.
 LABEL_W = 50
 GROUP_GAP = 12
 BAR_H = 14
 LINKS_H = 64
+MIN_COL_W = 50
 _HEAT_STOPS = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]
 
 Slot = list[list[int]]
@@ -197,6 +203,30 @@ def stage_geometry(groups: list[list[int]]) -> tuple[int, list[int], int]:
     return width, left, x
 
 
+def stage_layout(groups: list[list[int]]) -> dict[str, Any]:
+    """The stage's grid and width bounds; the twin of ``stageLayout``. Every column and gap is a
+    flexible track in proportion to its design width, so the picture (drawn in design units and
+    stretched over its columns) stays aligned with the tiles at any width in the bounds."""
+    width, _, total = stage_geometry(groups)
+    tracks = [f"{LABEL_W}px"]
+    for gi, g in enumerate(groups):
+        if gi:
+            tracks.append(f"minmax(0, {GROUP_GAP}fr)")
+        tracks += [f"minmax(0, {width}fr)"] * len(g)
+    return {"template": " ".join(tracks), "min_width": LABEL_W + math.ceil(total * MIN_COL_W / width),
+            "max_width": LABEL_W + total}
+
+
+def label_need(text: str, w: float, total: int) -> int:
+    """The picture width (px) a block's label needs to fit its block of ``w`` design units, about
+    6 px a character; CSS hides the label below it. The twin of ``labelNeed``."""
+    return math.ceil(total * (len(text) * 6 + 2) / w)
+
+
+def _pct(x: float, total: int) -> str:
+    return f"{round(x / total * 1e4) / 100:g}%"
+
+
 def hubs(links: list[dict[str, Any]]) -> tuple[list[tuple[list[dict], list[dict]]], list[dict[str, Any]]]:
     """Combining nodes (the twin of ``hubs``): returns the hubs as (sources, destinations) and
     the links drawn directly."""
@@ -231,7 +261,11 @@ def _curve(xa: float, ya: float, xb: float, yb: float) -> str:
 
 
 def _picture_svg(card: dict[str, Any], pic: dict[str, Any], width: int, left: list[int], total: int) -> str:
-    """The whole movement as one SVG: curves grouped into one path per source device (compact)."""
+    """The whole movement as one SVG: curves grouped into one path per source device (compact).
+
+    As in the live view, curves and blocks are drawn in design units in an inner SVG stretched
+    to the columns' width; labels and combining nodes sit above it at percentages of the width.
+    """
     sym = reduce_symbol(str(card.get("op")))
     blocked = picture_blocked(pic)
     height = 2 * BAR_H + LINKS_H
@@ -243,12 +277,8 @@ def _picture_svg(card: dict[str, Any], pic: dict[str, Any], width: int, left: li
 
     y0, y1 = BAR_H, BAR_H + LINKS_H
     paths: dict[str, list[str]] = {}
-    out = [
-        f'<svg class="jpm-move" width="{total}" height="{height}" viewBox="0 0 {total} {height}" role="img" '
-        f'aria-label="{esc(str(card.get("op")))}: the whole movement">'
-    ]
     hub_list, direct = hubs(pic["links"])
-    extra = []
+    outs, nodes = [], []
     for srcs, dsts in hub_list:
         x = sum(x_of(t["dst"], t["dst_block"], pic["out_slots"]) for t in dsts) / len(dsts)
         y = (y0 + y1) / 2
@@ -256,33 +286,41 @@ def _picture_svg(card: dict[str, Any], pic: dict[str, Any], width: int, left: li
             paths.setdefault(device_color(t["src"])[0], []).append(
                 _curve(x_of(t["src"], t["src_block"], pic["in_slots"]), y0, x, y - 7)
             )
-        outs = "".join(_curve(x, y + 7, x_of(t["dst"], t["dst_block"], pic["out_slots"]), y1) for t in dsts)
+        d = "".join(_curve(x, y + 7, x_of(t["dst"], t["dst_block"], pic["out_slots"]), y1) for t in dsts)
+        outs.append(f'<path class="jpm-link jpm-link-out" d="{d}"></path>')
         tw = max(16, len(sym) * 7 + 8)
         who = f"{sym}({format_ids(sorted({t['src'] for t in srcs}), 3)})"
-        extra.append(
-            f'<path class="jpm-link jpm-link-out" d="{outs}"></path>'
+        nodes.append(
             f'<g class="jpm-hub"><title>{esc(who)}: combined, then sent to devices '
             f'{esc(format_ids([t["dst"] for t in dsts], 4))}</title>'
-            f'<rect x="{_fx(x - tw / 2)}" y="{_fx(y - 8)}" width="{tw}" height="16" rx="8"></rect>'
-            f'<text x="{_fx(x)}" y="{_fx(y)}">{esc(sym)}</text></g>'
+            f'<ellipse cx="{_pct(x, total)}" cy="{_fx(y)}" rx="{_fx(tw / 2)}" ry="8"></ellipse>'
+            f'<text x="{_pct(x, total)}" y="{_fx(y)}">{esc(sym)}</text></g>'
         )
     for t in direct:
         paths.setdefault(device_color(t["src"])[0], []).append(
             _curve(x_of(t["src"], t["src_block"], pic["in_slots"]), y0, x_of(t["dst"], t["dst_block"], pic["out_slots"]), y1)
         )
-    out.append('<g class="jpm-links">')
-    out += [f'<path class="jpm-link" stroke="{c}" d="{"".join(ds)}"></path>' for c, ds in paths.items()]
-    out += extra
-    out.append("</g>")
-    out.append(_bars_svg(pic, left, width, y1, blocked, sym))
-    out.append("</svg>")
-    return "".join(out)
+    bars, labels = _bars_svg(pic, left, width, total, y1, blocked, sym)
+    return "".join([
+        f'<svg class="jpm-move" width="100%" height="{height}" role="img" aria-label="{esc(str(card.get("op")))}: the whole movement">',
+        f'<svg class="jpm-move-shapes" width="100%" height="100%" viewBox="0 0 {total} {height}" preserveAspectRatio="none">',
+        '<g class="jpm-links">',
+        *(f'<path class="jpm-link" stroke="{c}" d="{"".join(ds)}"></path>' for c, ds in paths.items()),
+        *outs,
+        "</g>",
+        bars,
+        "</svg>",
+        f'<g class="jpm-labels">{labels}</g>',
+        f'<g class="jpm-hubs">{"".join(nodes)}</g>',
+        "</svg>",
+    ])
 
 
-def _bars_svg(pic: dict[str, Any], left: list[int], width: int, y1: float, blocked: bool, sym: str) -> str:
+def _bars_svg(pic: dict[str, Any], left: list[int], width: int, total: int, y1: float, blocked: bool, sym: str) -> tuple[str, str]:
     """Both bars of blocks for every device, compact: one path per fill colour for the whole
     picture, one path of block edges, and per bar one transparent rect carrying its title (the
-    live view has a title per block)."""
+    live view has a title per block). Returns the blocks (design units) and their labels (at
+    percentages of the width)."""
     fills: dict[str, list[str]] = {}
     edges: list[str] = []
     hits: list[str] = []
@@ -307,7 +345,10 @@ def _bars_svg(pic: dict[str, Any], left: list[int], width: int, y1: float, block
                 text = slot_text(origins, blocked, sym, part)
                 if len(text) * 6 + 2 <= w:
                     panel = ' class="jpm-on-panel"' if not devs or many else ""
-                    labels.append(f'<text{panel} x="{_fx(x + w / 2)}" y="{_fx(y + BAR_H / 2)}">{esc(text)}</text>')
+                    labels.append(
+                        f'<text{panel} x="{_pct(x + w / 2, total)}" y="{_fx(y + BAR_H / 2)}" '
+                        f'style="--need:{label_need(text, w, total)}px">{esc(text)}</text>'
+                    )
             title = f"device {pic['columns'][i]} {where}: [" + " | ".join(slot_text(o, blocked, sym, part) for o in slots) + "]"
             hits.append(
                 f'<rect class="jpm-hit" x="{_fx(x0)}" y="{_fx(y)}" width="{_fx(width - 6)}" height="{BAR_H}"><title>{esc(title)}</title></rect>'
@@ -318,7 +359,7 @@ def _bars_svg(pic: dict[str, Any], left: list[int], width: int, y1: float, block
     ]
     if edges:
         out.append(f'<path class="jpm-slot-sep" d="{"".join(edges)}"></path>')
-    return "".join(out + labels + hits)
+    return "".join(out + hits), "".join(labels)
 
 
 def _heat_rgb(t: float) -> tuple[int, int, int]:
@@ -396,15 +437,16 @@ def _stage_html(card: dict[str, Any], it: dict[str, Any], state: dict[str, Any])
     if not groups:
         return '<div class="jpm-note">no values recorded</div>'
     width, left, total = stage_geometry(groups)
-    template = [f"{LABEL_W}px"]
+    layout = stage_layout(groups)
     grid_col: list[int] = []
     for gi, g in enumerate(groups):
-        if gi:
-            template.append(f"{GROUP_GAP}px")
-        for _ in g:
-            template.append(f"{width}px")
-            grid_col.append(len(template))
-    out = [f'<div class="jpm-stage" style="grid-template-columns:{" ".join(template)}">']
+        first = len(grid_col) + gi + 2  # after the label column and one gap column per group before
+        grid_col += range(first, first + len(g))
+    # The stage keeps a readable minimum width; below it, it scrolls inside the card.
+    out = [
+        '<div class="jpm-stage-scroll"><div class="jpm-stage" style="'
+        f'grid-template-columns:{layout["template"]};min-width:{layout["min_width"]}px;max-width:{layout["max_width"]}px">'
+    ]
     row = 1
     if len(groups) > 1:
         i = 0
@@ -437,7 +479,7 @@ def _stage_html(card: dict[str, Any], it: dict[str, Any], state: dict[str, Any])
     if _moves(card):
         out.append(
             f'<div class="jpm-row-label" style="grid-row:{row + 1};grid-column:1">sends</div>'
-            f'<div style="grid-row:{row + 1};grid-column:2 / -1">{_picture_svg(card, pic, width, left, total)}</div>'
+            f'<div class="jpm-move-box" style="grid-row:{row + 1};grid-column:2 / -1">{_picture_svg(card, pic, width, left, total)}</div>'
         )
     b = card.get("bytes") or {}
     if isinstance(b.get("sent"), list) or isinstance(b.get("received"), list):
@@ -450,7 +492,7 @@ def _stage_html(card: dict[str, Any], it: dict[str, Any], state: dict[str, Any])
                 f'<div class="jpm-bytes" style="grid-row:{row + 3};grid-column:{grid_col[i]}">'
                 f"<div>↑{esc(format_bytes(sent))}</div><div>↓{esc(format_bytes(received))}</div></div>"
             )
-    out.append("</div>")
+    out.append("</div></div>")
     return "".join(out)
 
 

@@ -113,7 +113,8 @@ def test_movement_model_js_matches_python(view_page: Any) -> None:
             """async ([card, n]) => {
                 const mod = await import('/js/collectives.js');
                 const pics = Array.from({length: n + 1}, (_, k) => mod.movementModel(card, k));
-                return {pics, geo: mod.stageGeometry(pics[0].groups),
+                const labels = pics[0].bottom.map((bar) => bar.map((o) => mod.labelNeed(mod.slotText(o, true, 'Σ'), 97 / bar.length, 824)));
+                return {pics, geo: mod.stageGeometry(pics[0].groups), layout: mod.stageLayout(pics[0].groups), labels,
                         texts: pics.map((p) => p.bottom.map((bar) => bar.map((o) => mod.slotText(o, mod.pictureBlocked(p), mod.reduceSymbol(card.op), p.partial[0] || false))))};
             }""",
             [card, n_steps],
@@ -125,8 +126,12 @@ def test_movement_model_js_matches_python(view_page: Any) -> None:
             sym = collectives.reduce_symbol(card["op"])
             part = bool(py["partial"]) and py["partial"][0]
             assert js["texts"][k] == [[collectives.slot_text(o, blocked, sym, part) for o in bar] for bar in py["bottom"]]
-        width, left, total = collectives.stage_geometry(collectives.movement_model(card, 0)["groups"])
+        groups = collectives.movement_model(card, 0)["groups"]
+        width, left, total = collectives.stage_geometry(groups)
         assert js["geo"] == {"width": width, "left": left, "total": total}
+        assert js["layout"] == collectives.stage_layout(groups)
+        bottom = collectives.movement_model(card, 0)["bottom"]
+        assert js["labels"] == [[collectives.label_need(collectives.slot_text(o, True, "Σ"), 97 / len(bar), 824) for o in bar] for bar in bottom]
 
 
 def test_step_control_by_mouse(view_page: Any) -> None:
@@ -321,6 +326,165 @@ def test_sixteen_devices_fit_a_notebook(view_page: Any) -> None:
     assert cards.nth(1).locator(".jpm-steps").count() == 0
     assert cards.nth(0).locator(".jpm-stage").bounding_box()["width"] <= 940
     view_page.shot(host, "collectives-16")
+
+
+# --- cards fit the width they are given (a notebook's output area is often 560-800 px) --------
+
+#: Every element of every card whose box leaves the card, every stage that scrolls, and whether
+#: the view itself scrolls sideways. Zero-size boxes (titles, hidden labels) are skipped.
+OVERFLOW_JS = """(root) => {
+    const view = root.querySelector('.jpm-view');
+    const cards = [...root.querySelectorAll('.jpm-ccard')].map((card, index) => {
+        const box = card.getBoundingClientRect();
+        const out = [];
+        for (const e of card.querySelectorAll('*')) {
+            const r = e.getBoundingClientRect();
+            if (r.width === 0 || r.height === 0) continue;
+            if (r.right > box.right + 0.5 || r.left < box.left - 0.5) {
+                out.push(`${e.tagName}.${e.getAttribute('class') || ''} ${r.left.toFixed(1)}..${r.right.toFixed(1)}`);
+            }
+        }
+        const scrolls = [...card.querySelectorAll('.jpm-stage-scroll')].some((s) => s.scrollWidth > s.clientWidth);
+        return {index, right: box.right, outside: out, scrolls};
+    });
+    const host = root.getBoundingClientRect();
+    const style = getComputedStyle(root);
+    return {view: [view.scrollWidth, view.clientWidth], viewRight: view.getBoundingClientRect().right,
+            hostRight: host.right - parseFloat(style.paddingRight), cards};
+}"""
+
+#: Each top-bar block of the first picture of a card, paired with the before tile of its device:
+#: the stretched picture must stay under the tiles.
+ALIGN_JS = """(card) => {
+    const tiles = new Map([...card.querySelectorAll('.jpm-ctile')].slice(0, 16).map((t) => [t.querySelector('.jpm-tile-head span').textContent, t.getBoundingClientRect()]));
+    const bars = card.querySelectorAll('g.jpm-slot').length ? [...card.querySelectorAll('g.jpm-slot')] : [...card.querySelectorAll('rect.jpm-hit')];
+    const cols = [...new Set([...card.querySelectorAll('.jpm-ctile .jpm-tile-head span:first-child')].map((s) => s.textContent))];
+    return bars.filter((b) => b.getBoundingClientRect().top < bars[0].getBoundingClientRect().bottom).map((b, i) => {
+        const r = b.getBoundingClientRect();
+        const dev = b.dataset.device !== undefined ? `dev ${b.dataset.device}` : cols[i];
+        const t = tiles.get(dev);
+        return [dev, r.left + r.width / 2, t.left, t.right];
+    });
+}"""
+
+#: The labels drawn on blocks and whether each fits the block under it (at the block's height).
+LABELS_JS = """(card) => {
+    const blocks = [...card.querySelectorAll('g.jpm-slot rect.jpm-slot-edge, rect.jpm-hit')].map((e) => e.getBoundingClientRect());
+    return [...card.querySelectorAll('.jpm-labels text')].map((t) => {
+        const r = t.getBoundingClientRect();
+        const shown = parseFloat(getComputedStyle(t).fontSize) > 0;
+        const cy = r.top + r.height / 2, cx = r.left + r.width / 2;
+        const b = blocks.find((b) => b.left <= cx && cx <= b.right && b.top <= cy && cy <= b.bottom);
+        return {text: t.textContent, shown, fits: !!b && r.left >= b.left - 1.5 && r.right <= b.right + 1.5};
+    });
+}"""
+
+
+def assert_fits(root: Any, *, scrolling: set[int] = frozenset()) -> dict[str, Any]:
+    """No element of a card leaves the card, the view does not scroll sideways, and only the
+    stages of the cards in `scrolling` scroll (inside their card)."""
+    got = root.evaluate(OVERFLOW_JS)
+    scroll_width, client_width = got["view"]
+    assert scroll_width <= client_width, got["view"]
+    assert got["viewRight"] <= got["hostRight"] + 0.5
+    for card in got["cards"]:
+        assert card["right"] <= got["hostRight"] + 0.5, card
+        assert card["scrolls"] == (card["index"] in scrolling), card
+        if card["index"] not in scrolling:
+            assert card["outside"] == [], card
+    return got
+
+
+def fit_state() -> dict[str, Any]:
+    return every_op_state(8, device_process=[0] * 4 + [1] * 4)
+
+
+@pytest.mark.parametrize("width", [560, 760])
+def test_cards_fit_a_narrow_output_area(view_page: Any, width: int) -> None:
+    host = view_page.mount("collectives", fit_state())
+    host.evaluate("(e, w) => { e.style.width = w + 'px'; }", width)
+    assert_fits(host)
+    cards = host.locator(".jpm-ccard")
+    # Every card is as wide as the output area allows: the drawing shrank instead of spilling.
+    view_width = host.locator(".jpm-view").bounding_box()["width"]
+    assert all(abs(cards.nth(k).bounding_box()["width"] - view_width) < 1 for k in range(cards.count()))
+    for k in (0, 1, 2, 4, 5):  # psum, all_gather (heat maps), psum_scatter, ppermute, sub-groups
+        card = cards.nth(k)
+        # The stretched picture stays aligned with the columns of tiles.
+        for dev, centre, left, right in card.evaluate(ALIGN_JS):
+            assert left < centre < right, (k, dev, centre, left, right)
+        labels = card.evaluate(LABELS_JS)
+        assert all(lab["fits"] for lab in labels if lab["shown"]), (k, labels)
+    # Sub-groups: the combined labels need ~535 px of picture, so they show at 760 and not at 560.
+    sub = [lab for lab in cards.nth(5).evaluate(LABELS_JS) if lab["text"].startswith("Σ")]
+    assert len(sub) == 8 and all(lab["shown"] == (width == 760) for lab in sub), sub
+    # Every device column is drawn, device 7 included, inside the card.
+    psum = cards.nth(0)
+    assert psum.locator(".jpm-ctile").count() == 16 and psum.locator(".jpm-ctile").nth(7).is_visible()
+    # The step control still works in a narrow card, and a step's picture fits too.
+    psum.locator("input.jpm-slider").fill("7")
+    assert stage(psum).get_attribute("data-step") == "7"
+    assert psum.locator("g.jpm-slot").count() == 2 * 8 * 8
+    assert_fits(host)
+    view_page.shot(host, f"collectives-fit-{width}")
+    view_page.shot(psum, f"collectives-fit-{width}-psum-step7")
+    dark = view_page.mount("collectives", fit_state(), theme="dark")
+    dark.evaluate("(e, w) => { e.style.width = w + 'px'; }", width)
+    assert_fits(dark)
+    view_page.shot(dark.locator(".jpm-ccard").nth(5), f"collectives-fit-{width}-dark")
+
+
+def test_sixteen_devices_scroll_inside_the_card(view_page: Any) -> None:
+    state = collectives_state([collective_card("all_to_all", 16, shape=(16,)), collective_card("psum", 8)], 16)
+    host = view_page.mount("collectives", state)
+    host.evaluate("(e) => { e.style.width = '560px'; }")
+    # The 16-column stage keeps its readable minimum and scrolls within its card; the card, its
+    # head, controls and notes stay inside; the 8-device card beside it does not scroll.
+    got = assert_fits(host, scrolling={0})
+    card = host.locator(".jpm-ccard").nth(0)
+    scroller = card.locator(".jpm-stage-scroll")
+    box, sbox = card.bounding_box(), scroller.bounding_box()
+    assert sbox["x"] >= box["x"] and sbox["x"] + sbox["width"] <= box["x"] + box["width"]
+    assert stage(card).bounding_box()["width"] > sbox["width"]
+    # Whatever leaves the card is inside the scrolled stage (and the stage did leave it).
+    assert got["cards"][0]["outside"]
+    escaped = card.evaluate(
+        """c => [...c.querySelectorAll('*')].filter((e) => {
+                 const r = e.getBoundingClientRect(), b = c.getBoundingClientRect();
+                 return r.width && r.height && r.right > b.right + 0.5 && !e.closest('.jpm-stage-scroll');
+               }).map((e) => e.tagName + '.' + e.getAttribute('class'))"""
+    )
+    assert escaped == []
+    # Scrolled to the end, device 15 is in view, and the row names stay put (sticky).
+    label = card.locator(".jpm-row-label").first.bounding_box()
+    scroller.evaluate("e => { e.scrollLeft = e.scrollWidth; }")
+    last = card.locator(".jpm-ctile").nth(15).bounding_box()
+    assert last["x"] + last["width"] <= sbox["x"] + sbox["width"] + 0.5
+    assert card.locator(".jpm-row-label").first.bounding_box()["x"] == label["x"]
+    view_page.shot(host, "collectives-fit-16-560")
+
+
+@pytest.mark.parametrize("width", [560, 760])
+def test_static_html_fits_a_narrow_output_area(view_page: Any, width: int) -> None:
+    page = view_page.page
+    html_text = collectives.to_html(fit_state())
+    for scheme, background in (("light", "#ffffff"), ("dark", "#1e1e1e")):
+        page.emulate_media(color_scheme=scheme)
+        page.set_content(
+            f'<!doctype html><meta charset="utf-8"><body style="margin:0;padding:12px;background:{background}">'
+            f'<div class="out" style="width:{width}px;padding:0">{html_text}</div></body>'
+        )
+        out = page.locator(".out")
+        assert_fits(out)
+        cards = out.locator(".jpm-ccard")
+        for k in (0, 1, 2, 4, 5):
+            for dev, centre, left, right in cards.nth(k).evaluate(ALIGN_JS):
+                assert left < centre < right, (scheme, k, dev, centre, left, right)
+            labels = cards.nth(k).evaluate(LABELS_JS)
+            assert all(lab["fits"] for lab in labels if lab["shown"]), (scheme, k, labels)
+        sub = [lab for lab in cards.nth(5).evaluate(LABELS_JS) if lab["text"].startswith("Σ")]
+        assert len(sub) == 8 and all(lab["shown"] == (width == 760) for lab in sub), sub
+        view_page.shot(out, f"static-collectives-fit-{width}" + ("-dark" if scheme == "dark" else ""))
 
 
 def test_plan_view_fits(view_page: Any) -> None:
