@@ -39,8 +39,14 @@ def test_an_editable_install_renders_every_view(tmp_path: Path):
     python = str(venv / "bin" / "python")
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True, timeout=60).stdout.strip()
-    # Sorted after setuptools' __editable__ file: the checkout comes first on sys.path.
-    Path(site, "zz_borrowed.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # The dependencies, borrowed from this environment, without its own jaxpar_magic (an installed
+    # copy there would be found before the editable one's finder).
+    borrowed = tmp_path / "borrowed"
+    borrowed.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.startswith(("jaxpar_magic", "__editable__", "_jaxpar_magic")) and entry.suffix != ".pth":
+            (borrowed / entry.name).symlink_to(entry)
+    Path(site, "zz_borrowed.pth").write_text(f"{borrowed}\n")
     installed = subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-deps", "-e", str(source)],
                                capture_output=True, text=True, timeout=600)
     assert installed.returncode == 0, installed.stdout + installed.stderr

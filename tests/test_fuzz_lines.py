@@ -130,7 +130,7 @@ PARSED_ONLY = {"cluster": cluster_lines, "cluster_cell": cluster_cell_lines}  # 
 
 
 def any_line(magic: str):
-    grammar = GRAMMARS.get(magic) or PARSED_ONLY[magic]
+    grammar = GRAMMARS[magic] if magic in GRAMMARS else PARSED_ONLY[magic]  # strategies have no truth value
     return st.one_of(grammar, text, special, long_text, st.tuples(grammar, special).map(" ".join))
 
 
