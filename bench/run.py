@@ -21,7 +21,8 @@ Sections (numbers match the table):
      guard (blocking on every call of a program with collectives) costs, with and without them
   3. cold start in fresh subprocesses: `%load_ext` + first `%%pmap` cell vs `import jax` + first
      pmap call; and `import jaxpar_magic` + `%load_ext` vs `import jax`
-  4. re-running a cached `%%shard` cell vs `jax.jit` on NamedSharding inputs (4b: control)
+  4. re-running a cached `%%shard` cell vs `jax.jit` on NamedSharding inputs (4b: control; 4c: both as
+     whole `run_cell` cells)
   5. the collectives of the compiled `%%shard` program vs the hand-written one
   6. bytes each view sends to the browser, small vs large
   7. Chromium rendering the 4,096-device mesh view (skipped, with the reason, when Chromium,
@@ -361,25 +362,28 @@ def bench_shard(jax, sh, args):
 
     program = shard_engine._cache[next(k for k in shard_engine._cache if k[0] == SHARD_SRC)]
 
-    def program_call():
-        with jax.set_mesh(mesh):  # as the engine runs it
-            out = program.jitted(a, b)
-        jax.block_until_ready(out)
+    def program_call():  # the engine enters the mesh inside its traced function, so a plain call
+        jax.block_until_ready(program.jitted(a, b))
 
+    sh.user_ns.update(shard_hand=hand, jax=jax)
     t = interleaved({"ours": lambda: sh.run_cell_magic("shard", line, SHARD_SRC), "hand": hand_call,
-                     "ours' program": program_call}, reps=args.reps, batch=20)
+                     "ours' program": program_call,
+                     "ours (run_cell)": lambda: sh.run_cell(f"%%shard {line}\n{SHARD_SRC}"),
+                     "hand (run_cell)": lambda: sh.run_cell("c = shard_hand(a, b)\n_ = jax.block_until_ready(c)")},
+                    reps=args.reps, batch=20)
     r4 = compare_row(4, "cached `%%shard` cell re-run (--no-show) vs `jax.jit` on NamedSharding inputs + block",
                      t, "ours", "hand")
-    compare_row("4b", "control: the cell's cached compiled program called directly (under `jax.set_mesh`) + block "
+    compare_row("4b", "control: the cell's cached compiled program called directly + block "
                       "vs the hand-written `jax.jit` + block", t, "ours' program", "hand", target=None)
+    compare_row("4c", "same as 4, both through `shell.run_cell` (a whole notebook cell each side)", t,
+                "ours (run_cell)", "hand (run_cell)", target=None)
     import numpy as np
 
     assert np.allclose(np.asarray(sh.user_ns["c"]), np.asarray(ns["c"]))
 
     # 5. the compiled programs' collectives.
     ids = [d.id for d in mesh.devices.flat]
-    with jax.set_mesh(mesh):  # as the engine runs it
-        ours_text = program.jitted.lower(a, b).compile().as_text()
+    ours_text = program.jitted.lower(a, b).compile().as_text()
     hand_text = hand.lower(a, b).compile().as_text()
     ours_c, hand_c = collectives(ours_text, ids), collectives(hand_text, ids)
     report = shard_engine.shard_cell(SHARD_SRC, dict(sh.user_ns), mesh=mesh,
@@ -688,7 +692,7 @@ def profile_shard_rerun(jax, sh, calls: int = 2000):
         (shard_engine, "plan_inputs", "          jaxpar_magic/runner.py:plan_inputs"),
         (shard_engine, "place", "          jaxpar_magic/shard.py:place (each --in input)"),
         (shard_engine, "run_program", "        jaxpar_magic/runner.py:run_program"),
-        (program, "jitted", "          the compiled program's call (dispatch, inside jax.set_mesh)"),
+        (program, "jitted", "          the compiled program's call (dispatch)"),
         (jax, "block_until_ready", "          jax.block_until_ready (waiting for the devices)"),
         (runner, "shape_signature", "          jaxpar_magic/runner.py:shape_signature (the short path reuses the first run's)"),
         (runner.Rerun, "remember", "        jaxpar_magic/runner.py:Rerun.remember"),

@@ -2,7 +2,7 @@
 
 9. a cached `%%shard_map` re-run (the block matmul of JAX's shard_map tutorial on a 4x2 mesh,
    --no-show) vs the hand-written `jax.jit(jax.shard_map(...))`; 9b: control, the cell's cached
-   program called directly.
+   program called directly; 9c: both as whole `run_cell` cells.
 10. what `--collectives` costs: a cell's first run with it vs its first run without it (a fresh
    cell text each time, so both compile), and a cached re-run without the flag of a cell that
    once ran with it vs a cached re-run of a cell that never did.
@@ -75,20 +75,25 @@ def bench_shard_map(jax, sh, args) -> dict:
 
     program, _ = shard_map_engine._cache[next(key for key in shard_map_engine._cache if key[0] == SHARD_MAP_SRC)]
 
-    def program_call():
-        with jax.set_mesh(mesh):  # as the engine runs it
-            out = program.jitted(lhs, rhs)
-        jax.block_until_ready(out)
+    def program_call():  # the engine enters the mesh inside its traced function, so a plain call
+        jax.block_until_ready(program.jitted(lhs, rhs))
 
+    sh.user_ns.update(shard_map_hand=hand, jax=jax)
     events = compile_events()
     compiled_before = len(events)
     t = interleaved({"ours": lambda: sh.run_cell_magic("shard_map", SHARD_MAP_LINE, SHARD_MAP_SRC), "hand": hand_call,
-                     "ours' program": program_call}, reps=args.reps, batch=20)
+                     "ours' program": program_call,
+                     "ours (run_cell)": lambda: sh.run_cell(f"%%shard_map {SHARD_MAP_LINE}\n{SHARD_MAP_SRC}"),
+                     "hand (run_cell)": lambda: sh.run_cell(
+                         "out = shard_map_hand(lhs, rhs)\n_ = jax.block_until_ready(out)")},
+                    reps=args.reps, batch=20)
     recompiles = len(events) - compiled_before
     ratio = compare_row(9, "cached `%%shard_map` cell re-run (block matmul on a 4x2 mesh, --no-show) vs hand-written "
                            "`jax.jit(jax.shard_map(...))` + block", t, "ours", "hand", target=SHARD_MAP_TARGET)
-    compare_row("9b", "control: the cell's cached compiled program called directly (under `jax.set_mesh`) + block vs "
+    compare_row("9b", "control: the cell's cached compiled program called directly + block vs "
                       "the hand-written `jax.jit(jax.shard_map(...))` + block", t, "ours' program", "hand", target=None)
+    compare_row("9c", "same as 9, both through `shell.run_cell` (a whole notebook cell each side)", t,
+                "ours (run_cell)", "hand (run_cell)", target=None)
     ours_out, hand_out = sh.user_ns["out"], ns["out"]
     assert np.allclose(np.asarray(ours_out), np.asarray(hand_out), rtol=1e-5, atol=1e-3)
     assert ours_out.sharding.is_equivalent_to(hand_out.sharding, ours_out.ndim)
@@ -109,7 +114,7 @@ def profile_shard_map_rerun(jax, sh, calls: int = 2000):
         (runner.Rerun, "args", "        jaxpar_magic/runner.py:Rerun.args (the short path's input checks)"),
         (engine, "_plan", "        jaxpar_magic/shardmap.py:_plan (the full path: only when the short path declines)"),
         (engine, "run_program", "        jaxpar_magic/runner.py:run_program"),
-        (program, "jitted", "          the compiled program's call (dispatch, inside jax.set_mesh)"),
+        (program, "jitted", "          the compiled program's call (dispatch)"),
         (jax, "block_until_ready", "          jax.block_until_ready (waiting for the devices)"),
         (runner.Rerun, "remember", "        jaxpar_magic/runner.py:Rerun.remember"),
     ])

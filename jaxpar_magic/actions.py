@@ -7,6 +7,7 @@ binds its names and the kernel shows one outcome built from theirs.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .errors import UsageError
@@ -23,6 +24,9 @@ class Outcome:
     bindings: dict = field(default_factory=dict)  # names for the namespace, bound in one step once shown
     final: object = None  # the cell's value (IPython's Out), when it has one
     has_final: bool = False
+    # The same magic run again on a namespace, with this run's cell analysis and mesh already
+    # resolved (re-runs are the hot path); None where a re-run must start from the line again.
+    replay: Callable[[dict], "Outcome | None"] | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,12 @@ def pmap(options, source, namespace, defaults) -> Outcome:
                      f"{name}.__wrapped__{recorded}" for name, fn in result.items() if isinstance(fn, ParallelFunction)]
         return Outcome(text="\n".join(lines), bindings=result)
     outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final)
+    if not (show or options.report or options.collectives):
+        from .pmapping import run_block
+
+        cell, mesh = result.cell, result.mesh  # never the result: it holds the user's arrays
+        outcome.replay = _replaying(lambda ns: run_block(
+            cell, ns, mesh, broadcast=tuple(options.broadcast), split=tuple(options.split), merge=tuple(options.merge)))
     if show:
         outputs = dict(result.per_device)
         if result.has_final and result.final_per_device and not result.cell.final_is_output:
@@ -134,6 +144,12 @@ def shard(options, source, namespace, defaults) -> Outcome:
     result = shard_cell(source, namespace, mesh=options.mesh, in_specs=options.in_specs,
                         out_specs=options.out_specs, want_facts=options.report, bind=False)
     outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final)
+    if not (show or options.report):
+        from .shard import run_shard
+
+        cell, mesh = result.cell, result.mesh  # never the result: it holds the user's arrays
+        outcome.replay = _replaying(lambda ns: run_shard(cell, ns, mesh, options.in_specs, options.out_specs),
+                                    options, mesh)
     if show:
         shown = dict(result.placed)
         shown.update({n: result.outputs[n] for n in result.device_outputs})
@@ -159,6 +175,12 @@ def shard_map(options, source, namespace, defaults) -> Outcome:
                             out_specs=options.out_specs, check_vma=options.check_vma,
                             want_facts=show or options.report, bind=False, collectives=options.collectives)
     outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final)
+    if not (show or options.report or options.collectives):
+        from .shardmap import run_shard_map
+
+        cell, mesh = result.cell, result.mesh  # never the result: it holds the user's arrays
+        outcome.replay = _replaying(lambda ns: run_shard_map(
+            cell, ns, mesh, options.in_specs, options.out_specs, options.check_vma), options, mesh)
     if show:
         device = {n: result.outputs[n] for n in result.device_outputs}
         if result.has_final and result.final_is_array and not result.cell.final_is_output:
@@ -181,6 +203,30 @@ _ACTIONS = {"devices": devices, "mesh": mesh, "sharding": sharding, "pmap": pmap
 
 
 # --- shared steps --------------------------------------------------------------------------------
+
+def _replaying(run_engine, options=None, mesh=None):
+    """A replay (Outcome.replay) of a --no-show cell: the engine again, its line already resolved.
+
+    A mesh taken from the namespace (named by --mesh, or the default `mesh`) must still be the very
+    mesh this run used; otherwise the replay declines and the magic starts from the line again.
+    """
+    named = _namespace_mesh(options) if options is not None else None
+
+    def replay(namespace: dict):
+        if named is not None and namespace.get(named) is not mesh:
+            return None
+        result = run_engine(namespace)
+        return Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, replay=replay)
+
+    return replay
+
+
+def _namespace_mesh(options) -> str | None:
+    """The name of the namespace's mesh a %%shard/%%shard_map line uses, if it uses one."""
+    if isinstance(options.mesh, str):
+        return options.mesh
+    counted = any(isinstance(e, int) for spec in [*options.in_specs.values(), *options.out_specs.values()] for e in spec)
+    return "mesh" if options.mesh is None and not counted else None
 
 def sharding_views(name: str, value) -> list:
     """One sharding view per array leaf of `value` (a pytree is shown leaf by leaf)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections import OrderedDict
 
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
@@ -107,6 +108,13 @@ class JaxparMagics(Magics, Configurable):
 
         from .progress import kept_lines
 
+        replay_key = (magic, line, cell, self.axis_name, self.show)
+        replay = _replays.get(replay_key)
+        if replay is not None and _running_cluster() is None:
+            outcome = _replayed(replay, replay_key, self.shell.user_ns)
+            if outcome is not None:
+                self.shell.user_ns.update(outcome.bindings)
+                return outcome.final if outcome.has_final and not _silenced(cell) else None
         options = parse_line(magic, line)
         source = _transformed(self.shell, cell) if cell is not None else None
         defaults = actions.Defaults(axis_name=self.axis_name, show=self.show)
@@ -127,6 +135,7 @@ class JaxparMagics(Magics, Configurable):
                     display(view)
             status_lines.close()
         namespace.update(outcome.bindings)
+        _remember_replay(replay_key, outcome.replay if cluster is None else None)
         if cell is not None and outcome.has_final and not _silenced(cell):
             return outcome.final
         return None
@@ -250,6 +259,35 @@ class JaxparMagics(Magics, Configurable):
         all_gather, ...) over the mesh's axis names explicitly. Runs under jax.jit, cached.
         """
         return self._run("shard_map", line, cell)
+
+
+# Identical re-runs of a --no-show cell skip the line's resolution (bench sections 1, 4, 9).
+_replays: OrderedDict = OrderedDict()
+REPLAYS = 64
+
+
+def _replayed(replay, key, namespace: dict):
+    """The replay's outcome, or None when it declined; a replay that raised is forgotten."""
+    try:
+        outcome = replay(namespace)
+    except BaseException:
+        _replays.pop(key, None)
+        raise
+    if outcome is None:
+        _replays.pop(key, None)
+    else:
+        _replays.move_to_end(key)
+    return outcome
+
+
+def _remember_replay(key, replay) -> None:
+    if replay is None:
+        _replays.pop(key, None)
+        return
+    _replays[key] = replay
+    _replays.move_to_end(key)
+    while len(_replays) > REPLAYS:
+        _replays.popitem(last=False)
 
 
 def _running_cluster():

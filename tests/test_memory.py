@@ -99,6 +99,7 @@ def test_every_cache_is_bounded(jx):
         shard_cell(jx, f"--mesh data=8 --in v=data --out w=data", f"w = v * {k}")
     for cache in (pmapping._block_cache, pmapping._reruns, shard._cache, shard._reruns):
         assert len(cache) <= runner.CACHE_SIZE
+    assert len(magics._replays) <= magics.REPLAYS
     for cached in (magics.parse_line, magics._transformed, lines._parsed, runner.analyse_cached):
         info = cached.cache_info()
         assert info.maxsize is not None and info.currsize <= info.maxsize

@@ -1,0 +1,82 @@
+"""Identical re-runs of a --no-show cell skip re-reading the line (magics._replays, the bench's hot
+path); whatever that skipped must still be noticed: a rebound mesh, changed inputs, a changed
+%config default.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+from jax.sharding import PartitionSpec as P
+
+from jaxpar_magic import magics
+from shell_helpers import N_DEVICES
+
+
+def mesh(ip, line: str):
+    with capture_output():
+        ip.run_line_magic("mesh", line + " --no-show")
+
+
+@pytest.mark.parametrize("magic, line, source", [
+    ("shard", "--in x=data --no-show", "y = x * 2"),
+    ("shard_map", "--in x=data --out y=data --no-show", "y = x * 2"),
+])
+def test_a_rebound_default_mesh_is_followed(jx, magic, line, source):
+    jx.push({"x": jnp.arange(16.0)})
+    mesh(jx, "data=8")
+    jx.run_cell_magic(magic, line, source)
+    jx.run_cell_magic(magic, line, source)  # the replay
+    assert jx.user_ns["y"].sharding.mesh.shape["data"] == 8
+    mesh(jx, "data=4 --devices 4")  # `mesh` now means another mesh
+    jx.push({"x": jnp.arange(16.0)})
+    jx.run_cell_magic(magic, line, source)
+    assert jx.user_ns["y"].sharding.mesh.shape["data"] == 4
+    np.testing.assert_allclose(jx.user_ns["y"], np.arange(16.0) * 2)
+
+
+def test_a_named_mesh_rebound_is_followed(jx):
+    jx.push({"x": jnp.arange(8.0)})
+    mesh(jx, "data=8 --name m")
+    line = "--mesh m --in x=data --no-show"
+    jx.run_cell_magic("shard", line, "y = x + 1")
+    mesh(jx, "data=2 --devices 2 --name m")
+    jx.push({"x": jnp.arange(8.0)})
+    jx.run_cell_magic("shard", line, "y = x + 1")
+    assert jx.user_ns["y"].sharding.spec == P("data") and len(jx.user_ns["y"].sharding.device_set) == 2
+
+
+def test_replays_notice_changed_inputs_and_errors(jx):
+    jx.push({"x": jnp.arange(float(N_DEVICES))})
+    jx.run_cell_magic("pmap", "--no-show", "y = x * 3")
+    key = ("pmap", "--no-show", "y = x * 3", "i", True)
+    assert key in magics._replays
+    jx.push({"x": jnp.ones((N_DEVICES, 2))})  # a new shape: the engine checks again and recompiles
+    jx.run_cell_magic("pmap", "--no-show", "y = x * 3")
+    np.testing.assert_allclose(jx.user_ns["y"], np.full((N_DEVICES, 2), 3.0))
+    jx.push({"x": jnp.ones(3)})  # no slice per device: the same UsageError as without a replay
+    with pytest.raises(UsageError, match="one slice per device"):
+        jx.run_cell_magic("pmap", "--no-show", "y = x * 3")
+    assert key not in magics._replays  # a replay that raised is forgotten
+    jx.push({"x": jnp.arange(float(N_DEVICES))})
+    jx.run_cell_magic("pmap", "--no-show", "y = x * 3")
+    np.testing.assert_allclose(jx.user_ns["y"], np.arange(N_DEVICES) * 3.0)
+
+
+def test_a_changed_config_default_is_not_replayed(jx):
+    jx.push({"x": jnp.arange(float(N_DEVICES))})
+    jx.run_cell_magic("pmap", "--no-show", "t = lax.psum(x, 'i')")
+    jx.run_line_magic("config", "JaxparMagics.axis_name = 'batch'")
+    with pytest.raises(UsageError, match="unknown axis name 'i'"):
+        jx.run_cell_magic("pmap", "--no-show", "t = lax.psum(x, 'i')")
+
+
+def test_shown_cells_are_not_replayed(jx):
+    jx.push({"x": jnp.arange(float(N_DEVICES))})
+    with capture_output() as captured:
+        jx.run_cell_magic("pmap", "", "y = x + 1")
+        jx.run_cell_magic("pmap", "", "y = x + 1")
+    assert len(captured.outputs) == 2  # each run shows its view
+    assert ("pmap", "", "y = x + 1", "i", True) not in magics._replays
