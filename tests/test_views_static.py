@@ -307,3 +307,28 @@ def test_bundler_rejects_what_it_cannot_inline(monkeypatch: pytest.MonkeyPatch) 
     for name in ("aliased.js", "missing.js", "bare.js", "bad.js"):
         with pytest.raises(ValueError):
             base.bundle_esm(name)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["float32", "float64", "int32", "int8", "uint16", "float16"]).flatmap(
+    lambda dtype: st.tuples(st.just(dtype), st.lists(st.one_of(
+        st.integers(-2_000_000, 2_000_000), st.floats(-1e7, 1e7), st.sampled_from([float("nan"), float("inf")]),
+        st.sampled_from([0.0, -0.0, 0.5, 1e-5, 999999.0, 1e6, -3.0])), min_size=0, max_size=6))))
+def test_format_values_says_what_array2string_says(case):
+    """format_values' fast path for whole numbers gives NumPy's own text, or steps aside."""
+    import numpy as np
+
+    from jaxpar_magic.summaries import format_values
+
+    import warnings
+
+    dtype, numbers = case
+    with warnings.catch_warnings():  # out-of-range numbers wrap or overflow in the cast: fine here
+        warnings.simplefilter("ignore")
+        vals = np.array(numbers, dtype=np.float64).astype(dtype) if numbers else np.zeros(0, dtype)
+    if vals.size == 0:
+        return
+    expected = np.array2string(vals, precision=4, suppress_small=True, separator=" ", max_line_width=10_000)
+    assert format_values(vals, vals.shape, vals.dtype) == "[" + expected[1:-1].strip() + "]"
+    scalar = vals[:1].reshape(())
+    assert format_values(scalar, (), vals.dtype) == np.array2string(scalar, precision=4, suppress_small=True)
