@@ -438,3 +438,19 @@ def test_sample_cards_match_jax(op: str, kwargs: dict[str, Any], fn: Any) -> Non
         got = want[t["device"]]
         assert t["shape"] == list(got.shape), (op, t["device"])
         np.testing.assert_allclose(t["values"], got.reshape(-1)[:64], rtol=1e-6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 16), st.integers(1, 16), st.data())
+def test_heat_pixels_are_heat_rgb_of_every_cell(rows, cols, data):
+    """The vectorised heat map equals `_heat_rgb` cell by cell (grey for missing and NaN cells)."""
+    from jaxpar_magic.views import collectives as cv
+
+    values = data.draw(st.lists(st.one_of(st.none(), st.just(float("nan")), st.floats(-1e3, 1e3)),
+                                max_size=rows * cols))
+    finite = [v for v in values if v is not None and v == v]
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 0.0)
+    expected = [[(128, 128, 128) if k >= len(values) or values[k] is None or values[k] != values[k]
+                 else cv._heat_rgb((values[k] - lo) / (hi - lo) if hi > lo else 0.5)
+                 for k in range(r * cols, (r + 1) * cols)] for r in range(rows)]
+    assert cv._heat_pixels(values, rows, cols, lo, hi) == expected

@@ -370,6 +370,26 @@ def _heat_rgb(t: float) -> tuple[int, int, int]:
     return tuple(int(round(a[c] + (b[c] - a[c]) * f)) for c in range(3))  # type: ignore[return-value]
 
 
+def _heat_pixels(values: list, rows: int, cols: int, lo: float, hi: float) -> list[list[tuple[int, int, int]]]:
+    """`_heat_rgb` of every cell at once (grey where a value is missing or NaN): the same colours,
+    computed with NumPy because a card's heat maps have thousands of cells."""
+    import numpy as np
+
+    count = rows * cols
+    cells = np.full(count, np.nan)
+    known = [np.nan if v is None else float(v) for v in values[:count]]
+    cells[: len(known)] = known
+    missing = np.isnan(cells)
+    t = (np.where(missing, lo, cells) - lo) / (hi - lo) if hi > lo else np.full(count, 0.5)
+    stops = np.array(_HEAT_STOPS, dtype=float)
+    x = np.clip(t, 0.0, 1.0) * (len(stops) - 1)
+    i = np.minimum(len(stops) - 2, x.astype(int))
+    f = (x - i)[:, None]
+    rgb = np.round(stops[i] + (stops[i + 1] - stops[i]) * f).astype(int)
+    rgb[missing] = 128
+    return [[tuple(px) for px in row] for row in rgb.reshape(rows, cols, 3).tolist()]
+
+
 def _fmt_num(v: float) -> str:
     if v != v or v in (float("inf"), float("-inf")):
         return str(v)
@@ -381,17 +401,7 @@ def _fmt_num(v: float) -> str:
 def _heat_img(heat: dict[str, Any], max_w: int) -> str:
     rows, cols = max(1, int(heat["rows"])), max(1, int(heat["cols"]))
     lo, hi = float(heat["min"]), float(heat["max"])
-    values = list(heat.get("values") or [])
-    pixels = []
-    for r in range(rows):
-        row = []
-        for c in range(cols):
-            v = values[r * cols + c] if r * cols + c < len(values) else None
-            if v is None or v != v:
-                row.append((128, 128, 128))
-            else:
-                row.append(_heat_rgb((v - lo) / (hi - lo) if hi > lo else 0.5))
-        pixels.append(row)
+    pixels = _heat_pixels(list(heat.get("values") or []), rows, cols, lo, hi)
     sx, sy = max(1, min(12, int(max_w // cols))), max(1, min(12, 48 // rows))
     return (
         f'<div class="jpm-heat-wrap"><img class="jpm-heat jpm-pixels" src="{png_data_uri(pixels)}" width="{cols * sx}" '
