@@ -395,16 +395,11 @@ def collectives_view_state(program: CellProgram, records, title: str, mesh, cell
                              compiled=facts.collectives if facts is not None else None)
 
 
-def facts_for(program: CellProgram, signature, args, mesh, cell: cells.Cell, context_mesh=None):
+def facts_for(program: CellProgram, signature, args, mesh, cell: cells.Cell):
     """The compiled program's collectives and costs, read once per input shapes."""
-    import contextlib
-
-    import jax
-
     facts = program.facts.get(signature)
     if facts is None:
         ids = [d.id for d in mesh.devices.flat]
-        with (jax.set_mesh(context_mesh) if context_mesh is not None else contextlib.nullcontext()):
-            facts = program.facts[signature] = program_facts(
-                program.jitted, args, ids, cell.filename, program.compile_ms.get(signature))
+        facts = program.facts[signature] = program_facts(
+            program.jitted, args, ids, cell.filename, program.compile_ms.get(signature))
     return facts
