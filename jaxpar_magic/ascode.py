@@ -24,7 +24,7 @@ import tokenize
 from dataclasses import dataclass
 
 from . import cell as cells
-from .errors import UsageError, explain_trace_error
+from .errors import UsageError, explaining
 from .runner import analyse_cached, plan_inputs
 
 INDENT = "    "
@@ -361,14 +361,11 @@ def _explained(trace, cell: cells.Cell, mesh, note=None):
     import contextlib
 
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
+        with explaining(cell.filename, mesh.axis_names), contextlib.redirect_stdout(io.StringIO()):
             return trace()
     except UsageError:
         raise
-    except Exception as exc:
-        explained = explain_trace_error(exc, cell.filename, tuple(mesh.axis_names))
-        if explained is not None:
-            raise explained from None
+    except Exception as exc:  # the user's own error: as the magic adds it, what each device saw
         if note is not None and hasattr(exc, "add_note"):
             exc.add_note(note())
         raise

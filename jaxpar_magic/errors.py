@@ -5,12 +5,13 @@ decide *that* something went wrong and this module decides *how to say it*.
 """
 from __future__ import annotations
 
+import contextlib
 import linecache
 import traceback
 
 from IPython.core.error import UsageError
 
-__all__ = ["UsageError", "user_line", "explain_trace_error"]
+__all__ = ["UsageError", "user_line", "explain_trace_error", "explaining"]
 
 
 def user_line(exc: BaseException, filename: str) -> tuple[int, str] | None:
@@ -85,3 +86,18 @@ def explain_trace_error(exc: BaseException, filename: str, axis_names: tuple[str
             "operands first with `jax.reshard(x, P(...))`."
         )
     return None
+
+
+@contextlib.contextmanager
+def explaining(filename: str, axis_names):
+    """Inside, an error JAX raises while tracing the cell is replaced by our explanation where we
+    have one; our own UsageErrors and the user's own errors pass unchanged."""
+    try:
+        yield
+    except UsageError:
+        raise
+    except Exception as exc:
+        explained = explain_trace_error(exc, filename, tuple(axis_names))
+        if explained is not None:
+            raise explained from None
+        raise

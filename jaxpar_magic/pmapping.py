@@ -18,7 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from . import cell as cells
-from .errors import UsageError, explain_trace_error
+from .errors import UsageError, explaining
 from .fingerprints import fingerprint
 from .runner import (
     CACHE_SIZE, BoundedCache, CellProgram, ProgramFacts, analyse_cached, block_on_cpu_collectives, capture_outputs,
@@ -464,15 +464,8 @@ class ParallelFunction:
         return out
 
     def _explained(self, jitted, dynamic):
-        try:
+        with explaining(self.__wrapped__.__code__.co_filename, self.axis_names):
             return jitted(*dynamic)
-        except UsageError:
-            raise
-        except Exception as exc:
-            explained = explain_trace_error(exc, self.__wrapped__.__code__.co_filename, self.axis_names)
-            if explained is not None:
-                raise explained from None
-            raise
 
     def _recorded_call(self, args):
         """The first call after `%%pmap --collectives`: run a recording program once, show its cards."""

@@ -109,7 +109,6 @@ class Progress:
         self._handle = None
         self._thread: threading.Thread | None = None
         self._start = 0.0
-        self.shown: list[str] = []  # every line displayed, for tests and for the terminal fallback
 
     def text(self) -> str:
         label = self._label() if callable(self._label) else self._label
@@ -127,7 +126,6 @@ class Progress:
             if self._done.is_set():
                 return
             line = self.text()
-            self.shown.append(line)
             if self._handle is None:
                 self._handle = display(StatusLine(line), display_id=True)
             else:

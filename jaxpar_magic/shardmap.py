@@ -16,7 +16,7 @@ import ast
 from dataclasses import dataclass
 
 from . import cell as cells
-from .errors import UsageError, explain_trace_error
+from .errors import UsageError, explaining
 from .fingerprints import fingerprint
 from .layout import spec_axes
 from .runner import (
@@ -273,15 +273,8 @@ def plan_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_
     from .planning import plan_program
 
     inputs, _, specs = _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=True)
-    try:
+    with explaining(cell.filename, mesh.axis_names):
         program, _ = _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma)
-    except UsageError:
-        raise
-    except Exception as exc:
-        explained = explain_trace_error(exc, cell.filename, tuple(mesh.axis_names))
-        if explained is not None:
-            raise explained from None
-        raise
     args = [jax.tree.map(lambda leaf, s=spec: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
                                                                     sharding=NamedSharding(mesh, P(*s))),
                          namespace[n]) for n, spec in zip(inputs, specs)]
@@ -318,15 +311,8 @@ def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_s
     rerun = _reruns.get(rerun_key)
     args = rerun.args(namespace) if rerun is not None else None
     if args is None:
-        try:
+        with explaining(cell.filename, mesh.axis_names):  # discovering the outputs traces the cell
             rerun, args = _plan(cell, namespace, mesh, in_specs, out_specs, check_vma, collectives)
-        except UsageError:
-            raise
-        except Exception as exc:  # raised while discovering the outputs: explain what we can foresee
-            explained = explain_trace_error(exc, cell.filename, tuple(mesh.axis_names))
-            if explained is not None:
-                raise explained from None
-            raise
     program, chosen = rerun.program
     results, run_ms, signature = run_program(
         _cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
