@@ -5,7 +5,6 @@ decide *that* something went wrong and this module decides *how to say it*.
 """
 from __future__ import annotations
 
-import contextlib
 import linecache
 import traceback
 
@@ -88,16 +87,24 @@ def explain_trace_error(exc: BaseException, filename: str, axis_names: tuple[str
     return None
 
 
-@contextlib.contextmanager
-def explaining(filename: str, axis_names):
-    """Inside, an error JAX raises while tracing the cell is replaced by our explanation where we
-    have one; our own UsageErrors and the user's own errors pass unchanged."""
-    try:
-        yield
-    except UsageError:
-        raise
-    except Exception as exc:
-        explained = explain_trace_error(exc, filename, tuple(axis_names))
+class explaining:
+    """`with explaining(filename, axis_names):` an error JAX raises while tracing the cell is
+    replaced by our explanation where we have one; our own UsageErrors and the user's own errors
+    pass unchanged. A class, not a generator: it sits on every call of a pmapped function."""
+
+    __slots__ = ("filename", "axis_names")
+
+    def __init__(self, filename: str, axis_names):
+        self.filename = filename
+        self.axis_names = axis_names
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if exc is None or not isinstance(exc, Exception) or isinstance(exc, UsageError):
+            return False
+        explained = explain_trace_error(exc, self.filename, tuple(self.axis_names))
         if explained is not None:
             raise explained from None
-        raise
+        return False
