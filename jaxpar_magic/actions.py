@@ -27,6 +27,14 @@ class Outcome:
     # The same magic run again on a namespace, with this run's cell analysis and mesh already
     # resolved (re-runs are the hot path); None where a re-run must start from the line again.
     replay: Callable[[dict], "Outcome | None"] | None = None
+    # Run right after the bindings (same step): writes Flax NNX objects' new state into them.
+    commit: Callable[[dict], None] | None = None
+
+    def bind(self, namespace: dict) -> None:
+        """Bind the names in one step, then write back what the cell changed in place."""
+        namespace.update(self.bindings)
+        if self.commit is not None:
+            self.commit(namespace)
 
 
 @dataclass(frozen=True)
@@ -143,7 +151,7 @@ def shard(options, source, namespace, defaults) -> Outcome:
     show = defaults.show if options.show is None else options.show
     result = shard_cell(source, namespace, mesh=options.mesh, in_specs=options.in_specs,
                         out_specs=options.out_specs, want_facts=options.report, bind=False)
-    outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final)
+    outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, commit=result.commit)
     if not (show or options.report):
         from .shard import run_shard
 
@@ -216,7 +224,8 @@ def _replaying(run_engine, options=None, mesh=None):
         if named is not None and namespace.get(named) is not mesh:
             return None
         result = run_engine(namespace)
-        return Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, replay=replay)
+        return Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, replay=replay,
+                       commit=getattr(result, "commit", None))
 
     return replay
 
@@ -225,7 +234,8 @@ def _namespace_mesh(options) -> str | None:
     """The name of the namespace's mesh a %%shard/%%shard_map line uses, if it uses one."""
     if isinstance(options.mesh, str):
         return options.mesh
-    counted = any(isinstance(e, int) for spec in [*options.in_specs.values(), *options.out_specs.values()] for e in spec)
+    counted = any(isinstance(e, int) for spec in [*options.in_specs.values(), *options.out_specs.values()]
+                  if isinstance(spec, tuple) for e in spec)
     return "mesh" if options.mesh is None and not counted else None
 
 def sharding_views(name: str, value) -> list:

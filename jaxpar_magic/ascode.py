@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from . import cell as cells
 from .errors import UsageError, explaining
-from .runner import analyse_cached, plan_inputs
+from .inputs import classify
+from .runner import analyse_cached
 
 INDENT = "    "
 WIDTH = 120  # a call longer than this is written one argument per line
@@ -205,6 +206,17 @@ def _comment(text: str, indent: str = "") -> list[str]:
 
 def _targets(names: list[str]) -> str:
     return ", ".join(names)
+
+
+def _single_specs(*spec_dicts) -> None:
+    """--as-code writes one spec per input; a pytree of specs (`@NAME`) is not written out yet."""
+    for specs in spec_dicts:
+        for name, spec in specs.items():
+            if not isinstance(spec, tuple):
+                raise UsageError(
+                    f"--as-code: {name}={spec} gives one spec per leaf; --as-code writes one spec per input. Give "
+                    f"{name!r} a single spec to see its code, or run the cell without --as-code."
+                )
 
 
 def _is_leaf(value) -> bool:
@@ -434,21 +446,25 @@ def _pmap_mesh_intro(mesh, options) -> list[str]:
 def _pmap_block_code(cell: cells.Cell, options, mesh, namespace: dict) -> str:
     import jax
 
-    from .pmapping import _checked_args, _compile_block, _per_device_note
+    from .pmapping import checked_inputs, compile_block, per_device_note
 
     broadcast, split, merge = tuple(options.broadcast), tuple(options.split), tuple(options.merge)
     # The run's own checks, in its order; the mapped inputs are then checked and reshaped abstractly
     # (a --split of a real array would be a computation).
     cells.check_axis_names(cell.source, tuple(mesh.axis_names))
-    inputs, _ = plan_inputs(cell, namespace, {"--broadcast": broadcast, "--split": split})
-    shapes = {n: _abstract(namespace[n]) for n in inputs}
-    _, _, args = _checked_args(cell, {**namespace, **shapes}, mesh, broadcast, split, merge, abstract=True)
-    args = [_with_weak_types(a, namespace[n]) if n in split else namespace[n] for n, a in zip(inputs, args)]
-    program = _compile_block(cell, inputs, frozenset(broadcast), mesh, namespace)
+    trees, _ = classify(cell, namespace, {"--broadcast": broadcast, "--split": split})
+    inputs = [t.name for t in trees]
+    shapes = {t.name: t.rebuild([_abstract(a) for a in t.arrays(namespace[t.name])]) for t in trees}
+    _, _, args = checked_inputs(cell, {**namespace, **shapes}, mesh, broadcast, split, merge, abstract=True)
+    args = [_with_weak_types(a, t.arrays(namespace[t.name])) if t.name in split else t.arrays(namespace[t.name])
+            for t, a in zip(trees, args)]
+    program = compile_block(cell, trees, frozenset(broadcast), mesh, namespace)
     device, final = _explained(lambda: jax.eval_shape(program.jitted, *args), cell, mesh,
-                               lambda: _per_device_note(cell, namespace, mesh, broadcast))
+                               lambda: per_device_note(cell, namespace, mesh, broadcast))
+    device = program.outputs_of(device)
+    final = program.final_of(final)[0] if final is not None else None
     returns = _returns(cell, program, device, final, lambda n: n not in merge)
-    abstract_args = dict(zip(inputs, jax.eval_shape(lambda *a: a, *args)))
+    abstract_args = {t.name: t.rebuild(a) for t, a in zip(trees, jax.eval_shape(lambda *a: a, *args))}
     return _write_pmap_block(cell, namespace, mesh, options, inputs, abstract_args, returns)
 
 
@@ -703,30 +719,34 @@ def _shard_code(options, source: str, namespace: dict) -> str:
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from .shard import _check_names, _compile, _with_auto_axis, check_cell, check_spec, resolve_mesh
+    from .shard import check_cell, check_names, check_spec, compile_cell, resolve_mesh, with_auto_axis
 
-    in_specs = {n: tuple(s) for n, s in options.in_specs.items()}
-    out_specs = {n: tuple(s) for n, s in options.out_specs.items()}
+    in_specs, out_specs = dict(options.in_specs), dict(options.out_specs)
     cell = analyse_cached(source, "shard-cell")
     check_cell(cell)
     mesh = resolve_mesh(options.mesh, namespace, [in_specs, out_specs])
     _concrete(mesh, "%%shard")
-    inputs, _, constrained = _check_names(cell, namespace, mesh, in_specs, out_specs)
+    _single_specs(in_specs, out_specs)
+    trees, _, constrained = check_names(cell, namespace, mesh, in_specs, out_specs)
+    inputs = [t.name for t in trees]
     placed = {}
-    for name, spec in in_specs.items():  # the checks `place` makes, without placing anything
-        spec = _with_auto_axis(spec)
-        check_spec(name, tuple(namespace[name].shape), spec, mesh)
-        placed[name] = spec
-    program = _compile(cell, inputs, namespace, mesh, constrained)
-    args = [jax.ShapeDtypeStruct(namespace[n].shape, namespace[n].dtype,
-                                 sharding=NamedSharding(mesh, PartitionSpec(*placed[n])))
-            if n in placed else namespace[n] for n in inputs]
+    for tree in trees:  # the checks `place` makes, without placing anything
+        if tree.name in in_specs:
+            spec = with_auto_axis(in_specs[tree.name])
+            for index, leaf in enumerate(tree.arrays(namespace[tree.name])):
+                check_spec(tree.label(index), tuple(leaf.shape), spec, mesh)
+            placed[tree.name] = spec
+    program = compile_cell(cell, trees, namespace, mesh, constrained)
+    args = [[jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, PartitionSpec(*placed[t.name])))
+             for a in t.arrays(namespace[t.name])] if t.name in placed else t.arrays(namespace[t.name]) for t in trees]
 
     def trace():
         with jax.set_mesh(mesh):
             return jax.eval_shape(program.jitted, *args)
 
-    device, final = _explained(trace, cell, mesh)
+    device, final = _explained(trace, cell, mesh)[:2]
+    device = program.outputs_of(device)
+    final = program.final_of(final)[0] if final is not None else None
     returns = _returns(cell, program, device, final, lambda n: n not in constrained)
     return _write_shard(cell, namespace, mesh, options, inputs, placed, constrained, returns)
 
@@ -786,24 +806,28 @@ def _shard_map_code(options, source: str, namespace: dict) -> str:
     import jax
 
     from .shard import resolve_mesh
-    from .shardmap import _check_names, _compile, check_cell
+    from .shardmap import check_cell, check_names, compile_cell
 
-    in_specs = {n: tuple(s) for n, s in options.in_specs.items()}
-    out_specs = {n: tuple(s) for n, s in options.out_specs.items()}
+    in_specs, out_specs = dict(options.in_specs), dict(options.out_specs)
     cell = analyse_cached(source, "shard_map-cell")
     check_cell(cell, in_specs, out_specs)
     mesh = resolve_mesh(options.mesh, namespace, [in_specs, out_specs])
     _concrete(mesh, "%%shard_map")
-    inputs, _, specs = _check_names(cell, namespace, mesh, in_specs, out_specs)
+    _single_specs(in_specs, out_specs)
+    trees, _, specs = check_names(cell, namespace, mesh, in_specs, out_specs)
+    inputs = [t.name for t in trees]
     program, chosen = _explained(
-        lambda: _compile(cell, inputs, specs, out_specs, namespace, mesh, options.check_vma), cell, mesh)
-    args = [_abstract(namespace[n]) for n in inputs]
+        lambda: compile_cell(cell, trees, specs, out_specs, namespace, mesh, options.check_vma), cell, mesh)
+    args = [[_abstract(a) for a in t.arrays(namespace[t.name])] for t in trees]
 
     def trace():
         with jax.set_mesh(mesh):
             return jax.eval_shape(program.jitted, *args)
 
-    device, final = _explained(trace, cell, mesh)
+    device, final = _explained(trace, cell, mesh)[:2]
+    device = program.outputs_of(device)
+    final = program.final_of(final)[0] if final is not None else None
+    specs = [s[0] if s else () for s in specs]  # one spec per input (as-code takes no spec trees)
     returns = _returns(cell, program, device, final, lambda n: chosen.get(n, ()) == ())
     return _write_shard_map(cell, namespace, mesh, options, inputs, dict(zip(inputs, specs)), chosen, returns)
 
@@ -828,7 +852,7 @@ def _untiling(name: str, spec: tuple, mesh, given: bool, check_vma: bool) -> str
 
 
 def _write_shard_map(cell, namespace, mesh, options, inputs, in_specs, chosen, returns: _Returns) -> str:
-    from .shardmap import _explicit
+    from .shardmap import is_explicit
 
     names = _Names(namespace, cell.reads, cell.writes)
     jax_, p = names.lib("jax"), names.lib("P")
@@ -866,7 +890,7 @@ def _write_shard_map(cell, namespace, mesh, options, inputs, in_specs, chosen, r
     in_text = _tuple_text(_spec_text(p, in_specs[n]) for n in inputs)
     vma = [] if options.check_vma else ["check_vma=False"]
     map_args = [per_device, f"mesh={mesh_var}", f"in_specs={in_text}", f"out_specs={out_text}"] + vma
-    if _explicit(mesh):
+    if is_explicit(mesh):
         mapped = names.value("mapped")
         resharded = [f"{jax_}.reshard({n}, {_spec_text(p, in_specs[n])})" for n in inputs]
         notes = [line for note in notes for line in _comment(note)]

@@ -41,6 +41,13 @@ class Cell:
     def line(self, lineno: int) -> str:
         return linecache.getline(self.filename, lineno).strip()
 
+    def first_read(self, name: str) -> int:
+        """The first line that reads `name` (where a message about that input should point)."""
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load):
+                return node.lineno
+        return 1
+
 
 class _Names(ast.NodeVisitor):
     """Loads and stores of one statement, in the scope it runs in.
@@ -176,11 +183,13 @@ def analyse(source: str, label: str = "cell") -> Cell:
     return Cell(source, filename, tuple(reads), tuple(writes), final, (), tree)
 
 
-def compile_block(cell: Cell, inputs: tuple[str, ...]) -> CodeType:
+def compile_block(cell: Cell, inputs: tuple[str, ...], rebound: tuple[str, ...] = ()) -> CodeType:
     """`def __jaxpar_cell__(<inputs>): <body>; return {written locals}, <final expression>`.
 
     Built as an AST (never by joining strings) so line numbers stay the user's own. Inputs are
-    parameters; every other name the cell reads resolves in the user's namespace at trace time.
+    parameters; every other name the cell reads resolves in the user's namespace at trace time,
+    except the `rebound` ones: constants the cell reads and then assigns (`opt_state` of an optax
+    optimizer without arrays) are local to the function, so they come in as keyword defaults.
     """
     import copy
 
@@ -197,7 +206,8 @@ def compile_block(cell: Cell, inputs: tuple[str, ...]) -> CodeType:
     func = ast.FunctionDef(
         name=CELL_FUNCTION,
         args=ast.arguments(
-            posonlyargs=[], args=[ast.arg(n) for n in inputs], kwonlyargs=[], kw_defaults=[], defaults=[]
+            posonlyargs=[], args=[ast.arg(n) for n in inputs], kwonlyargs=[ast.arg(n) for n in rebound],
+            kw_defaults=[ast.Name(n, ast.Load()) for n in rebound], defaults=[]
         ),
         body=body + snapshot + [ret] if body or final else snapshot + [ret],
         decorator_list=[],
@@ -215,7 +225,8 @@ def compile_block(cell: Cell, inputs: tuple[str, ...]) -> CodeType:
 def build_function(cell: Cell, inputs: tuple[str, ...], namespace: dict):
     """The cell as a Python function whose globals are the user's namespace (read, never written)."""
     scope: dict = {}
-    exec(compile_block(cell, inputs), namespace, scope)  # defines the function only; runs no user code
+    rebound = tuple(n for n in cell.reads if n in cell.writes and n not in inputs and n in namespace)
+    exec(compile_block(cell, inputs, rebound), namespace, scope)  # defines the function only; runs no user code
     return scope[CELL_FUNCTION]
 
 

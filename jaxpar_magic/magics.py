@@ -113,7 +113,7 @@ class JaxparMagics(Magics, Configurable):
         if replay is not None and _running_cluster() is None:
             outcome = _replayed(replay, replay_key, self.shell.user_ns)
             if outcome is not None:
-                self.shell.user_ns.update(outcome.bindings)
+                outcome.bind(self.shell.user_ns)
                 return outcome.final if outcome.has_final and not _silenced(cell) else None
         options = parse_line(magic, line)
         source = _transformed(self.shell, cell) if cell is not None else None
@@ -134,7 +134,7 @@ class JaxparMagics(Magics, Configurable):
                 if not status_lines.fill(view):
                     display(view)
             status_lines.close()
-        namespace.update(outcome.bindings)
+        outcome.bind(namespace)
         _remember_replay(replay_key, outcome.replay if cluster is None else None)
         if cell is not None and outcome.has_final and not _silenced(cell):
             return outcome.final

@@ -166,7 +166,7 @@ class Plan:
 
 # --- inputs ------------------------------------------------------------------------------------
 
-def abstract_inputs(args, mesh, names=None) -> tuple[list, list[tuple[str, int]]]:
+def abstract_inputs(args, mesh, names=None, leaf_labels=None) -> tuple[list, list[tuple[str, int]]]:
     """Each argument as ShapeDtypeStructs laid out on `mesh`, and the concrete arrays among them
     as (name, bytes). Arrays keep their sharding when it lives on the mesh's devices; anything
     without one is replicated, as running the program would place it."""
@@ -181,8 +181,11 @@ def abstract_inputs(args, mesh, names=None) -> tuple[list, list[tuple[str, int]]
     for index, arg in enumerate(args):
         name = names[index] if names is not None else f"argument {index}"
 
-        def convert(path, leaf, name=name):
-            label = name + jax.tree_util.keystr(path)
+        def convert(path, leaf, name=name, index=index):
+            if leaf_labels is not None:  # an engine's argument: a flat list of one input's leaves
+                label = leaf_labels[index][path[0].idx]
+            else:
+                label = name + jax.tree_util.keystr(path)
             if isinstance(leaf, jax.ShapeDtypeStruct):
                 if leaf.sharding is None:
                     return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated, weak_type=leaf.weak_type)
@@ -502,7 +505,7 @@ def output_entries(named: dict) -> list[dict]:
 
 def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = None,
                  line_text: Callable[[int], str] | None = None, hardware: Hardware | str | None = None,
-                 device_memory=None, set_mesh: bool = True) -> Plan:
+                 device_memory=None, set_mesh: bool = True, leaf_labels=None) -> Plan:
     """Compile `fn(*abstract_args)` for `mesh` without running it, and say what it costs per device.
 
     `fn`: a `jax.jit`-ed function (anything with `.lower`), or a function to jit. `abstract_args`:
@@ -525,7 +528,7 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
     if isinstance(hardware, str):
         hardware = parse_hardware(hardware)
     capacity, capacity_source = device_capacity(mesh, hardware, device_memory)
-    args, concrete = abstract_inputs(abstract_args, mesh, names)
+    args, concrete = abstract_inputs(abstract_args, mesh, names, leaf_labels)
     _warn_concrete(concrete, capacity)
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     if filename is None:
@@ -582,23 +585,24 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
 
 # --- a planned cell (the engines' --plan stage) ------------------------------------------------
 
-def plan_program(program, args, mesh, cell, *, names, hardware=None, device_memory=None, set_mesh=True,
+def plan_program(program, args, mesh, cell, *, inputs, hardware=None, device_memory=None, set_mesh=True,
                  reshape=None) -> Plan:
     """The --plan stage of an engine: compile the engine's own program over abstract inputs.
 
     `program` is the engine's CellProgram (its jitted function returns (device outputs, final)),
-    `reshape` an optional map applied to each device output's ShapeDtypeStruct (--merge). The plan
-    carries what the cell would bind: computed outputs as ShapeDtypeStructs with their shardings
+    `args` one flat list of leaves per input (inputs.TreeInput), `reshape` an optional map applied
+    to each device output leaf's ShapeDtypeStruct (--merge). The plan carries what the cell would
+    bind: computed outputs as ShapeDtypeStructs with their shardings, rebuilt as the user's types
     (the next planned cell can take them), plain Python values as they are.
     """
     from .progress import Progress
 
+    labels = [[tree.label(i) for i in range(len(tree.positions))] for tree in inputs]
     with Progress("planning"):
-        plan = compile_plan(program.jitted, args, mesh, names=list(names), filename=cell.filename,
-                            line_text=cell.line, hardware=hardware, device_memory=device_memory, set_mesh=set_mesh)
-    device = plan.outputs[0]
+        plan = compile_plan(program.jitted, args, mesh, names=[tree.name for tree in inputs], filename=cell.filename,
+                            line_text=cell.line, hardware=hardware, device_memory=device_memory, set_mesh=set_mesh,
+                            leaf_labels=labels)
     plan.bindings = dict(program.static_outputs)
-    for name in program.device_outputs:
-        plan.bindings[name] = reshape(name, device[name]) if reshape is not None else device[name]
+    plan.bindings.update(program.outputs_of(plan.outputs[0], reshape))
     plan.computed = tuple(program.device_outputs)
     return plan

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from . import cell as cells
 from .errors import UsageError, explaining
 from .fingerprints import fingerprint
+from .inputs import absent_builtins, classify
 from .runner import (
     CACHE_SIZE, BoundedCache, CellProgram, ProgramFacts, analyse_cached, block_on_cpu_collectives, capture_outputs,
-    collectives_view_state, compile_progress, Rerun, facts_for, has_collectives_on_cpu, plan_inputs, program_facts,
+    cell_function, collectives_view_state, compile_progress, Rerun, facts_for, has_collectives_on_cpu, program_facts,
     run_program, traced,
 )
 
@@ -52,53 +53,64 @@ _block_cache = BoundedCache()
 _reruns = BoundedCache()  # (source, mesh, options) -> Rerun of the last successful run
 
 
-def _mapped_value(name, value, mesh, split: bool):
-    """Validate (and with --split, reshape) a mapped input's leading axes against the mesh."""
+def _split_rows(label: str, shape: tuple, total: int, option: str) -> None:
+    """--split of a leaf: its leading axis must divide evenly over the devices."""
+    rows = shape[0] if shape else 0
+    if shape and rows % total == 0:
+        return
+    have = f"{rows} rows" if shape else "no leading axis (a scalar)"
+    nearest = total * max(1, rows // total)
+    trimmed = total * (rows // total)
+    raise UsageError(
+        f"{option} {label}: `{label}` has {have}, which do{'es' if not shape else ''} not split over {total} devices. "
+        f"Use a batch that is a multiple of {total} (e.g. {nearest}), or trim it (`{label}[:{trimmed}]`)."
+    )
+
+
+def _mapped_arrays(tree, arrays: list, mesh, split: bool) -> list:
+    """Check (and with --split, reshape) each leaf's leading axes against the mesh: pmap slices every
+    array leaf of a mapped input along its leading axis."""
     import jax
 
     sizes = tuple(mesh.devices.shape)
     k, total = len(sizes), mesh.devices.size
     if split:
-        def reshape(leaf):
-            if leaf.ndim == 0 or leaf.shape[0] % total:
-                raise UsageError(
-                    f"--split {name}: its leading axis has {leaf.shape[0] if leaf.ndim else 'no'} rows, which "
-                    f"does not divide evenly over {total} devices. Use a batch that is a multiple of {total} "
-                    f"(e.g. {total * max(1, (leaf.shape[0] if leaf.ndim else 1) // total)}), or trim it "
-                    f"(`{name}[:{total * ((leaf.shape[0] if leaf.ndim else 0) // total)}]`)."
-                )
-            shape = sizes + (leaf.shape[0] // total,) + tuple(leaf.shape[1:])
-            if isinstance(leaf, jax.ShapeDtypeStruct):  # --plan: only the shape changes
-                return jax.ShapeDtypeStruct(shape, leaf.dtype)
-            return leaf.reshape(shape)
-        return jax.tree.map(reshape, value)
-    for leaf in jax.tree.leaves(value):
-        if tuple(leaf.shape[:k]) != sizes:
-            have = "x".join(map(str, leaf.shape[:k])) or "no leading axis (a scalar)"
+        reshaped = []
+        for index, leaf in enumerate(arrays):
+            shape = tuple(leaf.shape)
+            _split_rows(tree.label(index), shape, total, "--split")
+            target = sizes + (shape[0] // total,) + shape[1:]
+            reshaped.append(jax.ShapeDtypeStruct(target, leaf.dtype) if isinstance(leaf, jax.ShapeDtypeStruct)
+                            else leaf.reshape(target))  # --plan: only the shape changes
+        return reshaped
+    for index, leaf in enumerate(arrays):
+        shape = tuple(leaf.shape)
+        if shape[:k] != sizes:
+            label = tree.label(index)
+            have = "x".join(map(str, shape[:k])) or "no leading axis (a scalar)"
             want = "x".join(map(str, sizes))
-            hint = (f"pass `--split {name}` to split its {leaf.shape[0]} rows into {total} blocks, "
-                    if leaf.ndim and leaf.shape[0] % total == 0 else "")
+            hint = f"pass `--split {tree.name}` to split its {shape[0]} rows into {total} blocks, " \
+                if shape and shape[0] % total == 0 else ""
             axes = ", ".join(f"{n}={s}" for n, s in zip(mesh.axis_names, sizes))
             raise UsageError(
-                f"input {name!r} has shape {tuple(leaf.shape)}: its leading axis is {have} but the cell runs "
-                f"over {want} devices ({axes}), and a mapped input needs one slice per device. Give {name!r} "
-                f"a leading axis of {want}, {hint}or pass `--broadcast {name}` to give every device the whole array."
+                f"input {label!r} has shape {shape}: its leading axis is {have} but the cell runs over {want} devices "
+                f"({axes}), and a mapped input needs one slice per device. Give {label!r} a leading axis of {want}, "
+                f"{hint}or pass `--broadcast {tree.name}` to give every device the whole "
+                f"{'value' if tree.is_tree else 'array'}."
             )
-    return value
+    return arrays
 
 
-def _check_same_leading(mapped: dict, devices: int) -> None:
+def _check_same_leading(mapped: list, devices: int) -> None:
     """Mapped inputs that disagree with each other, when none of them fits the devices: name both.
 
-    (When one fits, the others get the sharper per-input message of `_mapped_value`.)
+    (When one fits, the others get the sharper per-input message of `_mapped_arrays`.)
     """
-    import jax
-
     seen = {}
-    for name, value in mapped.items():
-        for leaf in jax.tree.leaves(value):
+    for tree, arrays in mapped:
+        for index, leaf in enumerate(arrays):
             if getattr(leaf, "ndim", 0) >= 1:
-                seen.setdefault(int(leaf.shape[0]), name)
+                seen.setdefault(int(leaf.shape[0]), tree.label(index))
     if len(seen) > 1 and devices not in seen:
         (a, na), (b, nb) = list(seen.items())[:2]
         raise UsageError(
@@ -122,16 +134,16 @@ def _expand(k):
     return lambda tree: jax.tree.map(lambda a: jnp.asarray(a).reshape((1,) * k + jnp.shape(a)), tree)
 
 
-def _compile_block(cell, inputs, broadcast, mesh, namespace, collectives: bool = False) -> CellProgram:
+def compile_block(cell, inputs, broadcast, mesh, namespace, collectives: bool = False) -> CellProgram:
     import jax
     from jax.sharding import PartitionSpec as P
 
     from .recorder import record_collectives
 
-    fn = cells.build_function(cell, inputs, namespace)
+    fn = cell_function(cell, inputs, namespace)
     k = len(mesh.axis_names)
     squeeze, expand = _squeeze(k), _expand(k)
-    mapped_flags = [name not in broadcast for name in inputs]
+    mapped_flags = [tree.name not in broadcast for tree in inputs]
     program = CellProgram(jitted=None)
     # --collectives: the same cell, evaluated so that every collective also hands out a small
     # preview of its input and output, as extra outputs of this one program.
@@ -167,7 +179,7 @@ def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=()
         raise
     except Exception as exc:  # the user's own error: unchanged, with what each device saw
         if hasattr(exc, "add_note"):
-            exc.add_note(_per_device_note(cell, namespace, mesh, broadcast))
+            exc.add_note(per_device_note(cell, namespace, mesh, broadcast))
         raise
     rerun.remember(_reruns, rerun_key, signature)
     device, final = results[0], results[1]
@@ -179,37 +191,44 @@ def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=()
     return result
 
 
-def _per_device_note(cell, namespace, mesh, broadcast) -> str:
+def per_device_note(cell, namespace, mesh, broadcast) -> str:
     import numpy as np
+
+    from .inputs import TreeInput
 
     k = len(mesh.axis_names)
     seen = []
     for name in cell.reads:
-        value = namespace.get(name)
-        if hasattr(value, "shape"):
-            whole = f"{np.dtype(value.dtype).name}{list(value.shape)}"
-            per = whole if name in broadcast else f"{np.dtype(value.dtype).name}{list(value.shape[k:])}"
-            seen.append(f"{name}: {per}" + ("" if name in broadcast else f" (its slice of {whole})"))
+        tree = TreeInput.of(name, namespace[name]) if name in namespace else None
+        if tree is None:
+            continue
+        for index, (shape, dtype) in enumerate(tree.signature[:8]):
+            whole = f"{np.dtype(dtype).name}{list(shape)}"
+            per = whole if name in broadcast else f"{np.dtype(dtype).name}{list(shape[k:])}"
+            seen.append(f"{tree.label(index)}: {per}" + ("" if name in broadcast else f" (its slice of {whole})"))
+        if len(tree.signature) > 8:
+            seen.append(f"... and {len(tree.signature) - 8} more leaves of {name}")
     shapes = "; ".join(seen) or "no array inputs"
     return (f"jaxpar_magic: in a %%pmap cell the code runs once per device and each device sees its own "
             f"slice of every mapped input: {shapes}.")
 
 
-def _checked_args(cell, namespace, mesh, broadcast, split, merge, abstract=False):
+def checked_inputs(cell, namespace, mesh, broadcast, split, merge, abstract=False):
     """Names against the cell, mapped inputs against the mesh: (inputs, constants, arguments)."""
     axis_names = tuple(mesh.axis_names)
     cells.check_axis_names(cell.source, axis_names)
-    inputs, constants = plan_inputs(cell, namespace, {"--broadcast": broadcast, "--split": split}, abstract)
+    inputs, constants = classify(cell, namespace, {"--broadcast": broadcast, "--split": split}, abstract)
     for name in merge:
         if name not in cell.writes:
             raise UsageError(
                 f"--merge {name}: the cell does not assign {name!r}; --merge takes outputs the cell assigns "
                 f"({', '.join(cell.writes) or 'none'})."
             )
+    arrays = [tree.arrays(namespace[tree.name]) for tree in inputs]
     # Inputs that disagree with each other are named together, before either is held to the mesh.
-    _check_same_leading({n: namespace[n] for n in inputs if n not in broadcast and n not in split}, mesh.devices.size)
-    args = [namespace[name] if name in broadcast else _mapped_value(name, namespace[name], mesh, name in split)
-            for name in inputs]
+    _check_same_leading([(t, a) for t, a in zip(inputs, arrays) if t.name not in broadcast and t.name not in split],
+                        mesh.devices.size)
+    args = [a if t.name in broadcast else _mapped_arrays(t, a, mesh, t.name in split) for t, a in zip(inputs, arrays)]
     return inputs, constants, args
 
 
@@ -222,27 +241,23 @@ def plan_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=(
 
     from .planning import plan_program
 
-    inputs, _, args = _checked_args(cell, namespace, mesh, broadcast, split, merge, abstract=True)
+    inputs, _, args = checked_inputs(cell, namespace, mesh, broadcast, split, merge, abstract=True)
     per_device = NamedSharding(mesh, P(*mesh.axis_names))
-    args = [a if n in broadcast else jax.tree.map(
-        lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=per_device), a)
-        for n, a in zip(inputs, args)]
+    args = [a if t.name in broadcast else [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=per_device)
+                                           for leaf in a]
+            for t, a in zip(inputs, args)]
     k = len(mesh.axis_names)
     merged = NamedSharding(mesh, P(tuple(mesh.axis_names)))
 
-    def merge_output(name, value):
+    def merge_output(name, leaf):
         """--merge: the device and block axes flattened into one, split over all mesh axes."""
         if name not in merge:
-            return value
+            return leaf
+        rows = _product(leaf.shape[:k + 1])
+        return jax.ShapeDtypeStruct((rows,) + tuple(leaf.shape[k + 1:]), leaf.dtype, sharding=merged)
 
-        def merged_struct(s):
-            rows = _product(s.shape[:k + 1])
-            return jax.ShapeDtypeStruct((rows,) + tuple(s.shape[k + 1:]), s.dtype, sharding=merged)
-
-        return jax.tree.map(merged_struct, value)
-
-    program = _compile_block(cell, inputs, frozenset(broadcast), mesh, namespace)
-    return plan_program(program, args, mesh, cell, names=inputs, hardware=hardware, device_memory=device_memory,
+    program = compile_block(cell, inputs, frozenset(broadcast), mesh, namespace)
+    return plan_program(program, args, mesh, cell, inputs=inputs, hardware=hardware, device_memory=device_memory,
                         set_mesh=False, reshape=merge_output)
 
 
@@ -257,29 +272,25 @@ def _plan_block(cell, namespace, mesh, broadcast, split, merge, collectives=Fals
     """The full path: check everything, find or compile the program, and remember what was checked."""
     import builtins
 
-    inputs, constants, args = _checked_args(cell, namespace, mesh, broadcast, split, merge)
+    inputs, constants, args = checked_inputs(cell, namespace, mesh, broadcast, split, merge)
     fingerprints = tuple((n, fingerprint(namespace[n])) for n in constants)
-    key = (cell.source, inputs, tuple(sorted(broadcast)), mesh, collectives, fingerprints)
+    key = (cell.source, tuple(t.key for t in inputs), tuple(sorted(broadcast)), mesh, collectives, fingerprints)
     program = _block_cache.lookup(
-        key, lambda: _compile_block(cell, inputs, frozenset(broadcast), mesh, namespace, collectives), family=key[:-1])
-    values = [namespace[n] for n in inputs]
-    absent = tuple(n for n in cell.reads if n not in namespace and hasattr(builtins, n))
-    reshape = tuple(tuple(a.shape) if n in split and hasattr(a, "shape") else None for n, a in zip(inputs, args))
-    # Pytree inputs always take this full path: their record has no inputs to compare.
-    rerun = Rerun(inputs if Rerun.possible(values) else None, values, reshape, fingerprints, absent, program, key)
+        key, lambda: compile_block(cell, inputs, frozenset(broadcast), mesh, namespace, collectives), family=key[:-1])
+    reshape = tuple(tuple(tuple(a.shape) for a in arrays) if t.name in split else None
+                    for t, arrays in zip(inputs, args))
+    rerun = Rerun(inputs, reshape, fingerprints, absent_builtins(cell, namespace), program, key)
     return rerun, args
 
 
 def _block_result(cell, mesh, program, device, final, merge, facts, run_ms) -> BlockResult:
-    import jax
-
     k = len(mesh.axis_names)
+
+    def merged(name, leaf):
+        return leaf.reshape((-1,) + leaf.shape[k + 1:]) if name in merge else leaf
+
     outputs = dict(program.static_outputs)
-    for name in program.device_outputs:
-        value = device[name]
-        if name in merge:
-            value = jax.tree.map(lambda a: a.reshape((-1,) + a.shape[k + 1:]), value)
-        outputs[name] = value
+    outputs.update(program.outputs_of(device, merged))
     final, on_devices = program.final_of(final)
     return BlockResult(
         outputs=outputs,
@@ -291,7 +302,7 @@ def _block_result(cell, mesh, program, device, final, merge, facts, run_ms) -> B
         facts=facts,
         run_ms=run_ms,
         cell=cell,
-        per_device={n: device[n] for n in program.device_outputs},
+        per_device=program.outputs_of(device),
     )
 
 

@@ -14,41 +14,17 @@ from . import cell as cells
 from .errors import UsageError, explain_trace_error
 from .fingerprints import Ref, fingerprint
 from .hlo import Collective, collectives
+from .inputs import OutputTree, TreeInput, is_abstract, is_array, rebuilt  # noqa: F401  (is_*: re-exported)
 from .progress import Progress
 
 CACHE_SIZE = 64
 
 
-# --- inputs ------------------------------------------------------------------------------------
-
-def is_array(value) -> bool:
-    import jax
-    import numpy as np
-
-    return isinstance(value, (jax.Array, np.ndarray))
-
-
-def is_abstract(value) -> bool:
-    """A jax.ShapeDtypeStruct: a shape, a dtype and maybe a sharding, no values (what --plan takes)."""
-    import jax
-
-    return isinstance(value, jax.ShapeDtypeStruct)
-
+# --- inputs (the model itself is inputs.py) -------------------------------------------------------
 
 def is_array_tree(value, abstract: bool = False) -> bool:
-    """An array, or a (non-empty) tuple/list/dict pytree whose leaves are all arrays (with
-    `abstract`, ShapeDtypeStructs count as arrays)."""
-    import jax
-
-    def leaf_ok(leaf):
-        return is_array(leaf) or (abstract and is_abstract(leaf))
-
-    if leaf_ok(value):
-        return True
-    if not isinstance(value, (tuple, list, dict)):
-        return False
-    leaves = jax.tree.leaves(value)
-    return bool(leaves) and all(leaf_ok(leaf) for leaf in leaves)
+    """A value with array leaves (with `abstract`, ShapeDtypeStructs count as arrays): an input."""
+    return TreeInput.of("value", value, abstract) is not None
 
 
 # --- the collectives view's facts, shared with %%shard -------------------------------------------
@@ -157,58 +133,87 @@ class CellProgram:
     facts: dict = field(default_factory=dict)  # shape signature -> ProgramFacts
     compile_ms: dict = field(default_factory=dict)  # shape signature -> first call's compile time
     recording: object = None  # recorder.Recording when compiled with --collectives
+    output_trees: dict = field(default_factory=dict)  # device output name -> OutputTree (its type, its statics)
+    final_tree: list = field(default_factory=list)  # [OutputTree] when the final expression is computed on devices
 
     def final_of(self, traced_final) -> tuple[object, bool]:
         """The cell's final expression, and whether it was computed on the devices (traced)
         or is the plain Python value the trace saw."""
         on_devices = bool(self.final_per_device and self.final_per_device[0])
-        return (traced_final if on_devices else (self.static_final[0] if self.static_final else None)), on_devices
+        if on_devices:
+            return self.final_tree[0].rebuild(traced_final), True
+        return (self.static_final[0] if self.static_final else None), False
+
+    def outputs_of(self, device: dict, leaf_map=None) -> dict:
+        """The device outputs rebuilt as the user's types around the program's leaves (each leaf
+        first passed through `leaf_map`, e.g. --merge's reshape)."""
+        rebuilt = {}
+        for name in self.device_outputs:
+            leaves = device[name]
+            if leaf_map is not None:
+                leaves = [leaf_map(name, leaf) for leaf in leaves]
+            rebuilt[name] = self.output_trees[name].rebuild(leaves)
+        return rebuilt
 
 
-def plan_inputs(cell: cells.Cell, namespace: dict, named: dict | None = None, abstract: bool = False):
-    """Split the names a cell reads into array inputs and constants; undefined names are errors.
+WRITE_BACK = "<state of {}>"  # an output carrying an NNX input's new state (never a Python name)
 
-    With `abstract` (--plan), jax.ShapeDtypeStructs are inputs too; without it, reading one is a
-    mistake we can explain (it has no values to compute with).
+
+def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = False):
+    """The cell as a function of its inputs' traced leaves (one list per input): each input is
+    rebuilt as the user's own type (inputs.py) before the cell's code sees it.
+
+    NNX objects the cell changes in place (`optimizer.update(model, grads)`): with `write_back`,
+    their new state leaves the program as an output named WRITE_BACK.format(name), written into the
+    user's objects once the cell succeeded (`apply_write_backs`); without it (a per-device engine,
+    where each device would hold its own copy), the change is refused with what to do instead.
     """
-    import builtins
+    fn = cells.build_function(cell, tuple(tree.name for tree in inputs), namespace)
+    graphs = [i for i, tree in enumerate(inputs) if tree.graphdef is not None]
+    if not graphs:
+        return lambda *args: fn(*rebuilt(inputs, args))
 
-    inputs, constants = [], []
-    for name in cell.reads:
-        if name in namespace:
-            value = namespace[name]
-            if is_array_tree(value, abstract=True) and not is_array_tree(value) and not abstract:
-                lineno = _first_line_reading(cell, name)
+    def on_leaves(*args):
+        import jax
+
+        from . import nnx_graphs
+
+        values = rebuilt(inputs, args)
+        outs, final = fn(*values)
+        for i in graphs:
+            tree = inputs[i]
+            leaves, treedef = jax.tree.flatten(nnx_graphs.state(values[i]))
+            if treedef == tree.treedef and all(leaves[j] is a for j, a in zip(tree.positions, args[i])):
+                continue  # read, not changed
+            if not write_back:
                 raise UsageError(
-                    f"{name!r} is an abstract array (jax.ShapeDtypeStruct: a shape and a layout, no values), read on "
-                    f"line {lineno} of the cell (`{cell.line(lineno)}`). A cell can only plan with it: add --plan to "
-                    f"the magic line to see what the program would cost, or give {name!r} real values first."
+                    f"the cell changes the Flax NNX object {tree.name!r} in place (its state after the cell differs "
+                    f"from before). Here every device runs the cell on its own copy, so there is no one new state to "
+                    f"write back. Run the training step with %%shard (it writes {tree.name!r}'s new state back, like "
+                    f"nnx.jit), or use the functional form: `graphdef, state = nnx.split({tree.name})` before the "
+                    f"cell, `nnx.merge(graphdef, state)` inside it, and assign the new `nnx.state(...)` to a name."
                 )
-            (inputs if is_array_tree(value, abstract) else constants).append(name)
-        elif not hasattr(builtins, name):
-            lineno = _first_line_reading(cell, name)
-            raise UsageError(
-                f"name {name!r} is not defined (line {lineno} of the cell: `{cell.line(lineno)}`). Define it "
-                f"in an earlier cell, or fix the spelling."
-            )
-    for option, names in (named or {}).items():
-        for name in names:
-            if name not in inputs:
-                why = "is not defined" if name not in namespace else "is not an array input the cell reads"
-                raise UsageError(
-                    f"{option} {name}: {name!r} {why}. {option} takes names of arrays the cell reads "
-                    f"before assigning them; this cell's array inputs are: {', '.join(inputs) or 'none'}."
-                )
-    return tuple(inputs), tuple(constants)
+            outs = dict(outs)
+            outs[WRITE_BACK.format(tree.name)] = nnx_graphs.state(values[i])
+        return outs, final
+
+    return on_leaves
 
 
-def _first_line_reading(cell: cells.Cell, name: str) -> int:
-    import ast
+def split_write_backs(outputs: dict) -> tuple[dict, dict]:
+    """(the cell's own outputs, {input name: its new NNX state}) from an engine's rebuilt outputs."""
+    prefix, suffix = WRITE_BACK.split("{}")
+    states = {n[len(prefix):-len(suffix)]: v for n, v in outputs.items() if n.startswith(prefix) and n.endswith(suffix)}
+    own = {n: v for n, v in outputs.items() if not (n.startswith(prefix) and n.endswith(suffix))}
+    return own, states
 
-    for node in ast.walk(cell.tree):
-        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load):
-            return node.lineno
-    return 1
+
+def apply_write_backs(namespace: dict, states: dict) -> None:
+    """Write each changed NNX input's new state into the user's very object (after the cell succeeded)."""
+    from . import nnx_graphs
+
+    for name, state in states.items():
+        nnx_graphs.update(namespace[name], state)
 
 
 def traced(value) -> bool:
@@ -266,15 +271,25 @@ class BoundedCache(OrderedDict):
 
 
 def capture_outputs(program: CellProgram, outs: dict, final, to_device):
-    """Split a traced cell's results: device values go out through `to_device`, plain Python values
-    (a number assigned in the cell, a helper function) are remembered and bound as they are."""
-    program.static_outputs = {n: v for n, v in outs.items() if not traced(v)}
-    program.device_outputs = [n for n, v in outs.items() if traced(v)]
-    traced_final = traced(final)
-    program.final_per_device[:] = [traced_final]
-    program.static_final[:] = [None if traced_final else final]
-    device = {n: to_device(outs[n]) for n in program.device_outputs}
-    return device, (to_device(final) if traced_final else None)
+    """Split a traced cell's results: the traced leaves of each value computed on the devices go out
+    through `to_device` (a list per name); the rest of it (its type, its static leaves) is kept on
+    the program to rebuild it; plain Python values (a number assigned in the cell, a helper
+    function) are remembered and bound as they are."""
+    program.static_outputs, program.device_outputs, program.output_trees = {}, [], {}
+    device = {}
+    for name, value in outs.items():
+        split = OutputTree.split(value)
+        if split is None:
+            program.static_outputs[name] = value
+            continue
+        program.output_trees[name], leaves = split
+        program.device_outputs.append(name)
+        device[name] = to_device(leaves)
+    split = OutputTree.split(final)
+    program.final_per_device[:] = [split is not None]
+    program.static_final[:] = [None if split is not None else final]
+    program.final_tree[:] = [split[0]] if split is not None else []
+    return device, (to_device(split[1]) if split is not None else None)
 
 
 def run_program(cache: BoundedCache, key, program: CellProgram, args, cell: cells.Cell, axis_names, signature=None):
@@ -326,38 +341,37 @@ class Rerun:
     """What a successful run checked, so that re-running the same cell on the same kind of inputs
     goes straight to the compiled program (the bench's "cached re-run" path).
 
-    It stays valid while every input name holds an array of the same shape and dtype, every constant
-    has the same fingerprint, and every name that was undefined (a builtin) is still undefined.
-    Anything else takes the full path, which re-checks everything and explains mistakes.
+    It stays valid while every input name holds a value of the same structure, static leaves and
+    leaf shapes and dtypes (TreeInput.matching_arrays), every constant has the same fingerprint, and
+    every name that was undefined (a builtin) is still undefined. Anything else takes the full path,
+    which re-checks everything and explains mistakes.
     """
 
-    __slots__ = ("inputs", "shapes", "reshape", "constants", "absent", "program", "key", "signature", "objects")
+    __slots__ = ("inputs", "reshape", "constants", "absent", "program", "key", "signature", "placements")
 
-    def __init__(self, inputs, values, reshape, constants, absent, program, key):
-        self.inputs = inputs  # None: never take the short path (pytree inputs)
-        self.shapes = tuple((tuple(v.shape), v.dtype) for v in values) if inputs is not None else ()
-        self.reshape = reshape  # per input: None, or the shape --split gives it
+    def __init__(self, inputs, reshape, constants, absent, program, key):
+        self.inputs = inputs  # TreeInputs, in argument order
+        self.reshape = reshape  # per input: None, or the leaf shapes --split gives it
         self.constants = constants
         self.absent = absent
         self.program = program
         self.key = key
         self.signature = None  # set by the first successful run
-        self.objects: dict = {}  # name -> Ref: names that must still hold these very objects (placed inputs)
-
-    @classmethod
-    def possible(cls, values) -> bool:
-        return all(is_array(v) for v in values)  # pytrees take the full path
+        self.placements: dict = {}  # name -> each leaf's sharding: placed inputs must still be laid out so
 
     def args(self, namespace: dict):
         """The program's arguments if nothing the first run checked has changed, else None."""
-        if self.inputs is None:
-            return None
         args = []
-        for name, (shape, dtype), reshape in zip(self.inputs, self.shapes, self.reshape):
-            value = namespace.get(name)
-            if getattr(value, "shape", None) != shape or getattr(value, "dtype", None) != dtype:
+        for tree, reshape in zip(self.inputs, self.reshape):
+            arrays = tree.matching_arrays(namespace.get(tree.name, _MISSING))
+            if arrays is None:
                 return None
-            args.append(value if reshape is None else value.reshape(reshape))
+            if reshape is not None:
+                arrays = [a.reshape(shape) for a, shape in zip(arrays, reshape)]
+            placed = self.placements.get(tree.name)
+            if placed is not None and any(getattr(a, "sharding", None) != s for a, s in zip(arrays, placed)):
+                return None  # not where --in puts it: the full path places it again
+            args.append(arrays)
         for name, fp in self.constants:
             value = namespace.get(name, _MISSING)
             if isinstance(fp, Ref):  # keyed by identity (a module, a class): the very object, or a new key
@@ -368,18 +382,14 @@ class Rerun:
         for name in self.absent:
             if name in namespace:
                 return None
-        for name, ref in self.objects.items():
-            value = namespace.get(name)
-            if value is None or value is not ref.get():
-                return None
         return args
 
-    def remember(self, reruns: "BoundedCache", key, signature, objects=None) -> None:
-        """After a successful run: later identical runs may take the short path."""
-        if self.inputs is not None and self.signature is None:
+    def remember(self, reruns: "BoundedCache", key, signature, placements=None) -> None:
+        """After a successful run: later identical runs may take the short path. `placements`: the
+        shardings --in gave each placed input's leaves (no arrays are kept by this record)."""
+        if self.signature is None:
             self.signature = signature
-            # Held weakly: a placed array the user deletes must be freed, not kept by this record.
-            self.objects = {name: Ref(value) for name, value in (objects or {}).items()}
+            self.placements = dict(placements or {})
             reruns.put(key, self)
 
 

@@ -5,16 +5,18 @@ Also the plain-Python twins of `%mesh` and `%sharding`: `make_mesh`, `place`, `p
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import cell as cells
 from .errors import UsageError
 from .fingerprints import fingerprint
 from .layout import spec_axes
+from .inputs import TreeInput, absent_builtins, classify
 from .runner import (
-    BoundedCache, CellProgram, ProgramFacts, Rerun, analyse_cached, capture_outputs, facts_for, is_abstract, is_array,
-    plan_inputs, run_program, within_mesh,
+    BoundedCache, CellProgram, ProgramFacts, Rerun, analyse_cached, apply_write_backs, capture_outputs, cell_function,
+    facts_for, run_program, split_write_backs, within_mesh,
 )
+from .treespecs import normalize, spec_names
 from .specs import MeshShape, parse_mesh_shape
 
 AUTO_AXIS = "devices"  # the axis of the 1-D mesh that `NAME=8` ("split over 8 devices") builds
@@ -104,7 +106,8 @@ def check_spec(name: str, shape: tuple, spec: tuple, mesh, option: str = "--in")
 def resolve_mesh(mesh_arg, namespace: dict, specs: list[dict]):
     """The mesh of a %%shard cell: a Mesh by name, an inline `data=4,model=2`, or the 1-D mesh that
     `NAME=8` asks for; with none given, the namespace's `mesh`."""
-    counted = [(n, e) for d in specs for n, spec in d.items() for e in spec if isinstance(e, int)]
+    counted = [(n, e) for d in specs for n, spec in d.items() if isinstance(spec, tuple) for e in spec
+               if isinstance(e, int)]
     counts = {e for _, e in counted}
     if mesh_arg:
         if isinstance(mesh_arg, (list, tuple)):
@@ -149,21 +152,65 @@ def resolve_mesh(mesh_arg, namespace: dict, specs: list[dict]):
     )
 
 
-def _with_auto_axis(spec: tuple) -> tuple:
+def with_auto_axis(spec: tuple) -> tuple:
     return tuple(AUTO_AXIS if isinstance(e, int) else e for e in spec)
 
 
-def place(value, mesh, spec, name: str = "value"):
-    """Put `value` on `mesh` laid out by `spec` (a PartitionSpec or our tuple form)."""
+def place(value, mesh, spec, name: str = "value", namespace: dict | None = None, option: str = "place()"):
+    """Put `value` on `mesh` laid out by `spec` (a PartitionSpec or our tuple form): an array, or any
+    pytree (each array leaf gets `spec`; or give a pytree of specs, one per leaf). Leaves already laid
+    out so are not moved; the value comes back with its own type (a Flax NNX object is laid out in
+    place, as `nnx.update` does, and returned)."""
+    from .treespecs import normalize
+
+    spec = normalize(spec)
+    from .inputs import TreeInput
+
+    tree = TreeInput.of(name, value)
+    if tree is None:
+        raise UsageError(
+            f"place({name}): {name!r} is a {type(value).__name__} with no array leaves; there is nothing to lay out."
+        )
+    return _rebuilt_placed(tree, value, mesh, spec, namespace or {}, option)
+
+
+def _rebuilt_placed(tree, value, mesh, spec, namespace, option):
+    placed = place_leaves(tree, tree.arrays(value), value, mesh, spec, namespace, option)
+    if tree.graphdef is None:
+        return tree.rebuild(placed)
+    # NNX: lay out the user's own objects' state, as `nnx.update(model, placed_state)` would.
+    import jax
+
+    from . import nnx_graphs
+
+    state = jax.tree.unflatten(tree.treedef, _full_leaves(tree, placed))
+    nnx_graphs.update(value, state)
+    return value
+
+
+def _full_leaves(tree, arrays):
+    leaves = [None] * tree.treedef.num_leaves
+    for i, leaf in tree.statics:
+        leaves[i] = leaf
+    for i, array in zip(tree.positions, arrays):
+        leaves[i] = array
+    return leaves
+
+
+def place_leaves(tree, arrays, value, mesh, spec, namespace, option: str = "--in") -> list:
+    """Each traced leaf of an input placed by its spec (the leaf itself when it is already there)."""
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    spec = _with_auto_axis(tuple(spec))
-    check_spec(name, tuple(value.shape), spec, mesh)
-    target = NamedSharding(mesh, P(*spec))
-    if isinstance(value, jax.Array) and value.sharding == target:
-        return value  # re-running a cell: already where it belongs
-    return jax.device_put(value, target)
+    from .treespecs import leaf_specs
+
+    placed = []
+    for index, (leaf, leaf_spec) in enumerate(zip(arrays, leaf_specs(tree, value, spec, namespace, option))):
+        leaf_spec = with_auto_axis(leaf_spec)
+        check_spec(tree.label(index), tuple(leaf.shape), leaf_spec, mesh, option)
+        target = NamedSharding(mesh, P(*leaf_spec))
+        placed.append(leaf if isinstance(leaf, jax.Array) and leaf.sharding == target else jax.device_put(leaf, target))
+    return placed
 
 
 def plan(shape, dtype, mesh, spec):
@@ -171,7 +218,7 @@ def plan(shape, dtype, mesh, spec):
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    spec = _with_auto_axis(tuple(spec))
+    spec = with_auto_axis(tuple(spec))
     check_spec("the planned array", tuple(shape), spec, mesh, "plan():")
     return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=NamedSharding(mesh, P(*spec)))
 
@@ -183,7 +230,7 @@ def split(value, devices: int | None = None, axis: int = 0):
     count = devices or len(jax.devices())
     spec = (None,) * axis + (count,)
     mesh = make_mesh(MeshShape((AUTO_AXIS,), (count,)), devices=None if count == len(jax.devices()) else count)
-    return place(value, mesh, spec)
+    return place(value, mesh, spec, option="split()")
 
 
 # --- running a cell ----------------------------------------------------------------------------
@@ -200,6 +247,7 @@ class ShardResult:
     facts: ProgramFacts | None
     run_ms: float
     cell: cells.Cell
+    write_backs: dict = field(default_factory=dict)  # NNX input name -> its new state (written on bind)
 
     @property
     def bindings(self) -> dict:
@@ -207,19 +255,32 @@ class ShardResult:
         so a re-run moves no data) and the outputs, in one dict to bind in one step."""
         return {**self.placed, **self.outputs}
 
+    def commit(self, namespace: dict) -> None:
+        """Write the new state of the NNX objects the cell changed (or laid out) into them."""
+        apply_write_backs(namespace, self.write_backs)
 
-def _compile(cell, inputs, namespace, mesh, out_specs) -> CellProgram:
+    def bind(self, namespace: dict) -> None:
+        namespace.update(self.bindings)  # one step: an interrupt leaves all or nothing
+        self.commit(namespace)
+
+
+def compile_cell(cell, inputs, namespace, mesh, out_specs) -> CellProgram:
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    fn = cells.build_function(cell, inputs, namespace)
+    fn = cell_function(cell, inputs, namespace, write_back=True)
     program = CellProgram(jitted=None)
+
+    def constrained(value, spec):
+        sharding = NamedSharding(mesh, P(*spec))
+        return jax.tree.map(lambda leaf: jax.lax.with_sharding_constraint(leaf, sharding)
+                            if isinstance(leaf, jax.core.Tracer) else leaf, value)
 
     def whole_program(*args):
         with within_mesh(mesh):
             outs, final = fn(*args)
             for name, spec in out_specs.items():
-                outs[name] = jax.lax.with_sharding_constraint(outs[name], NamedSharding(mesh, P(*spec)))
+                outs[name] = constrained(outs[name], spec)
             return capture_outputs(program, outs, final, lambda v: v)
 
     program.jitted = jax.jit(whole_program)
@@ -233,20 +294,31 @@ def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs
     rerun = _reruns.get(rerun_key)
     args = rerun.args(namespace) if rerun is not None else None
     if args is None:
-        rerun, args, placed = _plan_shard(cell, namespace, mesh, in_specs, out_specs)
-    else:  # the placed inputs a previous run bound are still there, untouched
-        placed = {name: namespace[name] for name in in_specs}
+        rerun, args = _plan_shard(cell, namespace, mesh, in_specs, out_specs)
     program = rerun.program
     (device, final), run_ms, signature = run_program(
         _cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
-    rerun.remember(_reruns, rerun_key, signature, placed)
+    rerun.remember(_reruns, rerun_key, signature, {tree.name: [leaf.sharding for leaf in arrays]
+                                                   for tree, arrays in zip(rerun.inputs, args) if tree.name in in_specs})
     facts = facts_for(program, signature, args, mesh, cell) if want_facts else None
+    computed, write_backs = split_write_backs(program.outputs_of(device))
+    placed = {}
+    for tree, arrays in zip(rerun.inputs, args):
+        if tree.name not in in_specs:
+            continue
+        if tree.graphdef is None:
+            placed[tree.name] = tree.rebuild(arrays)
+        elif tree.name not in write_backs:  # an NNX object laid out, not changed: its placed state
+            placed[tree.name] = namespace[tree.name]
+            write_backs[tree.name] = nnx_state(tree, arrays)
+        else:
+            placed[tree.name] = namespace[tree.name]
     outputs = dict(program.static_outputs)
-    outputs.update(device)
+    outputs.update(computed)
     final, final_is_array = program.final_of(final)
     return ShardResult(
         outputs=outputs,
-        device_outputs=tuple(program.device_outputs),
+        device_outputs=tuple(n for n in program.device_outputs if n in computed),
         placed=placed,
         final=final,
         final_is_array=final_is_array,
@@ -255,27 +327,38 @@ def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs
         facts=facts,
         run_ms=run_ms,
         cell=cell,
+        write_backs=write_backs,
     )
 
 
-def _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):
+def nnx_state(tree, arrays):
+    """An NNX input's state around `arrays` (its placed leaves)."""
+    import jax
+
+    return jax.tree.unflatten(tree.treedef, _full_leaves(tree, arrays))
+
+
+def check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):
     """Inputs and outputs named on the line against the cell and the mesh; returns (inputs,
     constants, out specs with device counts turned into the auto axis)."""
-    inputs, constants = plan_inputs(cell, namespace, abstract=abstract)
+    inputs, constants = classify(cell, namespace, abstract=abstract)
+    names = [t.name for t in inputs]
     for name, spec in in_specs.items():
         if name not in namespace:
-            raise UsageError(f"--in {name}: {name!r} is not defined; --in names arrays from your namespace.")
-        if not (is_array(namespace[name]) or (abstract and is_abstract(namespace[name]))):
-            raise UsageError(
-                f"--in {name}: {name!r} is a {type(namespace[name]).__name__}, not an array; only arrays can be "
-                f"sharded. Convert it first (`{name} = jnp.asarray({name})`) or drop it from --in."
-            )
-        if name not in inputs:
+            raise UsageError(f"--in {name}: {name!r} is not defined; --in names arrays (or pytrees of arrays) from "
+                             f"your namespace.")
+        if name not in names:
+            if TreeInput.of(name, namespace[name], abstract=True) is None:
+                raise UsageError(
+                    f"--in {name}: {name!r} is a {type(namespace[name]).__name__}, not an array or a pytree of arrays "
+                    f"(it has no array leaves), so there is nothing to shard. Convert it first "
+                    f"(`{name} = jnp.asarray({name})`) or drop it from --in."
+                )
             raise UsageError(
                 f"--in {name}: the cell does not read {name!r} before assigning it; --in names the cell's inputs "
-                f"({', '.join(inputs) or 'none'})."
+                f"({', '.join(names) or 'none'})."
             )
-    out_specs = {n: _with_auto_axis(s) for n, s in out_specs.items()}
+    out_specs = {n: with_auto_axis(s) for n, s in out_specs.items()}
     for name in out_specs:
         if name not in cell.writes:
             raise UsageError(
@@ -286,24 +369,32 @@ def _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):
             for axis in axes:
                 if axis not in mesh.axis_names:
                     raise UsageError(f"--out {name}: {axis!r} is not an axis of the mesh {tuple(mesh.axis_names)}.")
-    return inputs, constants, out_specs
+    return inputs, constants + spec_names(in_specs), out_specs
+
+
+def _check_out_forms(out_specs: dict) -> None:
+    for name, spec in out_specs.items():
+        if not isinstance(spec, tuple):
+            raise UsageError(f"--out {name}={spec}: --out takes one spec for every leaf of {name!r} (e.g. "
+                             f"`{name}=data,None`), not a pytree of specs.")
 
 
 def _plan_shard(cell, namespace, mesh, in_specs, out_specs):
     """The full path: check names and specs, place inputs, find or compile the program."""
-    import builtins
-
-    inputs, constants, out_specs = _check_names(cell, namespace, mesh, in_specs, out_specs)
-    placed = {name: place(namespace[name], mesh, spec, name) for name, spec in in_specs.items()}
-    args = [placed.get(n, namespace[n]) for n in inputs]
+    _check_out_forms(out_specs)
+    inputs, constants, out_specs = check_names(cell, namespace, mesh, in_specs, out_specs)
+    args = []
+    for tree in inputs:
+        arrays = tree.arrays(namespace[tree.name])
+        if tree.name in in_specs:
+            arrays = place_leaves(tree, arrays, namespace[tree.name], mesh, in_specs[tree.name], namespace)
+        args.append(arrays)
     fingerprints = tuple((n, fingerprint(namespace[n])) for n in constants)
-    key = (cell.source, inputs, mesh, tuple(sorted(in_specs.items())), tuple(sorted(out_specs.items())), fingerprints)
-    program = _cache.lookup(key, lambda: _compile(cell, inputs, namespace, mesh, out_specs), family=key[:-1])
-    absent = tuple(n for n in cell.reads if n not in namespace and hasattr(builtins, n))
-    # A re-run matches on shapes; placed inputs must also be the very arrays this run binds.
-    rerun = Rerun(inputs if Rerun.possible(args) else None, args, (None,) * len(inputs), fingerprints, absent,
-                  program, key)
-    return rerun, args, placed
+    key = (cell.source, tuple(t.key for t in inputs), mesh, tuple(sorted(in_specs.items())),
+           tuple(sorted(out_specs.items())), fingerprints)
+    program = _cache.lookup(key, lambda: compile_cell(cell, inputs, namespace, mesh, out_specs), family=key[:-1])
+    rerun = Rerun(inputs, (None,) * len(inputs), fingerprints, absent_builtins(cell, namespace), program, key)
+    return rerun, args
 
 
 def plan_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, hardware=None,
@@ -314,36 +405,43 @@ def plan_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_spec
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     from .planning import plan_program
+    from .treespecs import leaf_specs
 
-    inputs, _, out_specs = _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=True)
+    _check_out_forms(out_specs)
+    inputs, _, out_specs = check_names(cell, namespace, mesh, in_specs, out_specs, abstract=True)
     args = []
-    for name in inputs:
-        value = namespace[name]
-        if name in in_specs:
-            spec = _with_auto_axis(in_specs[name])
-            check_spec(name, tuple(value.shape), spec, mesh)
-            value = jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=NamedSharding(mesh, P(*spec)))
-        args.append(value)
-    program = _compile(cell, inputs, namespace, mesh, out_specs)
-    return plan_program(program, args, mesh, cell, names=inputs, hardware=hardware, device_memory=device_memory,
+    for tree in inputs:
+        value = namespace[tree.name]
+        arrays = tree.arrays(value)
+        if tree.name in in_specs:
+            described = []
+            for index, (leaf, spec) in enumerate(zip(arrays, leaf_specs(tree, value, in_specs[tree.name], namespace))):
+                spec = with_auto_axis(spec)
+                check_spec(tree.label(index), tuple(leaf.shape), spec, mesh)
+                described.append(jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, P(*spec))))
+            arrays = described
+        args.append(arrays)
+    program = compile_cell(cell, inputs, namespace, mesh, out_specs)
+    return plan_program(program, args, mesh, cell, inputs=inputs, hardware=hardware, device_memory=device_memory,
                         set_mesh=False)
 
 
 def shard_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None,
                want_facts: bool = False, bind: bool = True) -> ShardResult:
-    """Plain-Python twin of `%%shard`: specs as dicts of tuples, e.g. in_specs={'v1s': ('data',)}.
+    """Plain-Python twin of `%%shard`: specs as dicts of tuples or PartitionSpecs, e.g.
+    in_specs={'v1s': ('data',)}; a pytree input takes one spec for every leaf, or a pytree of specs.
 
     With `bind`, the placed inputs and the outputs go into `namespace` only after the cell succeeded
     (placed inputs are rebound like the seed's `v1sp = jax.device_put(v1s, sharding)`, so a re-run
-    moves no data).
+    moves no data), and Flax NNX objects the cell changed get their new state.
     """
-    in_specs = {n: tuple(s) for n, s in (in_specs or {}).items()}
-    out_specs = {n: tuple(s) for n, s in (out_specs or {}).items()}
+    in_specs = {n: normalize(s) for n, s in (in_specs or {}).items()}
+    out_specs = {n: normalize(s) for n, s in (out_specs or {}).items()}
     cell = analyse_cached(source, "shard-cell")
     check_cell(cell)
     if not is_mesh(mesh):
         mesh = resolve_mesh(mesh, namespace, [in_specs, out_specs])
     result = run_shard(cell, namespace, mesh, in_specs, out_specs, want_facts)
     if bind:
-        namespace.update(result.bindings)  # one step: an interrupt leaves all or nothing
+        result.bind(namespace)
     return result

@@ -19,10 +19,12 @@ from . import cell as cells
 from .errors import UsageError, explaining
 from .fingerprints import fingerprint
 from .layout import spec_axes
+from .inputs import absent_builtins, classify
 from .runner import (
-    BoundedCache, CellProgram, ProgramFacts, Rerun, analyse_cached, capture_outputs, collectives_view_state, facts_for,
-    plan_inputs, run_program, traced, within_mesh,
+    BoundedCache, CellProgram, ProgramFacts, Rerun, analyse_cached, capture_outputs, cell_function,
+    collectives_view_state, facts_for, run_program, traced, within_mesh,
 )
+from .treespecs import normalize, spec_names
 from .shard import check_spec, is_mesh, resolve_mesh, spec_mesh_axes
 
 FINAL = "(result)"  # the final expression's name in messages and views
@@ -136,14 +138,14 @@ def _spec_text(spec) -> str:
     return "P(" + ", ".join(one(e) for e in spec) + ")"
 
 
-def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, collectives=False) -> tuple[CellProgram, dict]:
+def compile_cell(cell, inputs, specs, out_specs, namespace, mesh, check_vma, collectives=False) -> tuple[CellProgram, dict]:
     """Discover what the cell returns (a trace without running), then build jit(shard_map)."""
     import jax
     from jax.sharding import PartitionSpec as P
 
     from .recorder import record_collectives
 
-    fn = cells.build_function(cell, inputs, namespace)
+    fn = cell_function(cell, inputs, namespace)
     program = CellProgram(jitted=None)
     program.recording = record_collectives(fn, mesh.axis_names) if collectives else None
     found: dict = {}  # name -> (varying axes, per-leaf ndims) of every value computed on the devices
@@ -156,8 +158,8 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, collect
                            [leaf.ndim for leaf in jax.tree.leaves(value)])
         return ()
 
-    in_specs = tuple(P(*s) for s in specs)
-    explicit = _explicit(mesh)
+    in_specs = tuple([P(*s) for s in leaf_specs] for leaf_specs in specs)  # per input, one spec per leaf
+    explicit = is_explicit(mesh)
 
     def on_blocks(mapped):
         def whole(*args):
@@ -167,7 +169,7 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, collect
                 return mapped(*args)
         return whole
 
-    args = [_abstract(namespace[n]) for n in inputs]
+    args = [[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in tree.arrays(namespace[tree.name])] for tree in inputs]
     jax.eval_shape(on_blocks(jax.shard_map(probe, mesh=mesh, in_specs=in_specs, out_specs=(), check_vma=check_vma)),
                    *args)
 
@@ -234,34 +236,38 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, collect
     return program, {n: tuple(chosen[n]) for n in program.device_outputs}
 
 
-def _explicit(mesh) -> bool:
+def is_explicit(mesh) -> bool:
     import jax
 
     return any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ()) or ())
 
 
-def _abstract(value):
-    import jax
-
-    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), value)
-
-
-def _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):
-    """Names and specs against the cell and the mesh: (inputs, constants, each input's spec)."""
-    import jax
+def check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):
+    """Names and specs against the cell and the mesh: (inputs, constants, each input's leaf specs)."""
+    from .treespecs import leaf_specs
 
     cells.check_axis_names(cell.source, tuple(mesh.axis_names))
-    inputs, constants = plan_inputs(cell, namespace, {"--in": tuple(in_specs)}, abstract)
-    for name, spec in in_specs.items():
-        for leaf in jax.tree.leaves(namespace[name]):
-            check_spec(name, tuple(leaf.shape), spec, mesh, "--in")
-    for name in out_specs:
+    inputs, constants = classify(cell, namespace, {"--in": tuple(in_specs)}, abstract)
+    specs = []
+    for tree in inputs:
+        value = namespace[tree.name]
+        if tree.name not in in_specs:
+            specs.append(((),) * len(tree.positions))
+            continue
+        per_leaf = tuple(leaf_specs(tree, value, in_specs[tree.name], namespace))
+        for index, (leaf, spec) in enumerate(zip(tree.arrays(value), per_leaf)):
+            check_spec(tree.label(index), tuple(leaf.shape), spec, mesh, "--in")
+        specs.append(per_leaf)
+    for name, spec in out_specs.items():
         if name not in cell.writes:
             raise UsageError(
                 f"--out {name}: the cell does not assign {name!r}; --out assembles names the cell assigns "
                 f"({', '.join(cell.writes) or 'none'})."
             )
-    return inputs, constants, tuple(tuple(in_specs.get(n, ())) for n in inputs)
+        if not isinstance(spec, tuple):
+            raise UsageError(f"--out {name}={spec}: --out takes one spec for every leaf of {name!r} (e.g. "
+                             f"`{name}=data,None`), not a pytree of specs.")
+    return inputs, constants + spec_names(in_specs), tuple(specs)
 
 
 def plan_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True,
@@ -272,13 +278,13 @@ def plan_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_
 
     from .planning import plan_program
 
-    inputs, _, specs = _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=True)
+    inputs, _, specs = check_names(cell, namespace, mesh, in_specs, out_specs, abstract=True)
     with explaining(cell.filename, mesh.axis_names):
-        program, _ = _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma)
-    args = [jax.tree.map(lambda leaf, s=spec: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
-                                                                    sharding=NamedSharding(mesh, P(*s))),
-                         namespace[n]) for n, spec in zip(inputs, specs)]
-    return plan_program(program, args, mesh, cell, names=inputs, hardware=hardware, device_memory=device_memory,
+        program, _ = compile_cell(cell, inputs, specs, out_specs, namespace, mesh, check_vma)
+    args = [[jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, P(*spec)))
+             for leaf, spec in zip(tree.arrays(namespace[tree.name]), leaf_specs)]
+            for tree, leaf_specs in zip(inputs, specs)]
+    return plan_program(program, args, mesh, cell, inputs=inputs, hardware=hardware, device_memory=device_memory,
                         set_mesh=False)
 
 
@@ -288,19 +294,17 @@ def _plan(cell, namespace, mesh, in_specs, out_specs, check_vma, collectives=Fal
 
     import jax
 
-    inputs, constants, specs = _check_names(cell, namespace, mesh, in_specs, out_specs)
+    inputs, constants, specs = check_names(cell, namespace, mesh, in_specs, out_specs)
     fingerprints = tuple((n, fingerprint(namespace[n])) for n in constants)
-    shapes = tuple(tuple((tuple(leaf.shape), str(leaf.dtype)) for leaf in jax.tree.leaves(namespace[n])) for n in inputs)
-    key = (cell.source, inputs, mesh, specs, tuple(sorted(out_specs.items())), check_vma, collectives, shapes,
-           fingerprints)
+    shapes = tuple(tree.signature for tree in inputs)
+    key = (cell.source, tuple(t.key for t in inputs), mesh, specs, tuple(sorted(out_specs.items())), check_vma,
+           collectives, shapes, fingerprints)
     program, chosen = _cache.lookup(
-        key, lambda: _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, collectives),
+        key, lambda: compile_cell(cell, inputs, specs, out_specs, namespace, mesh, check_vma, collectives),
         family=key[:-2])
-    values = [namespace[n] for n in inputs]
-    absent = tuple(n for n in cell.reads if n not in namespace and hasattr(builtins, n))
-    rerun = Rerun(inputs if Rerun.possible(values) else None, values, (None,) * len(inputs), fingerprints, absent,
-                  (program, chosen), key)
-    return rerun, values
+    args = [tree.arrays(namespace[tree.name]) for tree in inputs]
+    rerun = Rerun(inputs, (None,) * len(inputs), fingerprints, absent_builtins(cell, namespace), (program, chosen), key)
+    return rerun, args
 
 
 def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True,
@@ -322,7 +326,7 @@ def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_s
     cards = (collectives_view_state(program, results[2], "collectives of the %%shard_map cell", mesh, cell, facts)
              if collectives else None)
     outputs = dict(program.static_outputs)
-    outputs.update(device)
+    outputs.update(program.outputs_of(device))
     final, final_is_array = program.final_of(final)
     return ShardMapResult(
         outputs=outputs,
@@ -349,7 +353,7 @@ def check_cell(cell: cells.Cell, in_specs: dict, out_specs: dict) -> None:
             "yourself with `jax.shard_map(f, mesh=mesh, in_specs=..., out_specs=...)`."
         )
     for name, spec in list(in_specs.items()) + list(out_specs.items()):
-        if any(isinstance(e, int) for e in spec):
+        if isinstance(spec, tuple) and any(isinstance(e, int) for e in spec):
             raise UsageError(
                 f"{name}: a device count in a spec builds its own 1-D mesh in %%shard; %%shard_map names the mesh's axes. "
                 "Pass `--mesh devices=8` and write the axis name instead."
@@ -361,8 +365,8 @@ def shard_map_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, ou
     """Plain-Python twin of `%%shard_map`: specs as dicts of tuples, e.g.
     `shard_map_cell("c = lax.psum(a @ b, 'y')", ns, mesh=mesh, in_specs={'a': ('x', 'y'), 'b': ('y', None)},
     out_specs={'c': ('x', None)})`. With `bind`, the outputs go into `namespace` once the cell succeeded."""
-    in_specs = {n: tuple(s) for n, s in (in_specs or {}).items()}
-    out_specs = {n: tuple(s) for n, s in (out_specs or {}).items()}
+    in_specs = {n: normalize(s) for n, s in (in_specs or {}).items()}
+    out_specs = {n: normalize(s) for n, s in (out_specs or {}).items()}
     cell = analyse_cached(source, "shard_map-cell")
     check_cell(cell, in_specs, out_specs)
     if not is_mesh(mesh):

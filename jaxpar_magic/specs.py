@@ -138,9 +138,29 @@ def _spec_entry(item: str, where: str):
     )
 
 
-def parse_spec(text: str, where: str) -> tuple:
-    """One PartitionSpec, as a tuple of entries (None | axis name | tuple of names | int)."""
+@dataclass(frozen=True)
+class SpecTree:
+    """`NAME=@SPECS`: one spec per leaf, from a pytree of PartitionSpecs (or NamedShardings) that the
+    namespace holds under `name` (e.g. `nnx.get_partition_spec(state)`, `nn.get_sharding(params, mesh)`)."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return "@" + self.name
+
+
+def parse_spec(text: str, where: str) -> "tuple | SpecTree":
+    """One PartitionSpec, as a tuple of entries (None | axis name | tuple of names | int), or
+    `@NAME`: a pytree of specs from the namespace, one per leaf."""
     text = text.strip()
+    if text.startswith("@"):
+        name = text[1:].strip()
+        if not _AXIS.fullmatch(name):
+            raise UsageError(
+                f"{where}: `@{name}` should name a pytree of PartitionSpecs in your namespace, e.g. "
+                f"`@param_specs` after `param_specs = nnx.get_partition_spec(state)`."
+            )
+        return SpecTree(name)
     for prefix in ("P(", "PartitionSpec("):
         if text.startswith(prefix) and text.endswith(")"):
             text = text[len(prefix):-1]
