@@ -344,6 +344,7 @@ class ParallelFunction:
         # run the plain one, so only that first call pays for the extra outputs.
         self._record_next = collectives
         self._cards: dict | None = None
+        self._parameters: list[str] | None = None
 
     @property
     def axis_names(self) -> tuple[str, ...]:
@@ -397,44 +398,58 @@ class ParallelFunction:
         out_specs = out_spec_tree() if recording is None else (out_spec_tree(), P(*self.axis_names))
         mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=tuple(spec(a) for a in in_axes),
                                out_specs=out_specs, check_vma=False)
-        return jax.jit(mapped, donate_argnums=donate)
+
+        def checked(*values):  # runs when jit traces: the leaves' shapes cost nothing per call
+            self._check_shapes(dynamic, in_axes, values)
+            return mapped(*values)
+
+        return jax.jit(checked, donate_argnums=donate)
 
     def _arg_names(self, count: int) -> list[str]:
-        import inspect
+        names = self._parameters
+        if names is None:  # read once: inspect.signature costs ~60 µs, and this runs on every call
+            import inspect
 
-        try:
-            names = list(inspect.signature(self.__wrapped__).parameters)
-        except (TypeError, ValueError):
-            names = []
+            try:
+                names = list(inspect.signature(self.__wrapped__).parameters)
+            except (TypeError, ValueError):
+                names = []
+            self._parameters = names
         return [names[i] if i < len(names) else f"argument {i}" for i in range(count)]
 
     def _effective_in_axes(self, args) -> tuple:
-        """pmap's in_axes per argument, with plain Python numbers broadcast (pmap would reject them)."""
+        """pmap's in_axes per argument, with plain Python numbers broadcast (pmap would reject them).
+
+        Per call this looks at the arguments themselves only, never at their leaves: the leaves'
+        shapes are checked once per compiled program, when jit traces it (`_check_shapes`)."""
         axes = _per_arg(self.in_axes, len(args), "--in-axes")
-        names = self._arg_names(len(args))
-        sizes = tuple(self.mesh.devices.shape)
-        k = len(sizes)
         effective = []
         for i, (arg, axis) in enumerate(zip(args, axes)):
-            if i in self.static_argnums:
-                effective.append(None)
-                continue
-            if axis is not None and isinstance(arg, (bool, int, float, complex)):
-                axis = None  # a learning rate, a step count: every device gets the same number
-            if axis is not None:
-                import jax
-
-                for leaf in jax.tree.leaves(arg):
-                    shape = tuple(getattr(leaf, "shape", ()))
-                    if shape[axis:axis + k] != sizes:
-                        want = "x".join(map(str, sizes))
-                        raise UsageError(
-                            f"{self.__name__}: argument {names[i]!r} has shape {shape}, but axis {axis} must have "
-                            f"{want} entries (one per device of the mesh {dict(zip(self.axis_names, sizes))}). "
-                            f"Reshape it, or broadcast it with in_axes=None (`--in-axes` with None at position {i})."
-                        )
+            if i in self.static_argnums or (axis is not None and isinstance(arg, (bool, int, float, complex))):
+                axis = None  # static, or a learning rate, a step count: every device gets the same value
             effective.append(axis)
         return tuple(effective)
+
+    def _check_shapes(self, dynamic_positions, in_axes, values) -> None:
+        """Each mapped leaf has one entry per device along its axis (run while jit traces)."""
+        import jax
+
+        names = self._arg_names(max(dynamic_positions, default=-1) + 1)
+        sizes = tuple(self.mesh.devices.shape)
+        k = len(sizes)
+        for i, axis, value in zip(dynamic_positions, in_axes, values):
+            if axis is None:
+                continue
+            for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+                shape = tuple(getattr(leaf, "shape", ()))
+                if shape[axis:axis + k] != sizes:
+                    want = "x".join(map(str, sizes))
+                    label = names[i] + jax.tree_util.keystr(path)
+                    raise UsageError(
+                        f"{self.__name__}: argument {label!r} has shape {shape}, but axis {axis} must have "
+                        f"{want} entries (one per device of the mesh {dict(zip(self.axis_names, sizes))}). "
+                        f"Reshape it, or broadcast it with in_axes=None (`--in-axes` with None at position {i})."
+                    )
 
     def _jitted_for(self, args):
         statics = tuple((i, args[i]) for i in self.static_argnums if i < len(args))
