@@ -239,13 +239,15 @@ def _namespace_mesh(options) -> str | None:
     return "mesh" if options.mesh is None and not counted else None
 
 def sharding_views(name: str, value) -> list:
-    """One sharding view per array leaf of `value` (a pytree is shown leaf by leaf)."""
-    import jax
+    """The one view of a named value: a sharding view of an array, a tree view (its leaves by
+    layout, each layout's picture on demand) of any other pytree."""
+    from .tree_summary import is_bare_array, tree_state
 
-    from .summaries import sharding_state
+    if is_bare_array(value):
+        from .summaries import sharding_state
 
-    return [("sharding", sharding_state(name + jax.tree_util.keystr(path), leaf))
-            for path, leaf in jax.tree_util.tree_leaves_with_path(value)]
+        return [("sharding", sharding_state(name, value))]
+    return [("tree", tree_state(name, value))]
 
 
 def _program_report(title: str, result) -> tuple:

@@ -42,11 +42,11 @@ def show_mesh(mesh, name: str = "mesh"):
 
 
 def show_sharding(value, name: str = "array"):
-    """Plain-Python twin of `%sharding x`: where every piece of `value` lives."""
-    from .summaries import sharding_state
-    from .views.sharding import ShardingView
+    """Plain-Python twin of `%sharding x`: where every piece of `value` (an array, or any pytree) lives."""
+    from .actions import sharding_views
 
-    return ShardingView(state=sharding_state(name, value))
+    ((kind, state),) = sharding_views(name, value)
+    return view_of(kind, state)
 
 
 def view_of(kind: str, state: dict):
@@ -54,7 +54,8 @@ def view_of(kind: str, state: dict):
     from . import views
 
     classes = {"devices": views.DevicesView, "mesh": views.MeshView, "sharding": views.ShardingView,
-               "results": views.ResultView, "collectives": views.CollectivesView, "plan": views.PlanView}
+               "results": views.ResultView, "collectives": views.CollectivesView, "plan": views.PlanView,
+               "tree": views.TreeView}
     return classes[kind](state=state)
 
 

@@ -89,13 +89,20 @@ def _label_processes(outcome: Outcome) -> None:
 
     process_of = {d.id: d.process_index for d in jax.devices()}
     for kind, state in outcome.views:
+        if kind == "tree":  # its pictures are sharding states
+            for picture in state["pictures"]:
+                _label_blocks(picture, process_of)
         if kind not in ARRAY_VIEWS:
             continue
         if kind == "sharding":
-            ids = {d for block in state.get("blocks") or [] for d in ([block] if isinstance(block, int) else block)}
-            state["device_process"] = {str(d): process_of[d] for d in sorted(ids) if d in process_of}
+            _label_blocks(state, process_of)
         else:
             state["device_process"] = [process_of.get(d) for d in state.get("device_ids") or []]
+
+
+def _label_blocks(state: dict, process_of: dict) -> None:
+    ids = {d for block in state.get("blocks") or [] for d in ([block] if isinstance(block, int) else block)}
+    state["device_process"] = {str(d): process_of[d] for d in sorted(ids) if d in process_of}
 
 
 def _describe(value) -> str | None:

@@ -173,6 +173,17 @@ def test_seed_sharded_dot_product_with_shard_over_the_global_mesh(cluster):
     np.testing.assert_allclose(d, np.einsum("ij,ij->i", vs[:4000], vs[4000:]), rtol=1e-4, atol=1e-4)
 
 
+def test_a_pytree_output_is_one_tree_view_whose_pictures_name_processes(cluster):
+    on_cluster(cluster, "mesh", "data=8 --no-show")
+    cluster_run(cluster, "x = np.arange(64, dtype=np.float32).reshape(8, 8)")
+    _, views, _ = on_cluster(cluster, "shard", "--in x=data", "pair = {'a': x * 2, 'b': x + 1}")
+    assert [(type(v).__name__, v.state["name"]) for v in views] == [("ShardingView", "x"), ("TreeView", "pair")]
+    tree = views[1].state
+    (row,) = tree["rows"]  # both leaves share one layout
+    assert (row["count"], row["paths"], row["where"]) == (2, ["['a']", "['b']"], "split dim 0 8× over data")
+    assert tree["pictures"][0]["device_process"] == {str(d): k // 4 for k, d in enumerate(GLOBAL_IDS)}
+
+
 def test_shard_map_and_collective_cards_on_the_cluster(cluster):
     on_cluster(cluster, "mesh", "x=4 y=2 --name m2 --no-show")
     cluster_run(cluster, "a = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)\nb = np.ones((16, 4), np.float32)")

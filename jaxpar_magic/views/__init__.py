@@ -11,5 +11,6 @@ from .mesh import MeshView
 from .plan import PlanView
 from .results import ResultView
 from .sharding import ShardingView
+from .tree import TreeView
 
-__all__ = ["CollectivesView", "DevicesView", "MeshView", "PlanView", "ResultView", "ShardingView"]
+__all__ = ["CollectivesView", "DevicesView", "MeshView", "PlanView", "ResultView", "ShardingView", "TreeView"]

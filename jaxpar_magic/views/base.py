@@ -12,6 +12,10 @@ view class is created: each ``import { a, b } from "./helper.js";`` line of a vi
 wrapped in a function that returns its exports. One source of truth, no build step. The
 bundler accepts only that import form and ``export function|const|class NAME`` in helpers and
 raises :class:`ValueError` on anything else, so a new construct fails loudly in the tests.
+
+A view may also import from another view (``js/tree.js`` draws its pictures with
+``js/sharding.js``'s ``draw``): a module inlined that way has its own imports inlined first,
+once per bundle, and its ``export default`` (its widget entry point) is kept private.
 """
 
 from __future__ import annotations
@@ -61,13 +65,39 @@ def read_asset(name: str) -> str:
     return assets().joinpath(name).read_text(encoding="utf-8")
 
 
-def _helper_module(name: str) -> tuple[str, set[str]]:
+_DEFAULT_EXPORT_RE = re.compile(r"^export\s+default\s+", re.M)
+
+
+def _inline_imports(name: str, src: str, helpers: dict[str, tuple[str, set[str]]], loading: tuple[str, ...]) -> str:
+    """`src` with each ``import { a } from "./dep.js";`` replaced by ``const { a } = __jpm_dep;``;
+    every dep's wrapped source is added to `helpers`, after the deps it imports itself."""
+
+    def replace(match: re.Match[str]) -> str:
+        names = [n.strip() for n in match.group(1).split(",") if n.strip()]
+        dep = match.group(2)
+        if dep in loading:
+            raise ValueError(f"js/{name}: importing ./{dep}.js makes a cycle ({' -> '.join(loading + (dep,))})")
+        if dep not in helpers:
+            helpers[dep] = _helper_module(dep, helpers, loading + (dep,))
+        for n in names:
+            if not _NAME_RE.match(n):
+                raise ValueError(f"js/{name}: unsupported import specifier {n!r} from ./{dep}.js")
+            if n not in helpers[dep][1]:
+                raise ValueError(f"js/{name}: ./{dep}.js does not export {n!r}")
+        return f"const {{ {', '.join(names)} }} = __jpm_{dep};"
+
+    body = _IMPORT_RE.sub(replace, src)
+    if _ANY_IMPORT_RE.search(body):
+        raise ValueError(f'js/{name}: only `import {{ a, b }} from "./helper.js";` is supported')
+    return body
+
+
+def _helper_module(name: str, helpers: dict[str, tuple[str, set[str]]], loading: tuple[str, ...]) -> tuple[str, set[str]]:
     """A helper's source as ``const __jpm_NAME = (() => {...})();`` and its exported names."""
-    src = read_asset(f"{name}.js")
-    if _ANY_IMPORT_RE.search(src):
-        raise ValueError(f"js/{name}.js: helper modules may not import other modules")
+    src = _inline_imports(f"{name}.js", read_asset(f"{name}.js"), helpers, loading)
     exports = [m.group(2) for m in _EXPORT_RE.finditer(src)]
     body = _EXPORT_RE.sub(lambda m: m.group(1) + " " + m.group(2), src)
+    body = _DEFAULT_EXPORT_RE.sub("const __jpm_default = ", body)  # a view's entry point, unused here
     if _ANY_EXPORT_RE.search(body):
         raise ValueError(f"js/{name}.js: only `export function|const|class NAME` is supported")
     wrapped = (
@@ -79,24 +109,8 @@ def _helper_module(name: str) -> tuple[str, set[str]]:
 
 def bundle_esm(view: str) -> str:
     """One self-contained ES module for ``js/<view>``, helpers inlined (see module docstring)."""
-    src = read_asset(view)
     helpers: dict[str, tuple[str, set[str]]] = {}
-
-    def replace(match: re.Match[str]) -> str:
-        names = [n.strip() for n in match.group(1).split(",") if n.strip()]
-        dep = match.group(2)
-        if dep not in helpers:
-            helpers[dep] = _helper_module(dep)
-        for n in names:
-            if not _NAME_RE.match(n):
-                raise ValueError(f"js/{view}: unsupported import specifier {n!r} from ./{dep}.js")
-            if n not in helpers[dep][1]:
-                raise ValueError(f"js/{view}: ./{dep}.js does not export {n!r}")
-        return f"const {{ {', '.join(names)} }} = __jpm_{dep};"
-
-    body = _IMPORT_RE.sub(replace, src)
-    if _ANY_IMPORT_RE.search(body):
-        raise ValueError(f'js/{view}: only `import {{ a, b }} from "./helper.js";` is supported')
+    body = _inline_imports(view, read_asset(view), helpers, (view.removesuffix(".js"),))
     head = "".join(code for code, _ in helpers.values())
     return f"// jaxpar_magic: js/{view} with its helpers inlined by views/base.py\n{head}{body}"
 

@@ -164,6 +164,11 @@ def box_size(facets: int, rows: int, cols: int, grid_rows: int, grid_cols: int) 
 
 def to_html(state: dict[str, Any]) -> str:
     """Static HTML of a sharding state (no script; every string escaped)."""
+    return style_block() + picture_html(state)
+
+
+def picture_html(state: dict[str, Any]) -> str:
+    """:func:`to_html` without the stylesheet: for views that show several pictures under one."""
     shape = [int(s) for s in state.get("shape") or []]
     grid = [int(g) for g in state.get("grid") or [1] * len(shape)]
     dtype = str(state.get("dtype") or "")
@@ -185,7 +190,6 @@ def to_html(state: dict[str, Any]) -> str:
         f'<span class="jpm-mono">{esc(n)}</span><span>{s}</span><span>→ {esc(w)}</span>' for n, s, w in _legend_rows(state)
     )
     out = [
-        style_block(),
         f'<div class="jpm-view jpm-sharding"><div class="jpm-head">{head}</div>',
         f'<div class="jpm-section"><div class="jpm-head"><span class="jpm-spec">{esc(format_spec(state.get("spec") or []))}</span>'
         + (f'<span class="jpm-sub">replicated over {esc(", ".join(str(r) for r in rep))}</span>' if rep else "")
