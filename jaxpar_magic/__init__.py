@@ -4,7 +4,8 @@
 the JAX backend, so `%devices --simulate 8` still works afterwards. Every magic has a plain-Python
 twin, importable from here: `pmap`, `pmap_cell`, `simulate`, `show_devices`, `make_mesh`,
 `show_mesh`, `show_sharding`, `shard_cell`, `place`, `plan`, `split`, `shard_map_cell`,
-`compile_plan`, `plan_cell`, and `Cluster` (the multi-process cluster behind `%cluster`).
+`compile_plan`, `plan_cell`, and `Cluster` (the multi-process cluster behind `%cluster`);
+`check` is the exercises' one-line answer check.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ _TWINS = {
     "compile_plan": ("planning", "compile_plan"),
     "plan_cell": ("planned", "plan_cell"),
     "Cluster": ("cluster", "Cluster"),
+    "check": ("exercises", "check"),
 }
 
 

@@ -247,7 +247,9 @@ export function mount(model, el, draw) {
   let dispose;
   const redraw = () => {
     if (dispose) dispose();
-    const state = model.get("state") || {};
+    // The kernel syncs the state as one JSON string (compact in a saved notebook; views/base.py).
+    const raw = model.get("state");
+    const state = (typeof raw === "string" ? JSON.parse(raw) : raw) || {};
     let out;
     try {
       out = draw(state);

@@ -27,10 +27,10 @@ VIEW_PROBE = textwrap.dedent(
     for name in dir(views):
         cls = getattr(views, name)
         if isinstance(cls, type) and issubclass(cls, views.base.ViewBase) and cls is not views.base.ViewBase:
-            esm = cls._esm
+            esm = cls._bundle
             # One self-contained module: a blob: URL cannot resolve relative imports.
             assert "render" in esm and 'from "./' not in esm and "from './" not in esm, name
-            assert ".jpm-" in cls._css, name
+            assert "widget_manager.get_model" in cls._esm, name  # what the model ships: the loader
             kinds[name] = len(esm)
     assert {"DevicesView", "ResultView"} <= set(kinds), kinds
 

@@ -3,10 +3,12 @@ carries all three forms: the live widget, static HTML and plain text."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import nbformat
 import pytest
+from jaxpar_magic.views.base import read_asset
 from notebooks import WIDGET_STATE, WIDGET_VIEW, example_notebooks, executed, expected_views, rich_outputs
 
 NOTEBOOKS = example_notebooks()
@@ -70,6 +72,45 @@ def test_runs_and_every_view_has_three_forms(path):
             failed = [o for o in cell.outputs if o.output_type == "error" or
                       (o.output_type == "stream" and o.name == "stderr" and "Error" in o.text)]
             assert failed, f"{path.name}, cell {index} is tagged raises-exception but ran cleanly"
+
+
+# A chapter a teacher commits executed, with its views live (widget state saved, as nbclient and
+# JupyterLab's "save widget state" store it), stays under this size (issue 16).
+SIZE_BUDGET = 800_000  # bytes
+
+
+def empty_outputs(nb) -> list[tuple[int, dict]]:
+    """(cell index, output) for every output that shows nothing: a blanked status line, an
+    empty stream."""
+    found = []
+    for index, cell in enumerate(nb.cells):
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "stream":
+                blank = not output.get("text", "").strip()
+            elif output.get("output_type") in ("display_data", "execute_result"):
+                blank = not any(str(v).strip() for v in output.get("data", {}).values())
+            else:
+                blank = False
+            if blank:
+                found.append((index, output))
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_executed_chapter_fits_its_budget_and_leaves_no_empty_output(path):
+    nb = executed(path)
+    size = len(nbformat.writes(nb).encode("utf-8"))
+    models = nb.metadata["widgets"][WIDGET_STATE]["state"]
+    heaviest = sorted(((len(json.dumps(m)), i) for i, m in models.items()), reverse=True)[:3]
+    assert size <= SIZE_BUDGET, f"{path.name}: {size:,} bytes executed, over {SIZE_BUDGET:,}; heaviest models {heaviest}"
+    # The views' code and stylesheet are stored once (the library model), not once per view.
+    css = read_asset("views.css")
+    assert sum(css in json.dumps(m) for m in models.values()) == 1, f"{path.name}: the stylesheet is stored more than once"
+    pages = [o["data"].get("text/html", "") for _, o in rich_outputs(nb)]
+    assert sum(p.count("</style>") for p in pages) <= 1, f"{path.name}: more than one static <style>"
+    empty = empty_outputs(nb)
+    assert not empty, f"{path.name}: empty outputs left in cells {[i for i, _ in empty]}: {[o for _, o in empty][:2]}"
 
 
 def chapter_cells(name: str) -> list:

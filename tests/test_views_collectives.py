@@ -387,7 +387,7 @@ def test_mimebundle_has_widget_html_and_text() -> None:
 
 
 def test_bundle_is_self_contained() -> None:
-    esm = CollectivesView._esm
+    esm = CollectivesView._bundle
     assert not re.search(r"^\s*import\b", esm, re.M)
     assert "export default" in esm
     assert "const __jpm_palette = " in esm and "const __jpm_format = " in esm

@@ -156,7 +156,7 @@ def test_mimebundle_has_widget_html_and_text() -> None:
 
 
 def test_bundle_is_self_contained() -> None:
-    esm = PlanView._esm
+    esm = PlanView._bundle
     assert not re.search(r"^\s*import\b", esm, re.M)
     assert "export default" in esm and "const __jpm_format = " in esm
     src = re.sub(r"/\*.*?\*/|//[^\n]*", "", base.read_asset("plan.js"), flags=re.S)

@@ -272,11 +272,63 @@ def test_palette_fixed_values() -> None:
 
 @pytest.mark.parametrize("cls", [DevicesView, ResultView, MeshView, ShardingView])
 def test_bundles_are_self_contained(cls: type) -> None:
-    esm = cls._esm
+    esm = cls._bundle
     assert not re.search(r"^\s*import\b", esm, re.M)
     assert "export default" in esm
     assert "const __jpm_palette = " in esm and "const __jpm_format = " in esm
-    assert cls._css == base.read_asset("views.css")
+    # The pieces the library ships rebuild the bundle byte for byte (as js/loader.js joins them).
+    assert esm.endswith("".join(esm.helpers.values()) + esm.body) and list(esm.helpers) == ["palette", "format"]
+
+
+def test_every_view_ships_the_loader_and_the_library_holds_the_code_once() -> None:
+    views = [cls(state={}) for cls in (DevicesView, ResultView, ResultView, MeshView)]
+    lib = base.library()
+    for v in views:
+        assert v._esm == base._LOADER and v._css == ""  # per model: about 1.8 KB, no stylesheet
+        assert v._jpm_lib == f"IPY_MODEL_{lib.model_id}" and v._jpm_view == type(v)._bundle.view
+    assert len(base._LOADER) < 2048 and "/*" not in base._LOADER
+    assert lib.css == base.read_asset("views.css")
+    assert {"devices", "results", "mesh"} <= set(lib.needs) and lib.needs["results"] == ["palette", "format"]
+    assert lib.code["view:results"] == ResultView._bundle.body
+    assert lib.code["helper:format"] == ResultView._bundle.helpers["format"]
+    before = dict(lib.code)
+    ResultView(state={}).close()
+    assert lib.code == before  # a kind already shown adds nothing
+    for v in views:
+        v.close()
+    lib.close()
+    assert base.library() is not lib and base.library().comm is not None  # a closed library is made again
+
+
+def test_style_carrier_keeps_one_style_per_session() -> None:
+    carrier = base.StyleCarrier()
+    assert carrier.take("cell-a") and not carrier.take("cell-a") and not carrier.take("cell-b")
+    carrier.cell_runs("cell-b")  # another cell re-runs: cell-a's output still carries it
+    assert not carrier.take("cell-b")
+    carrier.cell_runs("cell-a")  # the carrying cell re-runs: its output is replaced
+    assert carrier.take("cell-b") and not carrier.take("cell-a")
+    nameless = base.StyleCarrier()  # nbclient sends no cell ids: the first view keeps it
+    assert nameless.take(None) and not nameless.take(None)
+    nameless.cell_runs(None)
+    assert not nameless.take(None)
+
+
+def test_static_html_in_a_kernel_carries_the_style_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    cells = iter(["a", "a", "b"])
+    monkeypatch.setattr(base, "_carrier", base.StyleCarrier())
+    monkeypatch.setattr(base, "_kernel_cell", lambda: (True, next(cells)))
+    page = devices.to_html(_devices_state_for_style())
+    first, second, third = (DevicesView(state=_devices_state_for_style())._repr_mimebundle_()[0]["text/html"] for _ in range(3))
+    assert first == page and first.count("</style>") == 1
+    assert second == third == page.replace(base.style_block(), "", 1) and "</style>" not in second
+    assert re.search(r'<div class="jpm-view jpm-devices"', second)
+    # Outside a kernel (terminal IPython, plain Python) every output is the whole page.
+    monkeypatch.setattr(base, "_kernel_cell", lambda: (False, None))
+    assert DevicesView(state=_devices_state_for_style())._repr_mimebundle_()[0]["text/html"] == page
+
+
+def _devices_state_for_style() -> dict[str, Any]:
+    return {"devices": [], "counts": {}}
 
 
 def test_js_never_uses_html_sinks() -> None:

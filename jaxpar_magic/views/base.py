@@ -16,6 +16,26 @@ raises :class:`ValueError` on anything else, so a new construct fails loudly in 
 A view may also import from another view (``js/tree.js`` draws its pictures with
 ``js/sharding.js``'s ``draw``): a module inlined that way has its own imports inlined first,
 once per bundle, and its ``export default`` (its widget entry point) is kept private.
+
+How a notebook stores the views' code once
+------------------------------------------
+anywidget syncs ``_esm`` and ``_css`` as traits of every widget model, and a notebook saved with
+its widget state (nbclient, JupyterLab's "save widget state") keeps every model's traits: 36
+views meant 36 copies of a 20-45 KB bundle and of the 17.7 KB stylesheet. Measured on the
+collectives chapter, that was 1.1 MB of its 2.4 MB. anywidget imports an ``http(s)://`` ``_esm``
+by URL (the browser would then share one module), but the kernel cannot know the URL a
+front end reaches its server under, and exported pages, VS Code and Colab have no such server.
+What every widget manager does have is ``model.widget_manager.get_model(id)``, which anywidget
+passes to ``render``. So one model-only widget per kernel, :class:`ViewLibrary`, holds the
+stylesheet and the code pieces once (each helper once, each view kind's body once, added when
+that kind is first shown); every view's ``_esm`` is the same small ``js/loader.js``, which looks
+the library up by the id in the view's ``_jpm_lib`` trait, injects the stylesheet once per page,
+and imports the view's module assembled from its pieces (byte for byte what :func:`bundle_esm`
+builds), once per page.
+
+The static ``text/html`` form has the same problem, one ``<style>`` per output. Inside a kernel
+only the first view of a session carries it (see :class:`StyleCarrier`); terminal IPython and
+plain Python, where nothing is saved, always get the whole page.
 """
 
 from __future__ import annotations
@@ -23,6 +43,8 @@ from __future__ import annotations
 import base64
 import html
 import importlib.resources
+import json
+import math
 import re
 import struct
 import zlib
@@ -30,6 +52,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
 import anywidget
+import ipywidgets
 import traitlets
 
 _IMPORT_RE = re.compile(r'^import\s*\{([^}]*)\}\s*from\s*"\./([A-Za-z_][\w-]*)\.js";[ \t]*$', re.M)
@@ -107,29 +130,193 @@ def _helper_module(name: str, helpers: dict[str, tuple[str, set[str]]], loading:
     return wrapped, set(exports)
 
 
-def bundle_esm(view: str) -> str:
+def _without_comments(src: str) -> str:
+    """``src`` without its ``/* */`` blocks and whole-line ``//`` comments (js/loader.js has no
+    string that contains either), so each model carries about 1 KB instead of 3."""
+    src = re.sub(r"/\*.*?\*/", "", src, flags=re.S)
+    return "\n".join(line for line in src.splitlines() if line.strip() and not line.lstrip().startswith("//")) + "\n"
+
+
+# Every view model's ``_esm``: the same small module, whatever the view.
+_LOADER = _without_comments(read_asset("loader.js"))
+
+
+class Bundle(str):
+    """A view's self-contained ES module (the string), and the pieces it was built from.
+
+    ``view`` is the view's name (``"results"`` for ``js/results.js``), ``helpers`` the wrapped helper
+    modules it needs, in order, and ``body`` the view's own source with its imports rewritten. The
+    string is ``header + "".join(helpers.values()) + body``; js/loader.js rebuilds it from the same
+    pieces.
+    """
+
+    view: str
+    helpers: dict[str, str]
+    body: str
+
+    def __new__(cls, view: str, helpers: dict[str, str], body: str) -> Bundle:
+        header = f"// jaxpar_magic: js/{view}.js with its helpers inlined by views/base.py\n"
+        out = super().__new__(cls, header + "".join(helpers.values()) + body)
+        out.view, out.helpers, out.body = view, helpers, body
+        return out
+
+
+def bundle_esm(view: str) -> Bundle:
     """One self-contained ES module for ``js/<view>``, helpers inlined (see module docstring)."""
     helpers: dict[str, tuple[str, set[str]]] = {}
     body = _inline_imports(view, read_asset(view), helpers, (view.removesuffix(".js"),))
-    head = "".join(code for code, _ in helpers.values())
-    return f"// jaxpar_magic: js/{view} with its helpers inlined by views/base.py\n{head}{body}"
+    return Bundle(view.removesuffix(".js"), {name: code for name, (code, _) in helpers.items()}, body)
+
+
+class ViewLibrary(ipywidgets.Widget):
+    """The views' stylesheet and code, once per kernel: a model-only widget (no view of its own)
+    that every view's loader reads through the widget manager (see module docstring).
+
+    ``code`` maps a piece's name to its source: ``"helper:format"`` for a wrapped helper,
+    ``"view:results"`` for a view's body. ``needs`` maps a view to the helpers its body uses, in
+    order. Pieces are added when a view kind is first shown, and never change afterwards.
+    """
+
+    css = traitlets.Unicode("").tag(sync=True)
+    code = traitlets.Dict().tag(sync=True)
+    needs = traitlets.Dict().tag(sync=True)
+
+    def add(self, bundle: Bundle) -> None:
+        if bundle.view in self.needs:
+            return
+        code = dict(self.code)
+        code.update({f"helper:{name}": src for name, src in bundle.helpers.items()})
+        code[f"view:{bundle.view}"] = bundle.body
+        # Assign new dicts: traitlets syncs a trait on assignment, not on mutation.
+        self.code = code
+        self.needs = {**self.needs, bundle.view: list(bundle.helpers)}
+
+
+_library: ViewLibrary | None = None
+
+
+def library() -> ViewLibrary:
+    """This kernel's :class:`ViewLibrary`, made on first use (and again if it was closed)."""
+    global _library
+    if _library is None or _library.comm is None:
+        _library = ViewLibrary(css=read_asset("views.css"))
+    return _library
+
+
+class StyleCarrier:
+    """Which static ``text/html`` output carries the views' ``<style>``: the first view shown in
+    a kernel session, and, after the cell that carried it runs again (its output replaced), the
+    next view shown. A cell is known by the ``cellId`` JupyterLab sends with each execution;
+    without it (nbclient, some front ends) the first view of the session keeps it. A page whose
+    carrying output was cleared by hand shows the views unstyled, with the same text.
+    """
+
+    def __init__(self) -> None:
+        self.carried = False
+        self.cell: str | None = None
+
+    def take(self, cell: str | None) -> bool:
+        """Whether the view being shown now (from ``cell``) must carry the style."""
+        if self.carried:
+            return False
+        self.carried, self.cell = True, cell
+        return True
+
+    def cell_runs(self, cell: str | None) -> None:
+        """A cell starts running: if it is the one that carried the style, its output goes away."""
+        if self.carried and cell is not None and cell == self.cell:
+            self.carried = False
+
+
+_carrier = StyleCarrier()
+_watching: set[int] = set()
+
+
+def _kernel_cell() -> tuple[bool, str | None]:
+    """(running in a kernel, the id of the cell running now if the front end sent one)."""
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None:
+        return False, None
+    if id(shell) not in _watching:
+        _watching.add(id(shell))
+        shell.events.register("pre_run_cell", lambda info: _carrier.cell_runs(getattr(info, "cell_id", None)))
+    try:
+        parent = kernel.get_parent()
+    except Exception:  # an older ipykernel: no parent to read
+        parent = {}
+    return True, (parent or {}).get("metadata", {}).get("cellId")
+
+
+def static_html(html: str) -> str:
+    """``html`` (a view's full static page) as this output should carry it: with or without the
+    stylesheet, by :class:`StyleCarrier`."""
+    in_kernel, cell = _kernel_cell()
+    if not in_kernel or _carrier.take(cell):
+        return html
+    return html.replace(style_block(), "", 1)
+
+
+def state_json(state: dict[str, Any]) -> str:
+    """A view's state as the front end receives it: one compact JSON string. Saved notebooks
+    write widget state indented, one line per list item; a string is one line (the collectives
+    chapter's view states weighed 660 KB as dicts, 340 KB as strings). NaN and infinities, which
+    JSON cannot carry, become null, as jupyter_client's own fallback makes them."""
+    try:
+        return json.dumps(state, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(state), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def state_from_json(value: Any) -> dict[str, Any]:
+    return json.loads(value) if isinstance(value, str) else dict(value or {})
 
 
 class ViewBase(anywidget.AnyWidget):
     """A view: one synced ``state`` dict, drawn by an ES module in the notebook, and the same
     state rendered as static HTML (exported notebooks) and text (terminal IPython).
 
-    Subclasses set ``_esm = bundle_esm("<view>.js")`` and the two static renderers.
+    Subclasses set ``_esm = bundle_esm("<view>.js")`` and the two static renderers. The bundle is
+    kept as ``_bundle``; what the model ships as ``_esm`` is js/loader.js, which takes the
+    bundle's pieces from this kernel's :class:`ViewLibrary` (see module docstring).
     """
 
-    state = traitlets.Dict().tag(sync=True)
-    _css = read_asset("views.css")
+    state = traitlets.Dict().tag(
+        sync=True, to_json=lambda value, _: state_json(value), from_json=lambda value, _: state_from_json(value)
+    )
+    _jpm_view = traitlets.Unicode("").tag(sync=True)
+    _jpm_lib = traitlets.Unicode("").tag(sync=True)
+    _css = ""  # the stylesheet comes from the library, once per page
+    _bundle: ClassVar[Bundle]
 
     _render_html: ClassVar[Callable[[dict[str, Any]], str]]
     _render_text: ClassVar[Callable[[dict[str, Any]], str]]
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        esm = cls.__dict__.get("_esm")
+        if isinstance(esm, Bundle):
+            cls._bundle = esm
+            cls._esm = _LOADER
+        super().__init_subclass__(**kwargs)
+
     def __init__(self, state: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        super().__init__(state=dict(state or {}), **kwargs)
+        lib = library()
+        lib.add(type(self)._bundle)
+        super().__init__(
+            state=dict(state or {}), _jpm_view=type(self)._bundle.view, _jpm_lib=f"IPY_MODEL_{lib.model_id}", **kwargs
+        )
 
     def to_html(self) -> str:
         """Static HTML for the current state (no script, every string escaped)."""
@@ -145,7 +332,7 @@ class ViewBase(anywidget.AnyWidget):
             return None
         data, metadata = bundle
         data = dict(data)
-        data["text/html"] = self.to_html()
+        data["text/html"] = static_html(self.to_html())
         data["text/plain"] = self.to_text()
         return data, metadata
 

@@ -61,7 +61,19 @@ def _serve(route: Any) -> None:
     elif path.startswith("/bundle/") and path.endswith(".js"):
         cls = _view_classes().get(path[len("/bundle/") : -len(".js")])
         if cls is not None:
-            body, ctype = cls._esm.encode("utf-8"), "text/javascript"
+            body, ctype = cls._bundle.encode("utf-8"), "text/javascript"
+    elif path == "/esm/loader.js":  # what every view model ships as `_esm`
+        body, ctype = _view_classes()["results"]._esm.encode("utf-8"), "text/javascript"
+    elif path == "/library.json":  # the ViewLibrary's synced traits, every view added
+        import json
+
+        from jaxpar_magic.views.base import ViewLibrary
+
+        lib = ViewLibrary(css=assets().joinpath("views.css").read_text(encoding="utf-8"))
+        for cls in _view_classes().values():
+            lib.add(cls._bundle)
+        body, ctype = json.dumps({"css": lib.css, "code": lib.code, "needs": lib.needs}).encode("utf-8"), "application/json"
+        lib.close()
     if body is None:
         route.fulfill(status=404, body="not found")
     else:
@@ -75,9 +87,10 @@ class ViewPage:
         self.page = page
         self.artifacts = artifacts
 
-    def mount(self, view: str, state: dict[str, Any], *, mode: str = "bundle", theme: str = "light") -> Any:
+    def mount(self, view: str, state: dict[str, Any], *, mode: str = "bundle", theme: str = "light",
+              lib: str | None = None) -> Any:
         index = self.page.evaluate(
-            "([v, s, o]) => window.jpm.mount(v, s, o)", [view, state, {"mode": mode, "theme": theme}]
+            "([v, s, o]) => window.jpm.mount(v, s, o)", [view, state, {"mode": mode, "theme": theme, "lib": lib}]
         )
         return self.page.locator(f'.jpm-host[data-index="{index}"]')
 
@@ -236,4 +249,10 @@ def samples() -> Any:
         mesh=mesh_state,
         result=result_state,
         sharding=sharding_state,
+        basic=lambda view: {
+            "devices": devices_state(8),
+            "results": result_state(8),
+            "mesh": mesh_state([2, 4]),
+            "sharding": sharding_state([4000, 10000], [("data", 8)], ["data", None]),
+        }[view],
     )

@@ -48,12 +48,7 @@ def test_palette_js_matches_palette_py(view_page: Any) -> None:
 def test_native_modules_and_bundle_agree(view_page: Any, samples: Any, view: str) -> None:
     """js/*.js load as plain ES modules (relative imports) and as the shipped blob bundle,
     and both draw the same DOM."""
-    state = {
-        "devices": samples.devices(8),
-        "results": samples.result(8),
-        "mesh": samples.mesh([2, 4]),
-        "sharding": samples.sharding([4000, 10000], [("data", 8)], ["data", None]),
-    }[view]
+    state = samples.basic(view)
     native = view_page.mount(view, state, mode="native")
     bundled = view_page.mount(view, state, mode="bundle")
     assert native.inner_html() == bundled.inner_html()
