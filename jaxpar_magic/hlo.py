@@ -328,6 +328,7 @@ _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _OPERATION = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>.+?)\s+(?P<op>[\w\-]+)\((?P<args>.*)$")
 _NO_TRAFFIC = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while", "conditional", "call",
                "after-all", "partition-id", "replica-id", "add-dependency", "opt-barrier"}
+_MOVES = {"parameter", "convert", "bitcast", "slice", "reshape", "transpose", "copy", "concatenate", "dynamic-slice"}
 _CONTROL_CALLEE = re.compile(r"\b(?:body|condition|true_computation|false_computation|branch_computations)=(\{[^}]*\}|%?[\w.\-]+)")
 _DOT_DIMS = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
 _PRECISION = re.compile(r"operand_precision=\{(\w+)")
@@ -415,18 +416,19 @@ def upcasts(compiled_text: str, types: dict[tuple, str]) -> Upcasts:
         arrays = _ARRAY.findall(type_text)
         return bool(arrays) and all(d == "f32" for d, _ in arrays)
 
-    def convert_source(ins: _Instruction) -> str | None:
-        """The 16-bit dtype a bare convert, or a fusion that only converts, widens to f32."""
+    def convert_source(ins: _Instruction) -> tuple[str | None, bool]:
+        """(the 16-bit dtype a convert, or a fusion that only converts and moves data, widens to
+        f32; whether it does nothing else: then all its traffic is the upcast's)."""
         if ins.op == "convert" and ins.operands and ins.operands[0] in by_name:
             low = _float_dtypes(by_name[ins.operands[0]].type) & set(_LOW_FLOATS)
-            return next(iter(low), None) if low else None
+            return next(iter(low), None), True
         if ins.op == "fusion" and ins.callee in bodies:
-            ops = [i.op for i in bodies[ins.callee]]
-            if set(ops) <= {"parameter", "convert", "bitcast"} and "convert" in ops:
+            ops = {i.op for i in bodies[ins.callee]}
+            if ops <= _MOVES and "convert" in ops:
                 params = [i for i in bodies[ins.callee] if i.op == "parameter"]
                 low = set().union(*(_float_dtypes(p.type) for p in params)) & set(_LOW_FLOATS) if params else set()
-                return next(iter(low), None)
-        return None
+                return next(iter(low), None), ops <= {"parameter", "convert", "bitcast"}
+        return None, False
 
     for ins in instructions:  # definitions come before their uses
         if ins.computation not in top:
@@ -436,10 +438,11 @@ def upcasts(compiled_text: str, types: dict[tuple, str]) -> Upcasts:
             if ins.operands and all(o in shadows for o in ins.operands) and _narrowing_only(ins, bodies):
                 artifacts.add(ins.name)
             continue
-        low = convert_source(ins)
+        low, only_converts = convert_source(ins)
         if low:
             shadows[ins.name] = low
-            artifacts.add(ins.name)
+            if only_converts:
+                artifacts.add(ins.name)
             continue
         program = types.get(ins.key) if ins.key is not None else None
         if ins.op in OPS or ins.op.endswith(("-start", "-done")):

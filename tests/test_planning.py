@@ -796,3 +796,21 @@ def test_plan_is_a_dataclass_with_numbers_as_attributes(grid):
     assert result.flops is not None and result.bytes_accessed is not None
     assert result.axes == {"data": 4, "model": 2}
     assert re.search(r"argument_bytes=16\b", repr(result))
+
+
+def test_bf16_is_counted_as_bf16_not_as_the_cpu_compilers_f32(grid):
+    # XLA:CPU converts bf16 to f32 around the gather (the converts are in its HLO); the plan counts the
+    # program's own bf16: the gather's result is 32 MiB, and the memory traffic is the gather's
+    # (8 MiB block in, 32 MiB out) plus the doubling's (32 MiB in, 32 MiB out), without the converts.
+    x = plan((2048, 8192), "bfloat16", grid, ("data", None))
+    everywhere = NamedSharding(grid, P())
+    result = compile_plan(lambda a: lax.with_sharding_constraint(a, everywhere) * 2, (x,), grid, hardware="tpu-v5e")
+    (c,) = result.collectives
+    assert (c.op, c.shape, c.bytes, c.upcast_from) == ("all-gather", "bf16[2048,8192]", 32 * 2**20, "bf16")
+    assert " convert(" in result.compiled.as_text()  # the upcast is really there
+    assert result.bytes_accessed == pytest.approx((8 + 32 + 32 + 32) * 2**20, rel=0.05)
+    assert result.cpu_bytes_accessed > 1.5 * result.bytes_accessed
+    assert any("program's own dtypes" in caveat for caveat in result.caveats)
+    f32 = compile_plan(lambda a: lax.with_sharding_constraint(a, everywhere) * 2,
+                       (plan((2048, 8192), "float32", grid, ("data", None)),), grid)
+    assert f32.collectives[0].upcast_from is None and f32.bytes_accessed == f32.cpu_bytes_accessed
