@@ -53,6 +53,7 @@ class Collective:
     line: int | None = None  # line of the user's cell that issued it, when known
     operand_bytes: int | None = None  # size of its operands on one device (a reduce-scatter's input), when known
     count: int | None = 1  # times one run of the program issues it (inside loops); None: a loop of unknown length
+    upcast_from: str | None = None  # the program's dtype where XLA:CPU moves it as f32 (shape and bytes are the program's)
 
 
 def _ints(text: str) -> list[int]:
@@ -269,8 +270,12 @@ def _computation_counts(text: str) -> tuple[list[str | None], dict[str, int | No
     return owner, counts
 
 
-def collectives(text: str, device_ids: list[int] | None = None, filename: str | None = None) -> list[Collective]:
-    """Every collective in the compiled program, in program order, with device ids and bytes."""
+def collectives(text: str, device_ids: list[int] | None = None, filename: str | None = None,
+                shadows: dict[str, str] | None = None) -> list[Collective]:
+    """Every collective in the compiled program, in program order, with device ids and bytes.
+
+    `shadows` (`upcasts(...).shadows`): instructions XLA:CPU computes in f32 whose values the
+    program holds in bf16/f16; those collectives get the program's dtype, shape and bytes."""
     def to_device(i: int) -> int:
         return device_ids[i] if device_ids is not None and i < len(device_ids) else i
 
@@ -307,5 +312,219 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
             owner, counts = _computation_counts(text)
         operands = _operand_bytes(line, m.end(), types)
         count = counts.get(owner[index], 1) if owner[index] is not None else 1
-        found.append(Collective(m.group("op"), shape, size, groups, pairs, user_line, operands, count))
+        defined = _DEFINITION.match(line)
+        low = (shadows or {}).get(defined.group("name")) if defined else None
+        if low:  # the program's own dtype: half the bytes XLA:CPU's f32 copy moves
+            shape, size = with_program_dtype(shape, low), size * _DTYPE_BYTES[low] // 4
+            operands = operands * _DTYPE_BYTES[low] // 4 if operands is not None else None
+        found.append(Collective(m.group("op"), shape, size, groups, pairs, user_line, operands, count, low))
     return found
+
+
+# --- the program's own dtypes (undoing XLA:CPU's bf16 -> f32 upcast) ------------------------------
+
+_LOW_FLOATS = ("bf16", "f16")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_OPERATION = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>.+?)\s+(?P<op>[\w\-]+)\((?P<args>.*)$")
+_NO_TRAFFIC = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while", "conditional", "call",
+               "after-all", "partition-id", "replica-id", "add-dependency", "opt-barrier"}
+_MOVES = {"parameter", "convert", "bitcast", "slice", "reshape", "transpose", "copy", "concatenate", "dynamic-slice"}
+_CONTROL_CALLEE = re.compile(r"\b(?:body|condition|true_computation|false_computation|branch_computations)=(\{[^}]*\}|%?[\w.\-]+)")
+_DOT_DIMS = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
+_PRECISION = re.compile(r"operand_precision=\{(\w+)")
+
+
+@dataclass
+class _Instruction:
+    name: str
+    type: str
+    op: str
+    operands: list[str]
+    callee: str | None
+    key: tuple | None  # (op_name, source frames): the same operation in the lowered and the compiled module
+    computation: str | None
+
+
+def _instructions(text: str) -> list[_Instruction]:
+    frames = _frames(text)
+    found, current = [], None
+    for line in text.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith("{") and not line.startswith("HloModule"):
+            words = line.split()
+            current = (words[1] if words[0] == "ENTRY" else words[0]).lstrip("%")
+            continue
+        m = _OPERATION.match(line)
+        if not m or current is None:
+            continue
+        args = m.group("args")
+        depth, end = 1, 0
+        while end < len(args) and depth:
+            depth += {"(": 1, ")": -1}.get(args[end], 0)
+            end += 1
+        operands = re.findall(r"%?([\w.\-]+)(?=\s*(?:,|$))", re.sub(r"\w+\d*\[[\d,]*\](?:\{[^}]*\})?", "", args[:end - 1]))
+        callee = re.search(r"\bcalls=%?([\w.\-]+)", line)
+        op_name = _OP_NAME.search(line)
+        frame = _FRAME.search(line)
+        key = None
+        if op_name:
+            chain = tuple(frames.get(int(frame.group(1)), [])) if frame else ()
+            key = (op_name.group(1), chain)
+        found.append(_Instruction(m.group("name"), m.group("type"), m.group("op"), operands,
+                                  callee.group(1) if callee else None, key, current))
+    return found
+
+
+def _float_dtypes(type_text: str) -> set[str]:
+    return {d for d, _ in _ARRAY.findall(type_text) if d.startswith(("f", "bf")) and d != "f8"} or set()
+
+
+def program_types(lowered_text: str) -> dict[tuple, str]:
+    """(op_name, frames) -> the one floating dtype the program (before XLA's passes) gives the
+    operations of that name and place; places with several are left out."""
+    seen: dict[tuple, set[str]] = {}
+    for ins in _instructions(lowered_text):
+        if ins.key is not None:
+            seen.setdefault(ins.key, set()).update(_float_dtypes(ins.type))
+    return {key: next(iter(types)) for key, types in seen.items() if len(types) == 1}
+
+
+@dataclass
+class Upcasts:
+    """What XLA:CPU computes in f32 that the program holds in bf16 or f16."""
+
+    shadows: dict[str, str]  # instruction name -> the program's dtype of its (f32) result
+    artifacts: set[str]  # conversions that exist only because of the upcast
+    traffic_bytes: float  # bytes of HBM traffic the upcast adds to cost_analysis' 'bytes accessed'
+
+
+def upcasts(compiled_text: str, types: dict[tuple, str]) -> Upcasts:
+    """Find the compiled program's f32 values that are the program's bf16/f16 ones, and the traffic
+    XLA:CPU's conversions add (its cost analysis counts them as memory time)."""
+    instructions = _instructions(compiled_text)
+    by_name = {i.name: i for i in instructions}
+    bodies: dict[str, list[_Instruction]] = {}
+    for ins in instructions:
+        bodies.setdefault(ins.computation, []).append(ins)
+    top = _entry(compiled_text)
+    for line in compiled_text.splitlines():
+        for target in _CONTROL_CALLEE.findall(line):
+            top.update(n.lstrip("%") for n in re.findall(r"[\w.\-]+", target))
+    shadows: dict[str, str] = {}
+    artifacts: set[str] = set()
+
+    def only_f32(type_text: str) -> bool:
+        arrays = _ARRAY.findall(type_text)
+        return bool(arrays) and all(d == "f32" for d, _ in arrays)
+
+    def convert_source(ins: _Instruction) -> tuple[str | None, bool]:
+        """(the 16-bit dtype a convert, or a fusion that only converts and moves data, widens to
+        f32; whether it does nothing else: then all its traffic is the upcast's)."""
+        if ins.op == "convert" and ins.operands and ins.operands[0] in by_name:
+            low = _float_dtypes(by_name[ins.operands[0]].type) & set(_LOW_FLOATS)
+            return next(iter(low), None), True
+        if ins.op == "fusion" and ins.callee in bodies:
+            ops = {i.op for i in bodies[ins.callee]}
+            if ops <= _MOVES and "convert" in ops:
+                params = [i for i in bodies[ins.callee] if i.op == "parameter"]
+                low = set().union(*(_float_dtypes(p.type) for p in params)) & set(_LOW_FLOATS) if params else set()
+                return next(iter(low), None), ops <= {"parameter", "convert", "bitcast"}
+        return None, False
+
+    for ins in instructions:  # definitions come before their uses
+        if ins.computation not in top:
+            continue
+        if not only_f32(ins.type):
+            # narrowing an upcast value back to its own dtype is the upcast's doing too
+            if ins.operands and all(o in shadows for o in ins.operands) and _narrowing_only(ins, bodies):
+                artifacts.add(ins.name)
+            continue
+        low, only_converts = convert_source(ins)
+        if low:
+            shadows[ins.name] = low
+            if only_converts:
+                artifacts.add(ins.name)
+            continue
+        program = types.get(ins.key) if ins.key is not None else None
+        if ins.op in OPS or ins.op.endswith(("-start", "-done")):
+            operand_types = {shadows.get(o) for o in ins.operands if o in by_name}
+            if len(operand_types) == 1 and None not in operand_types:
+                shadows[ins.name] = operand_types.pop()
+                continue
+        if program in _LOW_FLOATS:
+            shadows[ins.name] = program
+    traffic = 0.0
+    for ins in instructions:
+        if ins.computation not in top or ins.op in _NO_TRAFFIC:
+            continue
+        sizes = [(o, _type_bytes(by_name[o].type)) for o in ins.operands if o in by_name]
+        if ins.name in artifacts:
+            traffic += _type_bytes(ins.type) + sum(b for _, b in sizes)
+            continue
+        traffic += sum(b / 2 for o, b in sizes if o in shadows)
+        if ins.name in shadows:
+            traffic += _type_bytes(ins.type) / 2
+    return Upcasts(shadows, artifacts, traffic)
+
+
+def _narrowing_only(ins: _Instruction, bodies: dict) -> bool:
+    if ins.op == "convert":
+        return True
+    ops = [i.op for i in bodies.get(ins.callee, [])]
+    return bool(ops) and set(ops) <= {"parameter", "convert", "bitcast"}
+
+
+def _entry(text: str) -> set[str]:
+    return {line.split()[1].lstrip("%") for line in text.splitlines() if line.startswith("ENTRY ")}
+
+
+def _type_bytes(type_text: str) -> int:
+    return sum(_array_bytes(d, s) for d, s in _ARRAY.findall(type_text))
+
+
+def with_program_dtype(shape: str, dtype: str) -> str:
+    """`f32[2048,8192]` as the program holds it: `bf16[2048,8192]`."""
+    return re.sub(r"\bf32\[", f"{dtype}[", shape)
+
+
+def matmul_flops(lowered_text: str) -> dict[str, float]:
+    """FLOPs of the program's matmuls by the rate class they run at: "bf16" (and f16), "f32" at
+    JAX's default precision, "f32-high", "f32-highest", "int8" (and fp8); global, before partitioning."""
+    instructions = _instructions(lowered_text)
+    types = {i.name: i.type for i in instructions}
+    lines = {i.name: line for i, line in zip(instructions, _operation_lines(lowered_text))}
+    flops: dict[str, float] = {}
+    for ins in instructions:
+        if ins.op != "dot" or len(ins.operands) < 2:
+            continue
+        result = _ARRAY.findall(ins.type)
+        lhs = _ARRAY.findall(types.get(ins.operands[0], ""))
+        if not result or not lhs:
+            continue
+        line = lines.get(ins.name, "")
+        dims = _ints(lhs[0][1])
+        contracting = _DOT_DIMS.search(line)
+        k = int(np.prod([dims[i] for i in _ints(contracting.group(1))])) if contracting else 1
+        count = 2.0 * float(np.prod(_ints(result[0][1]) or [1])) * k
+        dtype = lhs[0][0]
+        if dtype in ("bf16", "f16"):
+            cls = "bf16"
+        elif dtype == "f32":
+            precision = _PRECISION.search(line)
+            cls = {"high": "f32-high", "highest": "f32-highest"}.get(precision.group(1) if precision else "", "f32")
+        elif dtype in ("s8", "u8", "s4", "u4") or dtype.startswith("f8"):
+            cls = "int8"
+        else:
+            cls = dtype  # f64, c64: no matmul unit rate; the cost model says so
+        flops[cls] = flops.get(cls, 0.0) + count
+    return flops
+
+
+def _operation_lines(text: str) -> list[str]:
+    out, current = [], None
+    for line in text.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith("{") and not line.startswith("HloModule"):
+            current = line
+            continue
+        if current is not None and _OPERATION.match(line):
+            out.append(line)
+    return out

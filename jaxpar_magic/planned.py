@@ -8,19 +8,22 @@ from .errors import UsageError
 
 def plan_cell(source: str, namespace: dict, *, magic: str = "shard", mesh=None, in_specs=None, out_specs=None,
               axis_name: str = "i", devices=None, broadcast=(), split=(), merge=(), check_vma: bool = True,
-              hardware=None, device_memory=None, bind: bool = True):
+              hardware=None, device_memory=None, topology: str | None = None, bind: bool = True):
     """Compile `source` as `magic`'s cell for its mesh without running it.
 
     `hardware` is a profile name ("tpu-v5e"), "custom:flops=...,hbm=...,bw=...,memory=..." or a
-    `hardware.Hardware`; `device_memory` bytes or a size ("16GiB"). With `bind`, the names the cell
+    `hardware.Hardware`; `device_memory` bytes or a size ("16GiB"); `topology` the physical slice
+    ("4x8", see topology.py) the mesh is laid onto, by default as jax.make_mesh would. With `bind`, the names the cell
     assigns go into `namespace` as ShapeDtypeStructs (plain values as they are), so the next cell
     can be planned from them.
     """
-    from .hardware import parse_hardware, parse_memory_size
+    from .hardware import parse_hardware, parse_memory_size, with_topology
     from .runner import analyse_cached
 
     if isinstance(hardware, str):
         hardware = parse_hardware(hardware)
+    if topology is not None:
+        hardware = with_topology(hardware, topology)
     if isinstance(device_memory, str):
         device_memory = parse_memory_size(device_memory)
     cell = analyse_cached(source, f"{magic}-plan")

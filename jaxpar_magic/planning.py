@@ -23,7 +23,9 @@ from dataclasses import asdict, dataclass, field
 
 from .errors import UsageError, explain_trace_error, user_line
 from .hardware import Hardware, parse_hardware, parse_memory_size
-from .hlo import Collective, collectives
+from .costs import Roofline, estimate, ring_array_bytes
+from .hlo import Collective, collectives, matmul_flops, program_types, upcasts
+from .topology import Topology, topology_for
 
 CPU_DEVICE_CEILING = 2048  # XLA's CPU backend: 4,096 devices fail with "Multiprocess computations aren't implemented"
 MAX_COLLECTIVES = 64  # in the view's state; the Plan keeps them all
@@ -36,15 +38,27 @@ CAVEATS = (
     "so small or oddly shaped arrays can take more memory on the device.",
 )
 ROOFLINE_CAVEAT = (
-    "The step time is a roofline: peak FLOP/s, HBM bandwidth, and ring collectives over the whole "
-    "published interconnect bandwidth, with no overlap counted; real steps are slower."
+    "The step time is a model, not a measurement: peak FLOP/s for each matmul's dtype and precision, HBM "
+    "bandwidth, and ring collectives on the mesh's topology (per-axis links, wraparound, ~1 µs hops, DCN or "
+    "network past a pod or node), as in the scaling book. The estimate assumes communication fully "
+    "overlaps compute (optimistic); the no-overlap figure adds it (pessimistic). Real steps reach a "
+    "fraction of peak: the book measures 680 µs for a gather it models at 560 µs."
+)
+UPCAST_CAVEAT = (
+    "XLA:CPU computes bf16 in f32 around collectives; collectives and memory traffic are counted in the "
+    "program's own dtypes (the CPU compiler's conversions are left out)."
+)
+GPU_CAVEAT = (
+    "On GPUs no per-hop latency is modelled (the book gives none), and NVLink rarely exceeds ~370 of its "
+    "450 GB/s (gpus.md): small collectives take longer than shown."
 )
 LOOP_CAVEAT = (
     "The program has loops (scan, fori_loop, while): XLA's cost analysis counts a loop body once, so "
     "FLOPs and bytes accessed cover one iteration of each loop; collectives are counted per iteration."
 )
 
-# Ring algorithms: the share of an array each device sends, for a group of n devices.
+# Ring algorithms: the share of an array each device sends, for a group of n devices (the
+# collective's `traffic_bytes`; its time comes from costs.py, on the mesh's topology).
 RING_FACTORS = {
     "all-reduce": lambda n: 2 * (n - 1) / n,
     "all-gather": lambda n: (n - 1) / n,
@@ -76,26 +90,18 @@ class PlannedCollective:
     groups_text: str = ""
     line: int | None = None
     source: str | None = None
-    seconds: float | None = None  # roofline time of all its calls (with hardware)
+    seconds: float | None = None  # modelled time of all its calls (with hardware)
+    bound: str | None = None  # what bounds it: "ici" | "dcn" | "latency"
+    parts: dict | None = None  # seconds of its near-network bandwidth, far-network bandwidth and latency
+    upcast_from: str | None = None  # the program's dtype, where XLA:CPU moves it as f32
+    operand_bytes: int | None = None  # its operands on one device, in the program's dtypes
 
     def state(self) -> dict:
         return {
             "op": self.op, "shape": self.shape, "bytes": self.bytes, "axes": list(self.axes),
             "groups_text": self.groups_text, "group_size": self.group_size, "line": self.line,
-            "source": self.source, "seconds": self.seconds,
+            "source": self.source, "seconds": self.seconds, "bound": self.bound,
         }
-
-
-@dataclass(frozen=True)
-class Roofline:
-    compute_s: float
-    memory_s: float
-    collective_s: float
-    estimate_s: float
-    bound: str  # "compute" | "memory" | "collectives"
-
-    def state(self) -> dict:
-        return asdict(self)
 
 
 @dataclass
@@ -116,6 +122,9 @@ class Plan:
     capacity: int | None = None  # the device's memory in bytes, when known
     capacity_source: str | None = None  # "--device-memory" | "<profile> profile" | "device"
     roofline: Roofline | None = None
+    topology: Topology | None = None
+    cpu_bytes_accessed: float | None = None  # cost_analysis' figure, XLA:CPU's f32 upcast included
+    memory_note: str | None = None  # e.g. JAX's GPU preallocation
     caveats: tuple[str, ...] = CAVEATS
     compiled: object = field(default=None, repr=False)  # jax.stages.Compiled, for anything else
     # A planned cell (the engines' --plan stage): what it would bind, and which of those it computes.
@@ -153,7 +162,9 @@ class Plan:
                 "argument": self.argument_bytes, "output": self.output_bytes, "temp": self.temp_bytes,
                 "alias": self.alias_bytes, "total": self.total_bytes, "capacity": self.capacity,
                 "capacity_source": self.capacity_source, "fits": self.fits, "overshoot": self.overshoot,
+                "note": self.memory_note,
             },
+            "topology": self.topology.state() if self.topology is not None else None,
             "cost": {"flops": self.flops, "bytes_accessed": self.bytes_accessed},
             "collectives": [c.state() for c in self.collectives[:MAX_COLLECTIVES]],
             "collectives_omitted": max(0, len(self.collectives) - MAX_COLLECTIVES),
@@ -390,7 +401,8 @@ def plan_collectives(found: list[Collective], mesh, line_text: Callable[[int], s
         else:
             groups = c.groups or [list(range(total))]
             axes, size, text = _describe_groups(groups, shape, names)
-        traffic = RING_FACTORS[c.op](size) * _ring_array_bytes(c, size) if size > 1 else 0.0
+        ring = c.bytes if c.op != "reduce-scatter" else c.operand_bytes if c.operand_bytes is not None else c.bytes * size
+        traffic = RING_FACTORS[c.op](size) * ring if size > 1 else 0.0
         if c.count is None:
             text += ", in a loop of unknown length (counted once)"
         elif c.count > 1:
@@ -401,26 +413,9 @@ def plan_collectives(found: list[Collective], mesh, line_text: Callable[[int], s
         planned.append(PlannedCollective(
             op=c.op, shape=c.shape, bytes=c.bytes, traffic_bytes=traffic, count=c.count, group_size=size,
             groups=[[ids[p] for p in g] for g in groups], axes=axes, groups_text=text, line=c.line,
-            source=source or None,
+            source=source or None, upcast_from=c.upcast_from, operand_bytes=c.operand_bytes,
         ))
     return planned
-
-
-# --- roofline ----------------------------------------------------------------------------------
-
-def roofline(flops: float | None, bytes_accessed: float | None, planned: list[PlannedCollective],
-             hardware: Hardware) -> tuple[Roofline, list[PlannedCollective]]:
-    """Compute, memory and collective times on `hardware`; the estimate is the largest of them.
-    Returns the collectives with their `seconds` filled in."""
-    from dataclasses import replace
-
-    timed = [replace(c, seconds=c.traffic_bytes * (c.count or 1) / hardware.interconnect_bandwidth) for c in planned]
-    compute_s = (flops or 0.0) / hardware.peak_flops
-    memory_s = (bytes_accessed or 0.0) / hardware.hbm_bandwidth
-    collective_s = sum(c.seconds for c in timed)
-    parts = {"compute": compute_s, "memory": memory_s, "collectives": collective_s}
-    bound = max(parts, key=parts.get)
-    return Roofline(compute_s, memory_s, collective_s, parts[bound], bound), timed
 
 
 # --- compiling ---------------------------------------------------------------------------------
@@ -505,15 +500,16 @@ def output_entries(named: dict) -> list[dict]:
 
 def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = None,
                  line_text: Callable[[int], str] | None = None, hardware: Hardware | str | None = None,
-                 device_memory=None, set_mesh: bool = True, leaf_labels=None) -> Plan:
+                 device_memory=None, set_mesh: bool = True, topology: str | None = None, leaf_labels=None) -> Plan:
     """Compile `fn(*abstract_args)` for `mesh` without running it, and say what it costs per device.
 
     `fn`: a `jax.jit`-ed function (anything with `.lower`), or a function to jit. `abstract_args`:
     pytrees of ShapeDtypeStructs or arrays (which stand in by shape and sharding; unsharded ones are
     replicated). `names`: one label per argument, for messages. `filename`: the file (or cell
     filename) whose lines name the collectives, by default `fn`'s own; `line_text(n)` gives line n's
-    text (default: linecache). `hardware`: a profile or its name, for the roofline and the memory;
-    `device_memory` (bytes or "16GiB") overrides the memory. With `set_mesh`, traces under
+    text (default: linecache). `hardware`: a profile or its name, for the step time and the memory;
+    `device_memory` (bytes or "16GiB") overrides the memory; `topology` ("4x8") the physical slice the
+    mesh is laid onto (default: as jax.make_mesh would lay it). With `set_mesh`, traces under
     `jax.set_mesh(mesh)`, as the %%shard engine runs.
     """
     import jax
@@ -527,7 +523,21 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         )
     if isinstance(hardware, str):
         hardware = parse_hardware(hardware)
+    if topology is not None and hardware is None:
+        raise UsageError(f"--topology {topology}: a topology belongs to a device profile; add --hardware "
+                         f"(e.g. `--hardware tpu-v5e --topology {topology}`).")
+    sizes = {str(n): int(s) for n, s in mesh.shape.items()}
+    topology = topology if topology is not None else getattr(hardware, "topology", None)
+    laid_out = topology_for(hardware, sizes, topology) if hardware is not None else None  # before compiling
     capacity, capacity_source = device_capacity(mesh, hardware, device_memory)
+    memory_note = None
+    if hardware is not None and hardware.preallocate and device_memory is None and capacity:
+        usable = int(capacity * hardware.preallocate)
+        memory_note = (f"JAX preallocates {hardware.preallocate:.0%} of a GPU's memory by default: "
+                       f"{format_bytes(usable)} of the {format_bytes(capacity)}. To use more, set "
+                       f"XLA_PYTHON_CLIENT_MEM_FRACTION=.95 (or XLA_PYTHON_CLIENT_PREALLOCATE=false) before JAX "
+                       f"starts, and plan with --device-memory {format_bytes(capacity).replace(' ', '')}.")
+        capacity, capacity_source = usable, f"{hardware.name} profile, {hardware.preallocate:.0%} JAX preallocates"
     args, concrete = abstract_inputs(abstract_args, mesh, names, leaf_labels)
     _warn_concrete(concrete, capacity)
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
@@ -537,9 +547,11 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
     try:
         if set_mesh:
             with jax.set_mesh(mesh):
-                compiled = jitted.lower(*args).compile()
+                lowered = jitted.lower(*args)
+                compiled = lowered.compile()
         else:
-            compiled = jitted.lower(*args).compile()
+            lowered = jitted.lower(*args)
+            compiled = lowered.compile()
     except UsageError:
         raise
     except Exception as exc:
@@ -554,15 +566,22 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
     memory = compiled.memory_analysis()
     cost = _cost(compiled)
     text = compiled.as_text()
-    planned = plan_collectives(collectives(text, None, filename), mesh, line_text, filename)
-    flops, bytes_accessed = _figure(cost, "flops"), _figure(cost, "bytes accessed")
+    program = lowered.as_text(dialect="hlo", debug_info=True)  # the program's own dtypes, before XLA:CPU's passes
+    upcast = upcasts(text, program_types(program))
+    planned = plan_collectives(collectives(text, None, filename, upcast.shadows), mesh, line_text, filename)
+    flops, cpu_bytes = _figure(cost, "flops"), _figure(cost, "bytes accessed")
+    bytes_accessed = max(0.0, cpu_bytes - upcast.traffic_bytes) if cpu_bytes is not None else None
     caveats = list(CAVEATS)
+    if upcast.shadows:
+        caveats.append(UPCAST_CAVEAT)
     if " while(" in text:
         caveats.append(LOOP_CAVEAT)
     times = None
     if hardware is not None:
-        times, planned = roofline(flops, bytes_accessed, planned, hardware)
+        times, planned = estimate(flops, bytes_accessed, planned, hardware, laid_out, matmul_flops(program))
         caveats.append(ROOFLINE_CAVEAT)
+        if hardware.kind == "gpu":
+            caveats.append(GPU_CAVEAT)
     return Plan(
         mesh=mesh,
         argument_bytes=int(memory.argument_size_in_bytes),
@@ -578,6 +597,9 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         capacity=capacity,
         capacity_source=capacity_source,
         roofline=times,
+        topology=laid_out,
+        cpu_bytes_accessed=cpu_bytes,
+        memory_note=memory_note,
         caveats=tuple(caveats),
         compiled=compiled,
     )

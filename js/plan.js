@@ -89,20 +89,68 @@ function memoryBar(m) {
     bar,
     legend,
     h("div", { class: m.fits === false ? "jpm-fit jpm-bad" : m.fits === true ? "jpm-fit jpm-ok" : "jpm-fit", text: memorySentence(m) }),
+    m.note ? h("div", { class: "jpm-note", text: m.note }) : null,
   );
 }
 
 /**
- * The roofline: each bound as a bar, the largest marked.
+ * `FLOPs ÷ 197.00 TFLOP/s (bf16 peak)`, or the rate of each matmul class.
  * @param {any} r
  * @param {any} hw
  */
-function roofline(r, hw) {
+function ratesText(r, hw) {
+  const rates = r.rates || [];
+  if (!rates.length) return hw ? `FLOPs ÷ ${formatSI(hw.peak_flops)}FLOP/s` : "";
+  if (rates.length === 1) return `FLOPs ÷ ${formatSI(rates[0].flops_per_s)}FLOP/s (${rates[0].rate})`;
+  return "FLOPs at " + rates.map((/** @type {any} */ x) => `${formatSI(x.flops_per_s)}FLOP/s for ${(100 * x.share).toFixed(0)}% (${x.rate})`).join(", ");
+}
+
+/**
+ * One row per term; plans from before the collective split keep one `collectives` row.
+ * @param {any} r
+ * @param {any} hw
+ * @returns {Array<[string, string, any, string]>}
+ */
+function roofRows(r, hw) {
+  /** @type {Array<[string, string, any, string]>} */
   const rows = [
-    ["compute", "compute", r.compute_s, hw ? `FLOPs ÷ ${formatSI(hw.peak_flops)}FLOP/s` : ""],
+    ["compute", "compute", r.compute_s, ratesText(r, hw)],
     ["memory", "memory", r.memory_s, hw ? `bytes accessed ÷ ${formatSI(hw.hbm_bandwidth)}B/s` : ""],
-    ["collectives", "collectives", r.collective_s, hw ? `collective bytes × ring factor ÷ ${formatSI(hw.interconnect_bandwidth)}B/s` : ""],
   ];
+  if (!("ici_s" in r)) {
+    rows.push(["collectives", "collectives", r.collective_s, hw ? `collective bytes × ring factor ÷ ${formatSI(hw.interconnect_bandwidth)}B/s` : ""]);
+    return rows;
+  }
+  const labels = r.labels || {};
+  const [near, far] = (hw && hw.fabric) || ["ICI", "DCN"];
+  const link = hw && hw.link_bandwidth;
+  rows.push(["ici", labels.ici || `${near} collectives`, r.ici_s, link ? `rings per mesh axis, ${formatSI(link)}B/s per link each way` : "ring per mesh axis"]);
+  if (r.dcn_s || r.bound === "dcn") {
+    const unit = near === "NVLink" ? "node" : "host";
+    rows.push(["dcn", labels.dcn || `${far} collectives`, r.dcn_s, hw && hw.dcn_bandwidth ? `past the ${near === "NVLink" ? "node" : "pod"}: ${formatSI(hw.dcn_bandwidth)}B/s per ${unit}` : ""]);
+  }
+  if (r.latency_s) rows.push(["latency", labels.latency || "collective latency", r.latency_s, hw && hw.hop_latency ? `hops × ${formatSeconds(hw.hop_latency)}` : "per hop"]);
+  return rows;
+}
+
+/**
+ * The twin of `estimate_sentence` in views/plan.py.
+ * @param {any} r
+ */
+export function estimateSentence(r) {
+  const bound = r.bound_text || r.bound;
+  if (!("serial_s" in r)) return `estimate ${formatSeconds(r.estimate_s)} per step, ${bound}-bound (the largest of the three)`;
+  return `estimate ${formatSeconds(r.estimate_s)} per step, bound by ${bound}, if communication fully overlaps compute (optimistic); ${formatSeconds(r.serial_s)} if none of it does`;
+}
+
+/**
+ * The roofline: each term as a bar, the dominant one marked.
+ * @param {any} r
+ * @param {any} hw
+ * @param {any} topology
+ */
+function roofline(r, hw, topology) {
+  const rows = roofRows(r, hw);
   const top = Math.max(...rows.map((x) => Number(x[2]) || 0), 1e-30);
   const grid = h("div", { class: "jpm-roof" });
   for (const [key, name, s, how] of rows) {
@@ -119,7 +167,8 @@ function roofline(r, hw) {
     { class: "jpm-section" },
     h("div", { class: "jpm-h" }, "Step time, roofline", hw ? h("span", { class: "jpm-mono", text: ` · ${hw.name}` }) : null),
     grid,
-    h("div", { class: "jpm-estimate" }, "estimate ", h("b", { text: formatSeconds(r.estimate_s) }), ` per step, ${r.bound}-bound (the largest of the three)`),
+    h("div", { class: "jpm-estimate", text: estimateSentence(r) }),
+    topology && topology.text ? h("div", { class: "jpm-note", text: `topology: ${topology.text}` }) : null,
     hw && hw.source ? h("div", { class: "jpm-note", text: `profile: ${hw.name} — ${hw.source}` }) : null,
   );
 }
@@ -218,8 +267,8 @@ export function draw(state) {
       h("span", { class: "jpm-chip" }, "bytes accessed per device ", h("b", { text: formatBytes(cost.bytes_accessed) })),
     ),
   );
-  if (state.roofline) root.append(roofline(state.roofline, state.hardware));
-  else root.append(h("div", { class: "jpm-note", text: "no step-time estimate: give --hardware (tpu-v4, tpu-v5e, tpu-v5p, h100, a100, or custom:flops=…,hbm=…,bw=…,memory=…)" }));
+  if (state.roofline) root.append(roofline(state.roofline, state.hardware, state.topology));
+  else root.append(h("div", { class: "jpm-note", text: "no step-time estimate: give --hardware (tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, h100, a100, b200, or custom:flops=…,hbm=…,bw=…,memory=…)" }));
   root.append(collectivesTable(state));
   root.append(outputsTable(state));
   const caveats = state.caveats || [];

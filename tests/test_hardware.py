@@ -8,8 +8,20 @@ import pytest
 from jaxpar_magic.errors import UsageError
 from jaxpar_magic.hardware import CUSTOM_EXAMPLE, PROFILES, Hardware, parse_hardware, parse_memory_size
 
-REQUIRED = ("tpu-v4", "tpu-v5e", "tpu-v5p", "h100", "a100")
-STATE_KEYS = {"name", "peak_flops", "hbm_bandwidth", "interconnect_bandwidth", "memory", "source"}
+REQUIRED = ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "h100", "a100", "b200")
+STATE_KEYS = {"name", "peak_flops", "hbm_bandwidth", "interconnect_bandwidth", "memory", "source", "kind",
+              "link_bandwidth", "dcn_bandwidth", "hop_latency", "fabric"}
+
+# The scaling book's tables, restated (jax-ml/scaling-book): tpus.md's chip and interconnect tables,
+# gpus.md's spec and NVLink tables. (bf16 FLOP/s, int8 FLOP/s, HBM B/s, ICI per link one way, pod, host chips)
+BOOK_TPUS = {
+    "tpu-v4": (2.75e14, 2.75e14, 1.2e12, 4.5e10, (16, 16, 16), 4),
+    "tpu-v5p": (4.59e14, 9.18e14, 2.8e12, 9e10, (16, 20, 28), 4),
+    "tpu-v5e": (1.97e14, 3.94e14, 8.1e11, 4.5e10, (16, 16), 8),
+    "tpu-v6e": (9.2e14, 1.84e15, 1.6e12, 9e10, (16, 16), 8),
+}
+# (bf16 TFLOP/s, DRAM TB/s, NVLink GB/s per GPU one way); H100's 989 is NVIDIA's dense figure (the book rounds to 990)
+BOOK_GPUS = {"h100": (989, 3.35, 450), "a100": (312, 2.0, 300), "b200": (2250, 8, 900)}
 
 
 # --- built-in profiles -----------------------------------------------------------------------------
@@ -33,20 +45,44 @@ def test_profiles_are_plausible_chips_and_name_their_source(name):
     assert 3e11 <= p.hbm_bandwidth <= 1e13
     assert 1e10 <= p.interconnect_bandwidth <= 2e12
     assert p.interconnect_bandwidth < p.hbm_bandwidth
-    assert 8 * 2**30 <= p.memory <= 256 * 2**30 and p.memory % 2**30 == 0
-    assert len(p.source) > 20 and ("Google" in p.source or "NVIDIA" in p.source)
+    assert 8 * 2**30 <= p.memory <= 256 * 2**30 and (p.memory % 2**30 == 0 or p.memory % 10**9 == 0)
+    assert "scaling-book" in p.source
+    # every figure names its own source
+    figures = ["peak_flops", "hbm_bandwidth", "memory", "interconnect_bandwidth", "link_bandwidth", "pod",
+               "dcn_bandwidth", "int8"] + (["hop_latency", "wrap", "host_chips", "f32"] if p.kind == "tpu" else
+                                           ["preallocate"])
+    for figure in figures:
+        assert len(p.sources.get(figure, "")) > 20, (name, figure)
 
 
-def test_profile_figures_follow_the_published_numbers():
-    # The sheet figures restated in their published units, converted here independently.
-    gbps = 1e9 / 8
-    assert PROFILES["tpu-v5e"].peak_flops == 197e12 and PROFILES["tpu-v5e"].hbm_bandwidth == 819e9
-    assert PROFILES["tpu-v5e"].interconnect_bandwidth == 1600 * gbps
-    assert PROFILES["tpu-v5p"].interconnect_bandwidth == 4800 * gbps and PROFILES["tpu-v5p"].memory == 95 * 2**30
-    assert PROFILES["tpu-v4"].peak_flops == 275e12 and PROFILES["tpu-v4"].memory == 32 * 2**30
-    assert PROFILES["h100"].peak_flops == pytest.approx(1979e12 / 2, rel=1e-3)  # the sheet's figure is with sparsity
-    assert PROFILES["h100"].interconnect_bandwidth == 900e9 / 2  # NVLink's 900 GB/s counts both directions
-    assert PROFILES["a100"].peak_flops == 312e12 and PROFILES["a100"].hbm_bandwidth == 2039e9
+@pytest.mark.parametrize("name", sorted(BOOK_TPUS))
+def test_tpu_profiles_are_the_books_tables(name):
+    bf16, int8, hbm, link, pod, host = BOOK_TPUS[name]
+    p = PROFILES[name]
+    assert (p.peak_flops, p.peaks["int8"], p.hbm_bandwidth, p.link_bandwidth) == (bf16, int8, hbm, link)
+    assert p.interconnect_bandwidth == 2 * link  # bidirectional, one axis
+    assert (p.pod, p.host_chips, p.dcn_bandwidth, p.hop_latency) == (pod, host, 2.5e10, 1e-6)
+    assert p.peak_for("f32") == (bf16, "bf16 peak")  # DEFAULT precision: one bf16 pass
+    assert p.peak_for("f32-highest")[0] == bf16 / 6 and p.peak_for("f32-high")[0] == bf16 / 3
+
+
+@pytest.mark.parametrize("name", sorted(BOOK_GPUS))
+def test_gpu_profiles_are_the_books_tables(name):
+    tflops, tbs, nvlink = BOOK_GPUS[name]
+    p = PROFILES[name]
+    assert p.peak_flops == tflops * 1e12 and p.link_bandwidth == nvlink * 1e9
+    assert p.hbm_bandwidth == pytest.approx(tbs * 1e12, rel=0.02)  # A100: the datasheet's 2,039 GB/s, the book's 2.0
+    assert p.pod == (8,) and p.preallocate == 0.75 and p.hop_latency is None
+
+
+def test_gpu_float32_rates_follow_the_datasheets():
+    h100, a100 = PROFILES["h100"], PROFILES["a100"]
+    assert h100.peak_for("f32")[0] == pytest.approx(989e12 / 2)  # TF32: 989 with sparsity, 494.5 dense
+    assert h100.peak_for("f32-highest")[0] == 67e12  # FP32, about 1/15 of bf16 (gpus.md)
+    assert a100.peak_for("f32")[0] == 156e12 and a100.peak_for("f32-highest")[0] == 19.5e12
+    rate, what = PROFILES["b200"].peak_for("f32")
+    assert rate == PROFILES["b200"].peak_flops and "no sourced" in what  # said, not invented
+    assert PROFILES["h100"].dcn_bandwidth == 400e9  # gpus.md: 400 GB/s per node beyond it
 
 
 def test_profile_state_is_the_view_schema_and_json():
@@ -54,6 +90,7 @@ def test_profile_state_is_the_view_schema_and_json():
     assert set(state) == STATE_KEYS
     assert json.loads(json.dumps(state)) == state
     assert state["memory"] == 17179869184
+    assert state["fabric"] == ["ICI", "DCN"] and parse_hardware("h100").state()["fabric"] == ["NVLink", "network"]
 
 
 def test_unknown_profile_lists_every_profile_and_the_custom_form():

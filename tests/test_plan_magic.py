@@ -59,7 +59,7 @@ def test_the_issues_example_plans_without_allocating(step):
     batch = 4096 * 8192 * 2 // 4  # split over data=4
     assert state["memory"]["argument"] == weights + batch
     assert state["memory"]["capacity"] == 16 * 1024**3 and state["memory"]["fits"] is True
-    assert state["hardware"]["name"] == "tpu-v5e" and state["roofline"]["bound"] in ("compute", "memory", "collectives")
+    assert state["hardware"]["name"] == "tpu-v5e" and state["roofline"]["bound"] in ("compute", "memory", "ici", "latency")
     assert {c["op"] for c in state["collectives"]} == {"all-reduce"}
     assert any(c["axes"] == ["data"] for c in state["collectives"])  # the gradient's all-reduce over the batch
     assert [o["name"] for o in state["outputs"]] == ["loss", "grads['w1']", "grads['w2']"]
@@ -184,6 +184,9 @@ def test_the_twin_returns_a_plan_with_numbers(mesh):
     ns = {"jnp": jnp, "x": jaxpar_magic.plan((1024, 1024), "float32", mesh, ("data", None))}
     plan = jaxpar_magic.plan_cell("y = x @ x.T", ns, magic="shard", mesh=mesh, hardware="h100")
     assert plan.argument_bytes == 1024 * 1024 * 4 // 4
-    assert plan.flops and plan.roofline is not None and plan.capacity == jaxpar_magic.planning.parse_hardware("h100").memory
+    h100 = jaxpar_magic.planning.parse_hardware("h100")
+    # JAX preallocates 75% of a GPU's memory by default: that is what the plan fits against
+    assert plan.flops and plan.roofline is not None and plan.capacity == int(h100.memory * 0.75)
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" in plan.memory_note
     assert isinstance(ns["y"], jax.ShapeDtypeStruct) and ns["y"].shape == (1024, 1024)
     assert np.isclose(plan.total_bytes, plan.argument_bytes + plan.output_bytes + plan.temp_bytes - plan.alias_bytes)

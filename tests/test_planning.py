@@ -173,11 +173,26 @@ def test_roofline_of_one_matmul_is_hand_arithmetic():
     assert result.flops == flops
     assert result.bytes_accessed == touched
     r = result.roofline
-    assert r.compute_s == pytest.approx(flops / 989e12)
+    # f32 at JAX's default precision runs as TF32 on an H100: half the bf16 rate (costs.py, hardware.py)
+    assert r.compute_s == pytest.approx(flops / (989e12 / 2))
+    assert [(x["class"], x["share"]) for x in r.rates] == [("f32", 1.0)]
     assert r.memory_s == pytest.approx(touched / 3.35e12)
     assert r.collective_s == 0
     assert r.estimate_s == max(r.compute_s, r.memory_s)
-    assert r.bound == ("memory" if touched / 3.35e12 > flops / 989e12 else "compute")
+    assert r.bound == ("memory" if touched / 3.35e12 > flops / (989e12 / 2) else "compute")
+
+
+def test_f32_matmuls_at_highest_precision_run_at_the_fp32_rate_and_on_tpu_in_six_passes():
+    mesh = make_mesh("d=8")
+    x, w = plan((8 * 128, 256), "float32", mesh, ("d", None)), plan((256, 64), "float32", mesh, ())
+    with jax.default_matmul_precision("highest"):
+        gpu = compile_plan(lambda a, b: a @ b, (x, w), mesh, hardware="h100")
+        tpu = compile_plan(lambda a, b: a @ b, (x, w), mesh, hardware="tpu-v5e")
+    assert gpu.roofline.compute_s == pytest.approx(gpu.flops / 67e12)  # the datasheet's FP32, not TF32
+    assert tpu.roofline.compute_s == pytest.approx(tpu.flops / (1.97e14 / 6))  # 6 bf16 passes
+    bf16 = compile_plan(lambda a, b: a @ b, (plan((8 * 128, 256), "bfloat16", mesh, ("d", None)),
+                                             plan((256, 64), "bfloat16", mesh, ())), mesh, hardware="h100")
+    assert bf16.roofline.compute_s == pytest.approx(bf16.flops / 989e12)
 
 
 def test_roofline_of_one_all_reduce_is_the_ring_formula():
@@ -185,7 +200,7 @@ def test_roofline_of_one_all_reduce_is_the_ring_formula():
     x = plan((8 * 64, 1024), "float32", mesh, ("d", None))
     psum = jax.jit(jax.shard_map(lambda a: lax.psum(a, "d"), mesh=mesh, in_specs=P("d"), out_specs=P("d"),
                                  check_vma=False))
-    hw = parse_hardware("custom:flops=1e15,hbm=3e12,bw=1e11")
+    hw = parse_hardware("custom:flops=1e15,hbm=3e12,bw=1e11")  # custom: one flat ring at bw
     result = compile_plan(psum, (x,), mesh, hardware=hw)
     (c,) = result.collectives
     size = 64 * 1024 * 4
@@ -195,8 +210,9 @@ def test_roofline_of_one_all_reduce_is_the_ring_formula():
     assert result.roofline.collective_s == pytest.approx(c.seconds)
     assert result.flops == 64 * 1024  # the reduction's additions, one per element
     assert result.roofline.compute_s == pytest.approx(64 * 1024 / 1e15)
-    assert result.roofline.bound == "collectives"
+    assert result.roofline.bound == "ici" and c.bound == "ici"
     assert result.roofline.estimate_s == c.seconds
+    assert result.roofline.serial_s == pytest.approx(max(result.roofline.compute_s, result.roofline.memory_s) + c.seconds)
 
 
 def test_roofline_of_a_contraction_split_over_devices():
@@ -209,12 +225,16 @@ def test_roofline_of_a_contraction_split_over_devices():
     assert (c.op, c.bytes, c.group_size) == ("all-reduce", n * m * 4, 8)
     assert result.flops == 2 * n * (k // 8) * m + n * m  # the dot on one slice, plus the all-reduce's sums
     hw = PROFILES["tpu-v5e"]
-    assert c.seconds == pytest.approx(2 * 7 / 8 * n * m * 4 / hw.interconnect_bandwidth)
-    assert result.roofline.compute_s == pytest.approx(result.flops / hw.peak_flops)
+    # 8 v5e chips are a 2x4 slice (no wraparound); 'd' spans both of its axes: 1 + 3 hops, links one
+    # way on each (sharding.md), and an all-reduce is two such passes.
+    assert result.topology.slice_shape == (2, 4) and result.topology.wraps == (False, False)
+    assert c.seconds == pytest.approx(2 * max(7 / 8 * n * m * 4 / (2 * 4.5e10), 4 * 1e-6))
+    assert result.roofline.compute_s == pytest.approx(result.flops / hw.peak_flops)  # f32 on TPU: one bf16 pass
     assert result.roofline.memory_s == pytest.approx(result.bytes_accessed / hw.hbm_bandwidth)
     parts = {"compute": result.roofline.compute_s, "memory": result.roofline.memory_s,
              "collectives": result.roofline.collective_s}
-    assert result.roofline.bound == max(parts, key=parts.get)
+    top = max(parts, key=parts.get)
+    assert result.roofline.bound == (c.bound if top == "collectives" else top)
     assert ROOFLINE_CAVEAT in result.caveats
 
 
@@ -241,7 +261,14 @@ def test_ring_factors_of_gather_scatter_all_to_all_and_permute():
     assert by_op["all-to-all"].traffic_bytes == pytest.approx(7 / 8 * block)
     assert by_op["collective-permute"].traffic_bytes == block
     assert by_op["collective-permute"].groups_text == "8 sends between pairs of devices along 'd'"
-    assert result.roofline.collective_s == pytest.approx(sum(c.traffic_bytes for c in result.collectives) / 1e10)
+    # A flat ring at bw: gathers and scatters move their traffic; an all-to-all a quarter of the
+    # group's whole array (sharding.md), which does not shrink with the group; a permute one block.
+    seconds = {op: c.seconds for op, c in by_op.items()}
+    assert seconds["all-gather"] == pytest.approx(7 / 8 * 8 * block / 1e10)
+    assert seconds["reduce-scatter"] == pytest.approx(7 / 8 * 8 * block / 1e10)
+    assert seconds["all-to-all"] == pytest.approx(7 / 8 * 8 * block / 4 / 1e10)
+    assert seconds["collective-permute"] == pytest.approx(block / 1e10)
+    assert result.roofline.collective_s == pytest.approx(sum(seconds.values()))
 
 
 def test_collectives_in_a_loop_count_every_iteration():
@@ -685,10 +712,11 @@ def test_concrete_inputs_that_fit_are_not_warned_about(grid):
 # --- the view's state ---------------------------------------------------------------------------------
 
 TOP = {"title", "axes", "total_devices", "hardware", "memory", "cost", "collectives", "collectives_omitted",
-       "roofline", "outputs", "compile_ms", "caveats"}
-MEMORY = {"argument", "output", "temp", "alias", "total", "capacity", "capacity_source", "fits", "overshoot"}
-COLLECTIVE = {"op", "shape", "bytes", "axes", "groups_text", "group_size", "line", "source", "seconds"}
-ROOFLINE = {"compute_s", "memory_s", "collective_s", "estimate_s", "bound"}
+       "roofline", "outputs", "compile_ms", "caveats", "topology"}
+MEMORY = {"argument", "output", "temp", "alias", "total", "capacity", "capacity_source", "fits", "overshoot", "note"}
+COLLECTIVE = {"op", "shape", "bytes", "axes", "groups_text", "group_size", "line", "source", "seconds", "bound"}
+ROOFLINE = {"compute_s", "memory_s", "collective_s", "estimate_s", "bound", "ici_s", "dcn_s", "latency_s",
+            "serial_s", "rates", "labels", "bound_text"}
 
 
 def test_state_follows_the_schema(grid):
@@ -768,3 +796,21 @@ def test_plan_is_a_dataclass_with_numbers_as_attributes(grid):
     assert result.flops is not None and result.bytes_accessed is not None
     assert result.axes == {"data": 4, "model": 2}
     assert re.search(r"argument_bytes=16\b", repr(result))
+
+
+def test_bf16_is_counted_as_bf16_not_as_the_cpu_compilers_f32(grid):
+    # XLA:CPU converts bf16 to f32 around the gather (the converts are in its HLO); the plan counts the
+    # program's own bf16: the gather's result is 32 MiB, and the memory traffic is the gather's
+    # (8 MiB block in, 32 MiB out) plus the doubling's (32 MiB in, 32 MiB out), without the converts.
+    x = plan((2048, 8192), "bfloat16", grid, ("data", None))
+    everywhere = NamedSharding(grid, P())
+    result = compile_plan(lambda a: lax.with_sharding_constraint(a, everywhere) * 2, (x,), grid, hardware="tpu-v5e")
+    (c,) = result.collectives
+    assert (c.op, c.shape, c.bytes, c.upcast_from) == ("all-gather", "bf16[2048,8192]", 32 * 2**20, "bf16")
+    assert " convert(" in result.compiled.as_text()  # the upcast is really there
+    assert result.bytes_accessed == pytest.approx((8 + 32 + 32 + 32) * 2**20, rel=0.05)
+    assert result.cpu_bytes_accessed > 1.5 * result.bytes_accessed
+    assert any("program's own dtypes" in caveat for caveat in result.caveats)
+    f32 = compile_plan(lambda a: lax.with_sharding_constraint(a, everywhere) * 2,
+                       (plan((2048, 8192), "float32", grid, ("data", None)),), grid)
+    assert f32.collectives[0].upcast_from is None and f32.bytes_accessed == f32.cpu_bytes_accessed

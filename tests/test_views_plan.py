@@ -92,7 +92,7 @@ def test_roofline_and_no_hardware() -> None:
     out = plan.to_html(state)
     assert '<span class="jpm-roof-name jpm-bound">compute</span>' in out
     assert "6.09 ms  ← bounds the estimate" in out
-    assert "estimate <b>6.09 ms</b> per step, compute-bound" in out
+    assert "estimate 6.09 ms per step, compute-bound (the largest of the three)" in out  # a state from before the split
     assert "FLOPs ÷ 197.00 TFLOP/s" in out and "bytes accessed ÷ 819.00 GB/s" in out
     bare = plan_state(hardware=False)
     out = body(plan.to_html(bare))
@@ -109,7 +109,7 @@ def test_text_has_the_key_facts() -> None:
     assert "  DOES NOT FIT: 768.0 MiB needs 0.25 GiB more than the 512.0 MiB of device memory (from tpu-v5e profile)" in lines
     assert "Per device: FLOPs 1.20 T · bytes accessed 3.2 GiB" in lines
     assert any(line.startswith("  compute") and line.endswith("← bounds the estimate") for line in lines)
-    assert "  estimate 6.09 ms per step, compute-bound" in lines
+    assert "  estimate 6.09 ms per step, compute-bound (the largest of the three)" in lines
     assert "  all-reduce · bf16[8192,4096] · 64.0 MiB/device · 8 groups of 64 over 'data' · 1.32 ms" in lines
     assert "    at line 3: loss, grads = jax.value_and_grad(loss_fn)(params, batch)" in lines
     assert "  grads: bfloat16[8192, 32768] P(None, 'model')" in lines
@@ -168,3 +168,36 @@ def test_bundle_is_self_contained() -> None:
 def test_sparse_states_render(state: dict[str, Any]) -> None:
     assert "plan" in plan.to_text(state)
     assert 'class="jpm-view jpm-plan"' in plan.to_html(state)
+
+
+def modelled_state() -> dict[str, Any]:
+    """A plan state with the topology-aware split: ICI, DCN and latency, both overlap bounds."""
+    state = plan_state()
+    state["hardware"].update(kind="tpu", link_bandwidth=4.5e10, dcn_bandwidth=2.5e10, hop_latency=1e-6,
+                             fabric=["ICI", "DCN"])
+    state["roofline"] = {"compute_s": 1e-3, "memory_s": 2e-4, "collective_s": 3.5e-3, "estimate_s": 3.5e-3,
+                         "bound": "dcn", "ici_s": 5e-4, "dcn_s": 3e-3, "latency_s": 0.0, "serial_s": 4.5e-3,
+                         "rates": [{"class": "bf16", "share": 1.0, "flops_per_s": 1.97e14, "rate": "bf16 peak"}],
+                         "labels": {"ici": "ICI collectives", "dcn": "DCN collectives"}, "bound_text": "DCN collectives"}
+    state["topology"] = {"text": "16x16 ICI slice, wraparound on every axis; 2 slices over DCN"}
+    return state
+
+
+def test_the_dominant_term_and_both_overlap_bounds_are_named() -> None:
+    state = modelled_state()
+    text = plan.to_text(state)
+    assert "  estimate 3.50 ms per step, bound by DCN collectives, if communication fully overlaps compute " \
+           "(optimistic); 4.50 ms if none of it does" in text.splitlines()
+    dcn = next(line for line in text.splitlines() if line.startswith("  DCN collectives"))
+    assert "3.00 ms" in dcn and dcn.endswith("← bounds the estimate")
+    assert "2 slices over DCN" in text and "FLOPs ÷ 197.00 TFLOP/s (bf16 peak)" in text
+    out = body(plan.to_html(state))
+    assert '<span class="jpm-roof-name jpm-bound">DCN collectives</span>' in out
+    assert "topology: 16x16 ICI slice" in out
+
+
+def test_the_gpu_preallocation_note_is_shown() -> None:
+    state = plan_state()
+    state["memory"]["note"] = "JAX preallocates 75% of a GPU's memory by default: set XLA_PYTHON_CLIENT_MEM_FRACTION"
+    assert state["memory"]["note"] in plan.to_text(state)
+    assert html.escape(state["memory"]["note"]) in plan.to_html(state)

@@ -12,7 +12,7 @@ MAX_COLLECTIVES = 256
 TEXT_COLLECTIVES = 24
 GIB = 2**30
 NO_HARDWARE = (
-    "no step-time estimate: give --hardware (tpu-v4, tpu-v5e, tpu-v5p, h100, a100, "
+    "no step-time estimate: give --hardware (tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, h100, a100, b200, "
     "or custom:flops=…,hbm=…,bw=…,memory=…)"
 )
 
@@ -97,28 +97,65 @@ def _memory_html(m: dict[str, Any]) -> str:
         '<div class="jpm-section"><div class="jpm-h">Memory per device</div>'
         f'<div class="{"jpm-membar jpm-bad" if bad else "jpm-membar"}" role="img" aria-label="{esc(memory_sentence(m))}">'
         + "".join(spans)
-        + f'</div><div class="jpm-mem-legend">{legend}</div><div class="{fit_cls}">{esc(memory_sentence(m))}</div></div>'
+        + f'</div><div class="jpm-mem-legend">{legend}</div><div class="{fit_cls}">{esc(memory_sentence(m))}</div>'
+        + (f'<div class="jpm-note">{esc(str(m["note"]))}</div>' if m.get("note") else "")
+        + "</div>"
     )
 
 
-def _roof_rows(r: dict[str, Any], hw: dict[str, Any] | None) -> list[tuple[str, Any, str]]:
-    return [
-        ("compute", r.get("compute_s"), f"FLOPs ÷ {format_si(hw['peak_flops'])}FLOP/s" if hw else ""),
-        ("memory", r.get("memory_s"), f"bytes accessed ÷ {format_si(hw['hbm_bandwidth'])}B/s" if hw else ""),
-        (
-            "collectives",
-            r.get("collective_s"),
-            f"collective bytes × ring factor ÷ {format_si(hw['interconnect_bandwidth'])}B/s" if hw else "",
-        ),
+def _rates_text(r: dict[str, Any], hw: dict[str, Any] | None) -> str:
+    """`FLOPs ÷ 197 TFLOP/s (bf16 peak)`, or per class when matmuls run at several rates."""
+    rates = r.get("rates") or []
+    if not rates:
+        return f"FLOPs ÷ {format_si(hw['peak_flops'])}FLOP/s" if hw else ""
+    if len(rates) == 1:
+        return f"FLOPs ÷ {format_si(rates[0]['flops_per_s'])}FLOP/s ({rates[0]['rate']})"
+    return "FLOPs at " + ", ".join(f"{format_si(x['flops_per_s'])}FLOP/s for {100 * x['share']:.0f}% ({x['rate']})"
+                                   for x in rates)
+
+
+def _roof_rows(r: dict[str, Any], hw: dict[str, Any] | None) -> list[tuple[str, str, Any, str]]:
+    """(key, name, seconds, how) per term. States without the collective split (older plans) keep
+    one `collectives` row."""
+    rows = [
+        ("compute", "compute", r.get("compute_s"), _rates_text(r, hw)),
+        ("memory", "memory", r.get("memory_s"), f"bytes accessed ÷ {format_si(hw['hbm_bandwidth'])}B/s" if hw else ""),
     ]
+    if "ici_s" not in r:
+        rows.append(("collectives", "collectives", r.get("collective_s"),
+                     f"collective bytes × ring factor ÷ {format_si(hw['interconnect_bandwidth'])}B/s" if hw else ""))
+        return rows
+    labels = r.get("labels") or {}
+    near, far = (hw or {}).get("fabric") or ["ICI", "DCN"]
+    link = (hw or {}).get("link_bandwidth")
+    rows.append(("ici", labels.get("ici", f"{near} collectives"), r.get("ici_s"),
+                 f"rings per mesh axis, {format_si(link)}B/s per link each way" if link else "ring per mesh axis"))
+    if r.get("dcn_s") or (hw or {}).get("dcn_bandwidth") and r.get("bound") == "dcn":
+        rows.append(("dcn", labels.get("dcn", f"{far} collectives"), r.get("dcn_s"),
+                     f"past the {'node' if near == 'NVLink' else 'pod'}: {format_si(hw.get('dcn_bandwidth'))}B/s per "
+                     f"{'node' if near == 'NVLink' else 'host'}" if hw and hw.get("dcn_bandwidth") else ""))
+    if r.get("latency_s"):
+        rows.append(("latency", labels.get("latency", "collective latency"), r.get("latency_s"),
+                     f"hops × {format_seconds(hw.get('hop_latency'))}" if hw and hw.get("hop_latency") else "per hop"))
+    return rows
 
 
-def _roofline_html(r: dict[str, Any], hw: dict[str, Any] | None) -> str:
+def estimate_sentence(r: dict[str, Any]) -> str:
+    """`estimate 560 µs per step, bound by ICI collectives, if communication overlaps compute; 611 µs if
+    none of it does` (the twin of `estimateSentence` in js/plan.js)."""
+    bound = r.get("bound_text") or r.get("bound")
+    if "serial_s" not in r:
+        return f"estimate {format_seconds(r.get('estimate_s'))} per step, {bound}-bound (the largest of the three)"
+    return (f"estimate {format_seconds(r.get('estimate_s'))} per step, bound by {bound}, if communication fully "
+            f"overlaps compute (optimistic); {format_seconds(r.get('serial_s'))} if none of it does")
+
+
+def _roofline_html(r: dict[str, Any], hw: dict[str, Any] | None, topology: dict[str, Any] | None = None) -> str:
     rows = _roof_rows(r, hw)
-    top = max([float(s or 0) for _, s, _ in rows] + [1e-30])
+    top = max([float(s or 0) for _, _, s, _ in rows] + [1e-30])
     cells = []
-    for name, s, how in rows:
-        bound = r.get("bound") == name
+    for key, name, s, how in rows:
+        bound = r.get("bound") == key
         b = " jpm-bound" if bound else ""
         detail = f"{name}: {format_seconds(s)}" + (f" ({how})" if how else "") + (" — bounds the estimate" if bound else "")
         cells.append(
@@ -127,14 +164,15 @@ def _roofline_html(r: dict[str, Any], hw: dict[str, Any] | None) -> str:
             f'<span class="jpm-roof-val{b}">{esc(format_seconds(s))}{"  ← bounds the estimate" if bound else ""}</span>'
         )
     hw_name = f'<span class="jpm-mono"> · {esc(str(hw["name"]))}</span>' if hw else ""
+    where = (f'<div class="jpm-note">topology: {esc(str(topology["text"]))}</div>'
+             if topology and topology.get("text") else "")
     source = (
         f'<div class="jpm-note">profile: {esc(str(hw["name"]))} — {esc(str(hw["source"]))}</div>' if hw and hw.get("source") else ""
     )
     return (
         f'<div class="jpm-section"><div class="jpm-h">Step time, roofline{hw_name}</div>'
         f'<div class="jpm-roof">{"".join(cells)}</div>'
-        f'<div class="jpm-estimate">estimate <b>{esc(format_seconds(r.get("estimate_s")))}</b> per step, '
-        f'{esc(str(r.get("bound")))}-bound (the largest of the three)</div>{source}</div>'
+        f'<div class="jpm-estimate">{esc(estimate_sentence(r))}</div>{where}{source}</div>'
     )
 
 
@@ -167,7 +205,7 @@ def _collectives_html(state: dict[str, Any]) -> str:
             f'<tr><td class="jpm-op">{esc(str(c.get("op")))}</td><td class="jpm-mono">{esc(str(c.get("shape")))}</td>'
             f'<td class="jpm-num">{esc(format_bytes(c.get("bytes")))}</td><td>{esc(str(groups))}</td>'
             f'<td class="jpm-mono jpm-srccell" title="{esc(_where(c))}">{esc(_where(c) or "—")}</td>'
-            + (f'<td class="jpm-num">{esc(format_seconds(c.get("seconds")))}</td>' if timed else "")
+            + (f'<td class="jpm-num" title="{esc(str(c.get("bound") or ""))}-bound">{esc(format_seconds(c.get("seconds")))}</td>' if timed else "")
             + "</tr>"
         )
     out.append("</tbody></table></div>")
@@ -215,7 +253,7 @@ def to_html(state: dict[str, Any]) -> str:
         + "</div>"
     )
     if state.get("roofline"):
-        out.append(_roofline_html(state["roofline"], state.get("hardware")))
+        out.append(_roofline_html(state["roofline"], state.get("hardware"), state.get("topology")))
     else:
         out.append(f'<div class="jpm-note">{esc(NO_HARDWARE)}</div>')
     out.append(_collectives_html(state))
@@ -272,17 +310,20 @@ def to_text(state: dict[str, Any]) -> str:
         if m.get("fits") is False:  # shouted: the one line a reader must not miss
             verdict = "DOES NOT FIT" + verdict[len("does not fit") :]
         lines.append("  " + verdict)
+        if m.get("note"):
+            lines.append("  " + str(m["note"]))
     cost = state.get("cost") or {}
     lines.append(f"Per device: FLOPs {format_si(cost.get('flops'))} · bytes accessed {format_bytes(cost.get('bytes_accessed'))}")
     r = state.get("roofline")
     if r:
         hw = state.get("hardware")
         profile = f" ({hw['name']})" if hw else ""
-        lines.append(f"Step time, roofline{profile}:")
-        for name, s, how in _roof_rows(r, hw):
-            mark = "  ← bounds the estimate" if r.get("bound") == name else ""
-            lines.append(f"  {name:<12}{format_seconds(s):>10}  {how}{mark}")
-        lines.append(f"  estimate {format_seconds(r.get('estimate_s'))} per step, {r.get('bound')}-bound")
+        topo = state.get("topology") or {}
+        lines.append(f"Step time, roofline{profile}:" + (f" {topo['text']}" if topo.get("text") else ""))
+        for key, name, s, how in _roof_rows(r, hw):
+            mark = "  ← bounds the estimate" if r.get("bound") == key else ""
+            lines.append(f"  {name:<19}{format_seconds(s):>9}  {how}{mark}")
+        lines.append("  " + estimate_sentence(r))
         if hw and hw.get("source"):
             lines.append(f"  profile source: {hw['source']}")
     else:
@@ -293,7 +334,7 @@ def to_text(state: dict[str, Any]) -> str:
         groups = c.get("groups_text") or ", ".join(str(a) for a in c.get("axes") or [])
         parts = [str(c.get("op")), str(c.get("shape")), f"{format_bytes(c.get('bytes'))}/device", str(groups)]
         if c.get("seconds") is not None:
-            parts.append(format_seconds(c["seconds"]))
+            parts.append(format_seconds(c["seconds"]) + (f" ({c['bound']}-bound)" if c.get("bound") else ""))
         lines.append("  " + " · ".join(parts))
         if _where(c):
             lines.append(f"    at {_where(c)}")
