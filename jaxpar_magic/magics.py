@@ -210,10 +210,11 @@ class JaxparMagics(Magics, Configurable):
     # --- %sharding ---------------------------------------------------------------------------------
     @line_magic
     @magic_arguments()
-    @argument("names", nargs="+", metavar="NAME", help="Arrays (jax.Array, ShapeDtypeStruct) to show.")
+    @argument("names", nargs="+", metavar="NAME", help="Arrays (jax.Array, ShapeDtypeStruct), or pytrees of them, to show.")
     @no_var_expand
     def sharding(self, line=""):
-        """Show how each array is laid out over devices: tiles coloured by device, the PartitionSpec."""
+        """Show how each array is laid out over devices: tiles coloured by device, the PartitionSpec.
+        A pytree is one view: its leaves grouped by layout, a layout's picture on hover or click."""
         self._run("sharding", line)
 
     # --- %%shard -----------------------------------------------------------------------------------

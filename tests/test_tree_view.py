@@ -283,3 +283,27 @@ def test_a_shard_cell_shows_one_view_per_name(jx):
     grads = shown_widgets(captured)[1].state
     assert [(r["paths"], r["where"]) for r in grads["rows"]] == [
         (["['b']"], "split dim 0 8× over data"), (["['w']"], "split dim 0 8× over data")]
+
+
+# --- the bundle: tree.js imports the sharding view's drawing ------------------------------------
+
+def test_a_view_importing_a_view_is_inlined_once_with_its_helpers(monkeypatch):
+    from jaxpar_magic.views import base
+
+    esm = TreeView._esm
+    assert esm.count("const __jpm_sharding = ") == 1 and esm.count("const __jpm_format = ") == 1
+    assert esm.index("const __jpm_format = ") < esm.index("const __jpm_sharding = ")  # helpers first
+    assert "const { draw } = __jpm_sharding;" in esm and "\nimport " not in esm
+    files = {
+        "top.js": 'import { f } from "./helper.js";\nimport { g } from "./mid.js";\nexport default {};\n',
+        "mid.js": 'import { f } from "./helper.js";\nexport function g() { return f(); }\nexport default {};\n',
+        "helper.js": "export function f() { return 1; }\n",
+        "loop.js": 'import { a } from "./loop2.js";\nexport default {};\n',
+        "loop2.js": 'import { b } from "./loop.js";\nexport function a() {}\n',
+    }
+    monkeypatch.setattr(base, "read_asset", lambda name: files[name])
+    out = base.bundle_esm("top.js")
+    assert out.count("const __jpm_helper = ") == 1 and "const __jpm_default = {}" in out
+    assert out.index("__jpm_helper = ") < out.index("__jpm_mid = ") < out.index("const { g } = __jpm_mid;")
+    with pytest.raises(ValueError, match="cycle"):
+        base.bundle_esm("loop.js")
