@@ -171,7 +171,7 @@ def test_text_renderings() -> None:
     assert "  same on all 8 devices: 28." in text
     assert "8 pairs: 0→1, 1→2" in text and "sends to the next one in mesh order" in text
     assert "groups: {0–7}" in text
-    assert "Cost: compile 12.3 ms · run 0.4 ms · FLOPs 1.23 k" in text
+    assert "Cost: compile 12.3 ms · run 0.4 ms · FLOPs per device 1.23 k" in text
 
     text = sharding.to_text(sharding_state([4000, 10000], [("data", 4), ("model", 2)], ["data", None], name="v"))
     assert text.splitlines()[0] == "v: float32[4000, 10000] (152.6 MiB) · P('data', None) · replicated over model"

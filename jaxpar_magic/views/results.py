@@ -60,9 +60,9 @@ def _report_items(report: dict[str, Any] | None) -> list[tuple[str, str]]:
     if report.get("run_ms") is not None:
         items.append(("run", format_ms(report["run_ms"])))
     if report.get("flops") is not None:
-        items.append(("FLOPs", format_si(report["flops"])))
+        items.append(("FLOPs per device", format_si(report["flops"])))
     if report.get("bytes_accessed") is not None:
-        items.append(("bytes accessed", format_bytes(report["bytes_accessed"])))
+        items.append(("bytes accessed per device", format_bytes(report["bytes_accessed"])))
     return items
 
 
