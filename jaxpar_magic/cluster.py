@@ -34,7 +34,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
-from . import cluster_engine
+from . import cluster_engine, hang_doctor
 from .errors import UsageError
 from .progress import Progress
 
@@ -48,6 +48,9 @@ PROBE_TIMEOUT_S = 4.0  # the health check after an interrupt
 HEARTBEAT_S = 10  # jax.distributed: a lost peer is noticed in seconds, not JAX's default minutes
 SHUTDOWN_S = 3
 STOP_WAIT_S = 1.0  # how long stop waits for a hard exit before it kills
+SILENT_S = 3.0  # after a death on a cluster over several hosts: how long the other hosts get to answer
+DOCTOR_S = 2.0  # how long a stuck process gets to say where it waits
+REACH_S = 3.0  # connect: how long a host gets to reach the coordinator's port
 AXIS_NAME = "i"  # the mesh axis of scattered arrays
 
 SUBCOMMAND_HINT = "%cluster start -n 2 --simulate 4"
@@ -59,9 +62,13 @@ _last: Cluster | None = None  # the latest cluster, stopped or not: `%cluster st
 class ClusterError(UsageError):
     """The cluster failed (a process died, a wait timed out, the cluster is broken).
 
-    A UsageError so IPython shows the one paragraph that says what to do (`%cluster restart`),
-    without the kernel-side traceback of our own code; distinguishable by its type.
+    A UsageError that says what to do (`%cluster restart`, or for a connected cluster how to get
+    fresh engines), distinguishable by its type. IPython shows only an exact UsageError without a
+    traceback, so `_render_traceback_` gives the one paragraph, not our own code's frames.
     """
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
 
 
 class ClusterCellError(Exception):
@@ -223,6 +230,7 @@ class Cluster:
         self._watched: list[tuple[int | None, object]] = []  # (rank or None while starting, psutil.Process)
         self._controller = None  # psutil.Process of the controller, for clusters started here
         self._profile_dir: str | None = None
+        self._asking = False
 
     # --- making one -----------------------------------------------------------------------------
     @classmethod
@@ -389,8 +397,11 @@ class Cluster:
                     raise ClusterError(f"%cluster connect: {_processes(errors)} failed to answer: "
                                        f"{first.ename}: {first.evalue}")
                 places = [where[rank][1] for rank in range(len(engine_ids))]
-                progress.update("joining jax.distributed")
                 coordinator, bind = self._choose_coordinator(places, deadline)
+                if len({place["host"] for place in places}) > 1:
+                    progress.update("checking that every host reaches the coordinator")
+                    self._check_addresses(places, coordinator, deadline)
+                progress.update("joining jax.distributed")
                 self._join(engine_ids, coordinator, bind, None, deadline)
             except BaseException:
                 self._disconnect()
@@ -430,6 +441,59 @@ class Cluster:
                                    "Give one with `--coordinator HOST:PORT`.")
         loopback = host in ("127.0.0.1", "localhost", "::1")
         return f"{host}:{port}", (f"{host}:{port}" if loopback else None)
+
+    def _check_addresses(self, places: list[dict], coordinator: str, deadline: float) -> None:
+        """Before JAX can hang or abort on them, on a cluster over several hosts: every host's own
+        name must resolve to an address the others can dial (JAX's CPU collectives advertise it),
+        and every other host must resolve the coordinator to a non-loopback address and reach its
+        port (rank 0 listens on it for the check, then lets JAX have it)."""
+        for place in places:
+            own = place["own_addresses"]
+            if _loopback(own[0]) is not False:  # loopback, or no address at all
+                others = ", ".join(place["interfaces"]) or "its network address"
+                raise UsageError(
+                    f"%cluster connect: on {place['host']}, the host's own name `{place['host']}` resolves to "
+                    f"{own[0]} first, not an address other hosts can dial. JAX's CPU collectives (Gloo) advertise "
+                    f"that address to the other hosts, which would then dial themselves and fail. Map "
+                    f"`{place['host']}` to {others} in /etc/hosts on {place['host']} (Debian maps a machine's own "
+                    "name to 127.0.1.1), restart its engine, and connect again."
+                )
+        host, port = _split_address(coordinator)
+        rank0 = places[0]["host"]
+        hint = (f"Pass `--coordinator ADDRESS:{port}` with {rank0}'s address as the other hosts see it"
+                + (f" (its addresses: {', '.join(places[0]['interfaces'])})" if places[0]["interfaces"] else "") + ".")
+        others = [rank for rank, place in enumerate(places) if place["host"] != rank0]
+        listening, _ = self._wait(self._submit([0], cluster_engine.listen, port, REACH_S + 2),
+                                  max(1.0, deadline - time.monotonic()), "opening the coordinator's port")
+        if listening[0][0] == "error":
+            error = listening[0][1]
+            raise UsageError(f"%cluster connect: rank 0 on {rank0} cannot listen on port {port} ({error.ename}: "
+                             f"{error.evalue}). Pass `--coordinator {host}:PORT` with a free port.")
+        try:
+            asks = self._submit(others, cluster_engine.reach, host, port, REACH_S)
+            outcome, _ = self._wait(asks, min(REACH_S + 5, max(1.0, deadline - time.monotonic())),
+                                    "checking the coordinator's address")
+        finally:
+            self._submit([0], cluster_engine.stop_listening)  # runs before the join: engines keep the order
+        for rank in others:
+            kind, answer = outcome[rank]
+            there = places[rank]["host"]
+            if kind == "error":
+                raise ClusterError(f"%cluster connect: process {rank} on {there} failed to check the coordinator's "
+                                   f"address: {answer.ename}: {answer.evalue}")
+            loopback = [a for a in answer["addresses"] if _loopback(a)]
+            if loopback:
+                raise UsageError(
+                    f"%cluster connect: on {there}, the coordinator `{host}` resolves to {', '.join(loopback)}, a "
+                    f"loopback address: {there} would dial itself instead of {rank0}, where rank 0 hosts JAX's "
+                    f"coordinator. {hint}"
+                )
+            if answer["error"]:
+                raise UsageError(
+                    f"%cluster connect: from {there}, {answer['error']}: JAX's coordinator on {rank0} (rank 0) would "
+                    f"never be reached, and joining would hang until its timeout. Check the name and the firewall "
+                    f"between the hosts. {hint}"
+                )
 
     # --- lifecycle -----------------------------------------------------------------------------
     def status(self) -> ClusterStatus:
@@ -671,8 +735,7 @@ class Cluster:
         if self.state == "running":
             self._check_alive()
         if self.state == "broken":
-            raise ClusterError(f"the cluster is broken: {self.why}. Run `%cluster restart` (names defined on the "
-                               "cluster are lost), or `%cluster stop`.")
+            raise ClusterError(f"the cluster is broken: {self.why}. {self._recovery()} Or `%cluster stop`.")
         if self.state == "stopped":
             raise UsageError(f"no cluster is running; start one with `{SUBCOMMAND_HINT}`.")
 
@@ -694,7 +757,7 @@ class Cluster:
         except IndexError:  # ipyparallel's "No such engine": the controller dropped a dead engine
             self._check_alive()
             self._break("an engine is gone from the ipyparallel controller")
-            raise ClusterError(f"the cluster is broken: {self.why}. Run `%cluster restart`.") from None
+            raise ClusterError(f"the cluster is broken: {self.why}. {self._recovery()}") from None
 
     def _submit_execute(self, ranks, code: str) -> dict:
         try:
@@ -702,7 +765,7 @@ class Cluster:
         except IndexError:
             self._check_alive()
             self._break("an engine is gone from the ipyparallel controller")
-            raise ClusterError(f"the cluster is broken: {self.why}. Run `%cluster restart`.") from None
+            raise ClusterError(f"the cluster is broken: {self.why}. {self._recovery()}") from None
 
     def _wait(self, ars: dict, timeout: float, what: str, relay: _Relay | None = None) -> tuple[dict, tuple]:
         """Every rank's outcome, ("ok", value) or ("error", RemoteError), within `timeout` seconds.
@@ -766,16 +829,58 @@ class Cluster:
                 self._dies(rank, self._exit_reason(proc.pid))
         if self._controller is not None and not _alive(self._controller):
             self._break("the ipyparallel controller died")
-            raise ClusterError(f"the cluster is broken: {self.why}. Run `%cluster restart`.")
+            raise ClusterError(f"the cluster is broken: {self.why}. {self._recovery()}")
 
     def _dies(self, rank: int, reason: str) -> None:
         process = self.processes[rank] if rank < len(self.processes) else None
         where = f" (pid {process.pid} on {process.host})" if process else ""
-        self._break(f"process {rank}{where} {reason}")
+        silent = self._silent_hosts(exclude=rank) if self.state == "running" else ""
+        self._break(f"process {rank}{where} {reason}" + (f"; {silent} stopped answering" if silent else ""))
+        cause = ""
+        if silent:
+            cause = (f" {silent} stopped answering as well, so most likely the network to {silent} is down (or the "
+                     f"host is): JAX ends a process whose peers are silent for {HEARTBEAT_S} s.")
         raise ClusterError(
-            f"process {rank}{where} {reason}. The cluster is broken: its other processes cannot run collectives "
-            "without it. Run `%cluster restart` (names defined on the cluster are lost)."
+            f"process {rank}{where} {reason}.{cause} The cluster is broken: its other processes cannot run "
+            f"collectives without it. {self._recovery()}"
         )
+
+    def _silent_hosts(self, exclude: int) -> str:
+        """On a cluster over several hosts: the hosts none of whose other processes answer a tiny
+        request within SILENT_S (a partition, or a host that went down), as "hostb" or "hostb, hostc"."""
+        hosts = {p.host for p in self.processes}
+        others = [p.rank for p in self.processes if p.rank != exclude]
+        if len(hosts) < 2 or not others or self._client is None or self._asking:
+            return ""
+        self._asking = True  # a submit that finds another dead engine names it without asking again
+        try:
+            asks = self._submit(others, cluster_engine.whereami)
+        except ClusterError:
+            return ""
+        finally:
+            self._asking = False
+        until = time.monotonic() + SILENT_S
+        while time.monotonic() < until and not all(ar.ready() for ar in asks.values()):
+            next(ar for ar in asks.values() if not ar.ready()).wait(POLL_S)
+        answering = {self.processes[rank].host for rank, ar in asks.items() if ar.ready() and ar.successful()}
+        silent = sorted({self.processes[rank].host for rank in others} - answering)
+        return ", ".join(silent)
+
+    def _recovery(self) -> str:
+        """What brings a broken cluster back: a restart here, or fresh engines and a new connect."""
+        if self._owned:
+            return "Run `%cluster restart` (names defined on the cluster are lost)."
+        return (f"This kernel did not start the engines, so `%cluster restart` cannot help: restart them "
+                f"(`ipcluster stop`, then `ipcluster start`, or your scheduler's job), then run "
+                f"`{self._connect_line()}` again in this kernel (names defined on the cluster are lost).")
+
+    def _connect_line(self) -> str:
+        words = ["%cluster connect"]
+        for option, flag in (("profile", "--profile"), ("cluster_id", "--cluster-id"), ("n", "-n"),
+                             ("coordinator", "--coordinator")):
+            if self._options.get(option) is not None:
+                words.append(f"{flag} {self._options[option]}")
+        return " ".join(words)
 
     def _exit_reason(self, pid: int) -> str:
         code = self._exit_code(pid)
@@ -813,14 +918,18 @@ class Cluster:
         return "".join(tails[:2])
 
     def _interrupt(self, ranks) -> None:
+        self._signal(ranks, signal.SIGINT)
+
+    def _signal(self, ranks, sig: int) -> None:
+        """Signal local engines by pid at once, others through their nanny (via the controller)."""
         for rank in ranks:
             proc = dict((r, p) for r, p in self._watched if r is not None).get(rank)
             try:
                 if proc is not None:
-                    proc.send_signal(signal.SIGINT)
+                    proc.send_signal(sig)
                 elif self._client is not None:
-                    self._client.send_signal(signal.SIGINT, targets=[self._engine_ids[rank]], block=False)
-            except Exception:  # a process that is already gone cannot be interrupted; the next check names it
+                    self._client.send_signal(sig, targets=[self._engine_ids[rank]], block=False)
+            except Exception:  # a process that is already gone cannot be signalled; the next check names it
                 pass
 
     def _settled_after_interrupt(self, pending, ars, outcome) -> list[int]:
@@ -860,12 +969,13 @@ class Cluster:
         if silent or not self._healthy():
             self._break(f"{_processes(pending)} {was} interrupted after the others failed, most likely inside a "
                         "collective the failed processes never reached, and JAX's cluster cannot recover from that")
-            return [f"{still}, which cut a collective: the cluster is broken. Run `%cluster restart`."]
+            return [f"{still}, which cut a collective: the cluster is broken. {self._recovery()}"]
         return [f"{still}."]
 
     def _time_out(self, pending, ars, timeout: float, what: str) -> None:
         """The time ran out: interrupt the engines still busy, then keep the cluster if a probe
         collective still works (a slow plain-Python cell) or mark it broken (a cut collective)."""
+        waits = self._where_they_wait(pending, ars)
         self._interrupt(pending)
         done = [rank for rank in ars if rank not in pending]
         finished = f" ({_processes(done)} had finished)" if done else ""
@@ -882,12 +992,31 @@ class Cluster:
         self._break(f"{what} ran past its {timeout:g} s timeout in {_processes(pending)}, and interrupting it "
                     "cut a collective")
         raise ClusterError(
-            f"no answer from {_processes(pending)} within the {timeout:g} s timeout{finished}. A collective that not "
-            "every process reaches (a psum under `if jax.process_index() == 0:`) waits forever. The engines were "
-            "interrupted, and an interrupted JAX collective cannot recover, so the cluster is broken: run "
-            "`%cluster restart` (names defined on the cluster are lost). A cell that is merely slow needs a longer "
-            "`--timeout S` (or `%config JaxparMagics.cluster_timeout`)."
+            f"no answer from {_processes(pending)} within the {timeout:g} s timeout{finished}.{waits} A collective "
+            "that not every process reaches (a psum under `if jax.process_index() == 0:`) waits forever. The engines "
+            "were interrupted, and an interrupted JAX collective cannot recover, so the cluster is broken. "
+            f"{self._recovery()} A cell that is merely slow needs a longer `--timeout S` (or "
+            "`%config JaxparMagics.cluster_timeout`)."
         )
+
+    def _where_they_wait(self, pending, ars) -> str:
+        """" Process 0 waits at line 5 of the cell (`...`), ...": each stuck process is asked (SIGUSR1,
+        answered by `hang_doctor` from a thread of its own) and its report read from its output."""
+        from . import hang_doctor
+
+        self._signal(pending, hang_doctor.SIGNAL)
+        until = time.monotonic() + DOCTOR_S
+        reports: dict[int, list] = {}
+        while time.monotonic() < until and len(reports) < len(pending):
+            for rank in pending:
+                if rank not in reports:
+                    frames = hang_doctor.read_report(_stream_text(ars[rank], "stderr"))
+                    if frames is not None:
+                        reports[rank] = frames
+            time.sleep(POLL_S)  # the reports arrive with the requests' output, not as replies
+        said = [f" Process {rank} waits {text}." for rank in pending
+                if (text := hang_doctor.describe(reports.get(rank, [])))]
+        return "".join(said)
 
     def _after_interrupt(self, pending, ars) -> None:
         """The kernel was interrupted mid-wait: interrupt the engines, then keep or break the cluster."""
@@ -904,15 +1033,18 @@ class Cluster:
         else:
             self._break(f"an interrupt cut {_processes(pending)} in the middle of a collective")
             print(f"interrupted {_processes(pending)} in the middle of a collective: the cluster is broken. "
-                  "Run `%cluster restart` (names defined on the cluster are lost).", file=sys.stderr)
+                  f"{self._recovery()}", file=sys.stderr)
 
     def __repr__(self) -> str:
         return f"<Cluster {self.status().headline()}>"
 
 
-# XLA's CPU collectives (Gloo) announce every connection on stderr the first time a program runs:
-# eight lines per cell that say nothing to the user.
-_NOISE = re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks")
+def _stream_text(ar, stream: str) -> str:
+    try:
+        text = ar[stream]
+    except Exception:  # metadata not there yet (the request is still being sent)
+        return ""
+    return text if isinstance(text, str) else "".join(text)
 
 
 class _Relay:
@@ -927,19 +1059,15 @@ class _Relay:
         for rank, ar in self._ars.items():
             for stream, out in (("stdout", sys.stdout), ("stderr", sys.stderr)):
                 key = (rank, stream)
-                try:
-                    text = ar[stream]
-                except Exception:  # metadata not there yet (the request is still being sent)
-                    continue
-                text = text if isinstance(text, str) else "".join(text)
+                text = _stream_text(ar, stream)
                 fresh = self._partial.get(key, "") + text[self._seen.get(key, 0):]
                 self._seen[key] = len(text)
                 lines = fresh.split("\n")
                 self._partial[key] = "" if final else lines.pop()
                 if final and lines and lines[-1] == "":
                     lines.pop()
-                for line in lines:
-                    if not _NOISE.match(line):
+                for line in lines:  # (Gloo's chatter never gets here: the engines filter it at the source)
+                    if not line.startswith(hang_doctor.MARK):
                         out.write(f"[process {rank}] {line}\n")
 
     def finish(self) -> None:
@@ -1035,6 +1163,16 @@ def _launched_engine_count(profile: str | None, cluster_id: str | None) -> int |
     except Exception:  # no cluster file (engines started by hand with ipengine), or a stale one: count what came
         return None
     return sum(engine_set.n for engine_set in launched.engines.values()) or None
+
+
+def _loopback(text: str) -> bool | None:
+    """Whether an address is loopback; None for text that is no address (an error's text)."""
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(text.split("%")[0]).is_loopback
+    except ValueError:
+        return None
 
 
 def _free_local_port() -> int:

@@ -42,6 +42,7 @@ def join(rank: int, num_processes: int, coordinator: str, bind_address: str | No
     when it matches.
     """
     global _coordinator
+    prepare()
     import jax
 
     if jax.distributed.is_initialized():
@@ -72,9 +73,93 @@ def join(rank: int, num_processes: int, coordinator: str, bind_address: str | No
     return facts()
 
 
+def prepare() -> None:
+    """Before JAX starts: Gloo's connection chatter filtered out of the engine's file descriptors,
+    and SIGUSR1 answered with where the main thread waits (`hang_doctor`)."""
+    from . import hang_doctor, native_output
+
+    for fd in (1, 2):
+        native_output.quiet(fd)
+    hang_doctor.install()
+
+
 def whereami() -> dict:
-    """Host and pid, without touching JAX: what `connect` needs before choosing a coordinator."""
-    return {"host": socket.gethostname(), "pid": os.getpid()}
+    """Host, pid, and what this host's own name resolves to here (JAX's CPU collectives advertise
+    that address to the other hosts), without touching JAX: what `connect` checks first."""
+    host = socket.gethostname()
+    try:
+        # In the resolver's order: Gloo takes the first address it can bind, and 127.0.1.1 binds.
+        own = list(dict.fromkeys(info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)))
+    except OSError as error:
+        own = [f"unresolvable ({error.strerror or error})"]
+    return {"host": host, "pid": os.getpid(), "own_addresses": own, "interfaces": _interface_addresses()}
+
+
+def _interface_addresses() -> list[str]:
+    """This host's IPv4 addresses other than loopback: what another host could dial."""
+    import ipaddress
+
+    import psutil
+
+    found = []
+    for addresses in psutil.net_if_addrs().values():
+        for address in addresses:
+            if address.family == socket.AF_INET and not ipaddress.ip_address(address.address).is_loopback:
+                found.append(address.address)
+    return sorted(set(found))
+
+
+_listener: socket.socket | None = None
+
+
+def listen(port: int, seconds: float) -> None:
+    """On rank 0, before JAX's coordinator exists: accept test connections on `port` for at most
+    `seconds` (a thread; returns at once), so the other hosts can check they reach it."""
+    import threading
+
+    global _listener
+    stop_listening()
+    _listener = socket.socket()
+    _listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    _listener.bind(("", port))
+    _listener.listen(64)
+    _listener.settimeout(seconds)
+    listener = _listener
+
+    def accept():
+        try:
+            while True:
+                connection, _ = listener.accept()
+                connection.close()
+        except OSError:  # the time is up, or stop_listening closed it
+            pass
+
+    threading.Thread(target=accept, daemon=True, name="jaxpar-listen").start()
+
+
+def stop_listening() -> None:
+    global _listener
+    if _listener is not None:
+        try:
+            _listener.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread: a bare close would keep the port
+        except OSError:
+            pass
+        _listener.close()
+        _listener = None
+
+
+def reach(host: str, port: int, timeout: float) -> dict:
+    """From another engine: what `host` resolves to here, and whether `host:port` answers."""
+    try:
+        addresses = sorted({info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
+    except OSError as error:
+        return {"addresses": [], "error": f"`{host}` does not resolve ({error.strerror or error})"}
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as error:
+        return {"addresses": addresses, "error": f"{host}:{port} does not answer ({error.strerror or error})"}
+    return {"addresses": addresses, "error": None}
 
 
 def free_port() -> int:

@@ -65,7 +65,9 @@ def healthy(cluster, tmp_path):
 
 
 def assert_collectives_work(cluster):
-    cluster.execute(SETUP + "total = psum(x).block_until_ready()", timeout=TIMEOUT)
+    with capture_output() as captured:  # fresh processes: their first collective connects Gloo
+        cluster.execute(SETUP + "total = psum(x).block_until_ready()", timeout=TIMEOUT)
+    assert "Gloo" not in captured.stdout + captured.stderr
     data = np.concatenate([np.arange(4.0), np.arange(4.0) + 10])
     np.testing.assert_array_equal(cluster.gather("total", timeout=TIMEOUT)["total"], np.full(8, data.sum()))
 
@@ -134,6 +136,9 @@ def test_divergent_collective_times_out_and_breaks_the_cluster(healthy, ip):
     assert 10 <= elapsed < 18
     message = str(caught.value)
     assert "no answer from process 0 within the 10 s timeout (process 1 had finished)" in message
+    # Where it waits, told by the stuck process itself (the hang doctor), though SIGINT cannot reach it.
+    assert ("Process 0 waits at line 5 of the cell (`total = psum(x).block_until_ready()`); that line calls "
+            "`psum`, a collective every process must reach") in message
     assert "%cluster restart" in message
     status = cluster_magic.line(ip, "status", TIMEOUT)
     assert status.state == "broken" and "10 s timeout" in status.why

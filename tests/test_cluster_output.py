@@ -1,0 +1,115 @@
+"""What cluster engines write natively (Gloo's interleaved chatter, filtered at the file descriptor)
+and how a stuck process says where it waits (the hang doctor). Fast: real file descriptors, real
+threads and a real signal in a subprocess, no engines."""
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from jaxpar_magic import hang_doctor
+from jaxpar_magic.native_output import GlooFilter
+
+PIECES = [b"[Gloo] Rank ", b"%d", b" is connected to ", b"7", b" peer ranks. ",
+          b"Expected number of connected peer ranks is : ", b"7", b"\n"]
+
+
+def interleaved(ranks, seed: int) -> bytes:
+    """Gloo's messages as several threads write them at once: piece by piece, shuffled."""
+    rng = random.Random(seed)
+    queues = [[piece % rank if b"%d" in piece else piece for piece in PIECES] for rank in ranks]
+    out = []
+    while any(queues):
+        queue = rng.choice([q for q in queues if q])
+        out.append(queue.pop(0))
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("chunk", [1, 7, 4096])
+def test_interleaved_gloo_messages_are_dropped_and_the_rest_kept(seed, chunk):
+    noise = interleaved(range(4 * (seed % 2), 4 * (seed % 2) + 4), seed)
+    whole = [b"".join(piece % rank if b"%d" in piece else piece for piece in PIECES) for rank in range(8)]
+    assert sum(message in noise for message in whole) < 4  # interleaved, as the issue saw it
+    data = b"compiling took 12 s\n" + noise + b"W0000 some XLA warning 42\n" + noise + b"done 7\n"
+    gloo = GlooFilter()
+    kept = b"".join(gloo.feed(data[i:i + chunk]) for i in range(0, len(data), chunk)) + gloo.flush()
+    assert kept == b"compiling took 12 s\nW0000 some XLA warning 42\ndone 7\n"
+
+
+def test_text_that_only_looks_like_gloo_passes():
+    gloo = GlooFilter()
+    text = b"[Gloo is a library] Rank 3\n[Gloo] Ranking done\n"
+    assert gloo.feed(text) + gloo.flush() == text
+    assert gloo.feed(b"tail [Gl") == b"tail "  # perhaps the start of a message: held back a moment
+    assert gloo.flush() == b"[Gl"
+
+
+FD_WRITER = textwrap.dedent("""
+    import os, sys, threading
+    from jaxpar_magic import native_output
+    native_output.quiet(1)
+    pieces = [{pieces!r}]
+    def write(rank):  # as Gloo's threads do: one write(2) per piece, straight to the descriptor
+        for piece in pieces[0]:
+            os.write(1, piece.replace(b"%d", str(rank).encode()))
+    os.write(1, b"before\\n")
+    threads = [threading.Thread(target=write, args=(rank,)) for rank in range(8)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    os.write(1, b"after\\n")
+    native_output.release(1)
+    print("released", flush=True)
+""")
+
+
+def test_the_filter_sits_on_the_file_descriptor():
+    done = subprocess.run([sys.executable, "-c", FD_WRITER.format(pieces=PIECES)], capture_output=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout == b"before\nafter\nreleased\n"
+
+
+STUCK = textwrap.dedent("""
+    import linecache, threading, sys
+    from jaxpar_magic import hang_doctor
+    hang_doctor.install()
+    cell = "import time\\nready = True\\ndone.wait(20)  # stands for psum(x).block_until_ready()\\n"
+    linecache.cache["<cell-1>"] = (len(cell), None, cell.splitlines(True), "<cell-1>")
+    done = threading.Event()
+    print("waiting", flush=True)
+    exec(compile(cell, "<cell-1>", "exec"), {"done": done})
+""")
+
+
+def test_a_stuck_process_says_where_it_waits():
+    proc = subprocess.Popen([sys.executable, "-c", STUCK], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline() == "waiting\n"
+        time.sleep(0.2)  # into the wait
+        proc.send_signal(signal.SIGUSR1)
+        report = proc.stderr.readline()
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
+    frames = hang_doctor.read_report(report)
+    assert frames is not None, report
+    said = hang_doctor.describe(frames)
+    assert said.startswith("at line 3 of the cell (`done.wait(20)  # stands for psum(x).block_until_ready()`), "
+                           "waiting in `wait`"), said
+    assert "that line calls `psum`, a collective every process must reach" in said
+
+
+def test_describe_without_a_cell_names_the_innermost_frame():
+    frames = [{"file": "/x/jax/_src/array.py", "line": 12, "name": "block_until_ready", "text": "", "on_disk": True}]
+    assert hang_doctor.describe(frames) == "waiting in `block_until_ready` (array.py, line 12)"
+    assert hang_doctor.describe([]) is None
+    assert hang_doctor.read_report("plain output\n") is None
+    assert hang_doctor.read_report(hang_doctor.MARK + json.dumps(frames) + "\n") == frames
