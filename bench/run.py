@@ -41,6 +41,9 @@ Sections (numbers match the table):
      cluster vs the same computation sent by hand through ipyparallel (as `%%px` sends it),
      `%cluster gather` of 8 MiB, stop (one child process; sections_cluster.py; its rows say why when
      the cluster magics are not there or not wired yet)
+ 13. a training step over a 64-leaf params pytree (8 devices): a cached `%%shard` re-run that binds a
+     new params dict every run vs `jax.jit` (13b: both as whole cells), and the same step defined
+     in a `%%pmap` cell (function mode) vs `jax.pmap` (13c; sections_pytrees.py)
 When a ratio misses its target (and always with --profile), the run ends with where our time per
 call goes, step by step, measured in place. `--skip 2 3 7` leaves out the slowest subprocess and
 browser sections; `--only 9 10` runs just those. Shared helpers (timing, the table, children,
@@ -76,6 +79,7 @@ import sections_cluster
 import sections_engines
 import sections_memory
 import sections_plan
+import sections_pytrees
 from benchkit import (
     DETAILS, DEVICES, RATIO_TARGET, ChildFailed, Timing, compare_row, detail, device_mesh, emit, fmt_bytes,
     fmt_us, interleaved, ipython_steps, log, make_shell, paired_ratio, print_profile, print_table, profile_steps, row,
@@ -134,7 +138,7 @@ def bench_pmap(jax, sh, args):
     cases = {
         "ours": lambda: sh.run_cell_magic("pmap", "--no-show", PMAP_SRC),
         "hand": hand_call,
-        "ours' program": lambda: jax.block_until_ready(program.jitted(x)),
+        "ours' program": lambda: jax.block_until_ready(program.jitted([x])),
         "ours (run_cell)": lambda: sh.run_cell("%%pmap --no-show\n" + PMAP_SRC),
         "hand (run_cell)": lambda: sh.run_cell("y = hand(x)\n_ = jax.block_until_ready(y)"),
     }
@@ -363,7 +367,7 @@ def bench_shard(jax, sh, args):
     program = shard_engine._cache[next(k for k in shard_engine._cache if k[0] == SHARD_SRC)]
 
     def program_call():  # the engine enters the mesh inside its traced function, so a plain call
-        jax.block_until_ready(program.jitted(a, b))
+        jax.block_until_ready(program.jitted([a], [b]))  # one flat list of leaves per input
 
     sh.user_ns.update(shard_hand=hand, jax=jax)
     t = interleaved({"ours": lambda: sh.run_cell_magic("shard", line, SHARD_SRC), "hand": hand_call,
@@ -383,7 +387,7 @@ def bench_shard(jax, sh, args):
 
     # 5. the compiled programs' collectives.
     ids = [d.id for d in mesh.devices.flat]
-    ours_text = program.jitted.lower(a, b).compile().as_text()
+    ours_text = program.jitted.lower([a], [b]).compile().as_text()
     hand_text = hand.lower(a, b).compile().as_text()
     ours_c, hand_c = collectives(ours_text, ids), collectives(hand_text, ids)
     report = shard_engine.shard_cell(SHARD_SRC, dict(sh.user_ns), mesh=mesh,
@@ -621,7 +625,7 @@ def profile_pmap_rerun(jax, sh, calls: int = 2000):
         (runner.Rerun, "args", "        jaxpar_magic/runner.py:Rerun.args (the short path's input checks)"),
         (engine, "_plan_block", f"        {eng}:_plan_block (the full path: only when the short path declines)"),
         (cells, "check_axis_names", "          jaxpar_magic/cell.py:check_axis_names"),
-        (engine, "plan_inputs", "          jaxpar_magic/runner.py:plan_inputs"),
+        (engine, "classify", "          jaxpar_magic/inputs.py:classify"),
         (engine, "run_program", "        jaxpar_magic/runner.py:run_program"),
         (program, "jitted", "          the compiled program's call (dispatch)"),
         (jax, "block_until_ready", "          jax.block_until_ready (waiting for the devices)"),
@@ -671,7 +675,7 @@ def profile_function_call(jax, step, x, calls: int = 2000):
         (engine, "traced", "  jaxpar_magic/runner.py:traced"),
         (cls, "_jitted_for", f"  {eng}:ParallelFunction._jitted_for"),
         (cls, "_effective_in_axes", "    ParallelFunction._effective_in_axes"),
-        (cls, "_arg_names", "      ParallelFunction._arg_names (inspect.signature on every call)"),
+        (cls, "_arg_names", "      ParallelFunction._arg_names (read once, then cached)"),
         (engine, "block_on_cpu_collectives", "  jaxpar_magic/runner.py:block_on_cpu_collectives (the guard)"),
     ]
     return profile_steps(owners, lambda: step(x), calls)
@@ -689,8 +693,8 @@ def profile_shard_rerun(jax, sh, calls: int = 2000):
         (shard_engine, "run_shard", "      jaxpar_magic/shard.py:run_shard"),
         (runner.Rerun, "args", "        jaxpar_magic/runner.py:Rerun.args (the short path's input checks)"),
         (shard_engine, "_plan_shard", "        jaxpar_magic/shard.py:_plan_shard (the full path: only when the short path declines)"),
-        (shard_engine, "plan_inputs", "          jaxpar_magic/runner.py:plan_inputs"),
-        (shard_engine, "place", "          jaxpar_magic/shard.py:place (each --in input)"),
+        (shard_engine, "classify", "          jaxpar_magic/inputs.py:classify"),
+        (shard_engine, "place_leaves", "          jaxpar_magic/shard.py:place_leaves (each --in input)"),
         (shard_engine, "run_program", "        jaxpar_magic/runner.py:run_program"),
         (program, "jitted", "          the compiled program's call (dispatch)"),
         (jax, "block_until_ready", "          jax.block_until_ready (waiting for the devices)"),
@@ -752,7 +756,7 @@ CHILD_MODES = {
     "plan": lambda mode: sections_plan.child_plan(mode),
     "cluster": lambda n, reps, gathers: sections_cluster.child_cluster(int(n), int(reps), int(gathers)),
 }
-SECTIONS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12")
+SECTIONS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13")
 DEFAULT_N = 160  # the %%pmap workload when section 1 (which tunes it) is skipped
 
 
@@ -831,6 +835,8 @@ def main() -> None:
     if wanted("12"):
         log("12: %cluster, 2 processes x 4 devices (subprocess)")
         sections_cluster.bench_cluster(args)
+    if wanted("13"):
+        ratios.update(sections_pytrees.bench_pytrees(jax, sh, args))
 
     cpu = platform.processor() or platform.machine()
     print(f"# jaxpar_magic benchmark — {datetime.date.today().isoformat()}")

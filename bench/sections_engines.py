@@ -76,7 +76,7 @@ def bench_shard_map(jax, sh, args) -> dict:
     program, _ = shard_map_engine._cache[next(key for key in shard_map_engine._cache if key[0] == SHARD_MAP_SRC)]
 
     def program_call():  # the engine enters the mesh inside its traced function, so a plain call
-        jax.block_until_ready(program.jitted(lhs, rhs))
+        jax.block_until_ready(program.jitted([lhs], [rhs]))  # one flat list of leaves per input
 
     sh.user_ns.update(shard_map_hand=hand, jax=jax)
     events = compile_events()
