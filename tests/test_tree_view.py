@@ -290,7 +290,7 @@ def test_a_shard_cell_shows_one_view_per_name(jx):
 def test_a_view_importing_a_view_is_inlined_once_with_its_helpers(monkeypatch):
     from jaxpar_magic.views import base
 
-    esm = TreeView._esm
+    esm = TreeView._bundle  # the module the loader assembles (views/base.py)
     assert esm.count("const __jpm_sharding = ") == 1 and esm.count("const __jpm_format = ") == 1
     assert esm.index("const __jpm_format = ") < esm.index("const __jpm_sharding = ")  # helpers first
     assert "const { draw } = __jpm_sharding;" in esm and "\nimport " not in esm
@@ -307,3 +307,21 @@ def test_a_view_importing_a_view_is_inlined_once_with_its_helpers(monkeypatch):
     assert out.index("__jpm_helper = ") < out.index("__jpm_mid = ") < out.index("const { g } = __jpm_mid;")
     with pytest.raises(ValueError, match="cycle"):
         base.bundle_esm("loop.js")
+
+
+def test_sharding_magic_on_library_objects(jx):
+    import equinox as eqx
+    import optax
+    from flax import nnx
+
+    model = nnx.Linear(3, 4, rngs=nnx.Rngs(0))
+    jx.user_ns.update(mlp=eqx.nn.MLP(2, 2, 4, 2, key=jax.random.key(0)), p=Params(w=jnp.ones((8, 3)), b=jnp.zeros(8)),
+                      model=model, opt=nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param))
+    with capture_output() as captured:
+        jx.run_line_magic("sharding", "mlp p model opt")
+    assert shown_kinds(captured) == [("TreeView", n) for n in ("mlp", "p", "model", "opt")]
+    mlp, p, model_view, opt = (w.state for w in shown_widgets(captured))
+    assert (mlp["type"], mlp["arrays"], mlp["static"]["count"]) == ("MLP", 6, 2)
+    assert [r["paths"] for r in p["rows"]] == [[".w"], [".b"]]
+    assert sorted(path for r in model_view["rows"] for path in r["paths"]) == [".bias.value", ".kernel.value"]
+    assert ".step.value" in [path for r in opt["rows"] for path in r["paths"]]
