@@ -168,11 +168,22 @@ def test_flax_nnx_state():
         def __init__(self, rngs):
             self.l1 = nnx.Linear(3, 4, rngs=rngs)
             self.l2 = nnx.Linear(4, 4, rngs=rngs)
+            self.drop = nnx.Dropout(0.5, rngs=rngs)  # holds a PRNG key array: dtype key<fry>
 
     state = tree_state("state", nnx.state(Model(nnx.Rngs(0))))
-    assert state["type"] == "State" and state["arrays"] == 4 and state["layouts"] == 3
+    assert state["type"] == "State" and state["arrays"] == 6 and state["layouts"] == 5
     assert rows_by_shape(state)[(4,)]["paths"] == ["['l1']['bias'].value", "['l2']['bias'].value"]
     assert rows_by_shape(state)[(3, 4)]["paths"] == ["['l1']['kernel'].value"]
+    key = next(r for r in state["rows"] if r["paths"] == ["['drop']['rngs']['key'].value"])
+    assert (key["dtype"], key["shape"], key["bytes"]) == ("key<fry>", [], 8)  # a threefry key is 2 uint32s
+
+
+def test_a_key_array_has_a_sharding_view(mesh):
+    from jaxpar_magic.actions import sharding_views
+
+    keys = jax.device_put(jax.random.split(jax.random.key(0), 8), NamedSharding(mesh, P("data")))
+    ((kind, state),) = sharding_views("keys", keys)
+    assert (kind, state["dtype"], state["nbytes"], state["grid"]) == ("sharding", "key<fry>", 8 * 8, [4])
 
 
 def test_abstract_leaves_with_and_without_sharding_host_data_and_none():
@@ -223,7 +234,7 @@ def test_static_html_has_the_same_table_and_bounded_pictures(mesh):
     cells = re.findall(r"<tr><td[^>]*>(\d+)</td><td[^>]*>([^<]*)</td><td>([^<]*)</td><td[^>]*>([^<]*)</td>", out)
     assert [(c[0], html.unescape(c[1]), html.unescape(c[2]), c[3]) for c in cells] == [
         (str(r["count"]), f"{r['dtype']}[{', '.join(map(str, r['shape']))}]",
-         f"{r['spec']} · {r['where']}" if r["spec"] else r["where"], tree_view._device_bytes(r["device_bytes"]))
+         f"{r['spec']} · {r['where']}" if r["spec"] else r["where"], tree_view.device_bytes_text(r["device_bytes"]))
         for r in state["rows"]]
     # Each distinct layout's picture, drawn by the sharding view's static code, the first one open.
     assert out.count('<details class="jpm-tree-pic"') == 3 and out.count(" open>") == 1
