@@ -287,6 +287,17 @@ def _spec_entry(entry):
     return [str(e) for e in entry]
 
 
+def dtype_of(value):
+    """`value`'s dtype with a `name` and an `itemsize`: NumPy's, or JAX's own for extended dtypes
+    (PRNG key arrays, `key<fry>`, which NumPy cannot interpret)."""
+    import jax
+    import numpy as np
+
+    if jax.dtypes.issubdtype(value.dtype, jax.dtypes.extended):
+        return value.dtype
+    return np.dtype(value.dtype)
+
+
 def sharding_state(name: str, value) -> dict:
     """The sharding view's state for a jax.Array, a ShapeDtypeStruct with a sharding, or host data.
 
@@ -311,7 +322,7 @@ def sharding_state(name: str, value) -> dict:
     from .layout import named_tiles, spec_axes, tiles_from_index_map
 
     shape = tuple(int(n) for n in value.shape)
-    dtype = np.dtype(value.dtype)
+    dtype = dtype_of(value)
     sharding = getattr(value, "sharding", None)
     mesh_axes, spec, replicated = [], [], []
     abstract = isinstance(value, jax.ShapeDtypeStruct)  # a plan: a shape and a layout, no data

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from .summaries import sharding_state
+from .summaries import dtype_of, sharding_state
 
 #: Rows (distinct layouts) listed; past this the rest are counted.
 MAX_ROWS = 64
@@ -103,20 +103,18 @@ def _kind(leaf) -> str:
 
 
 def _layout_key(leaf):
-    import numpy as np
-
     sharding = getattr(leaf, "sharding", None)
     try:
         hash(sharding)
     except TypeError:  # a sharding that cannot be a dict key is its own layout
         sharding = ("unhashable", id(sharding))
-    return _kind(leaf), tuple(int(n) for n in leaf.shape), np.dtype(leaf.dtype).name, sharding
+    return _kind(leaf), tuple(int(n) for n in leaf.shape), dtype_of(leaf).name, sharding
 
 
 def _nbytes(leaf) -> int:
-    import numpy as np
+    import math
 
-    return int(np.prod(leaf.shape, dtype=object)) * np.dtype(leaf.dtype).itemsize
+    return math.prod(int(n) for n in leaf.shape) * dtype_of(leaf).itemsize
 
 
 def _device_bytes(leaf) -> dict:
@@ -124,13 +122,11 @@ def _device_bytes(leaf) -> dict:
     mesh (no devices yet, the same shard shape at every position)."""
     import math
 
-    import numpy as np
-
     sharding = getattr(leaf, "sharding", None)
     if sharding is None:
         return {}
     shape = tuple(int(n) for n in leaf.shape)
-    itemsize = np.dtype(leaf.dtype).itemsize
+    itemsize = dtype_of(leaf).itemsize
     try:
         where = sharding.devices_indices_map(shape)
     except ValueError:  # an AbstractMesh says its devices are "not implemented"

@@ -168,11 +168,22 @@ def test_flax_nnx_state():
         def __init__(self, rngs):
             self.l1 = nnx.Linear(3, 4, rngs=rngs)
             self.l2 = nnx.Linear(4, 4, rngs=rngs)
+            self.drop = nnx.Dropout(0.5, rngs=rngs)  # holds a PRNG key array: dtype key<fry>
 
     state = tree_state("state", nnx.state(Model(nnx.Rngs(0))))
-    assert state["type"] == "State" and state["arrays"] == 4 and state["layouts"] == 3
+    assert state["type"] == "State" and state["arrays"] == 6 and state["layouts"] == 5
     assert rows_by_shape(state)[(4,)]["paths"] == ["['l1']['bias'].value", "['l2']['bias'].value"]
     assert rows_by_shape(state)[(3, 4)]["paths"] == ["['l1']['kernel'].value"]
+    key = next(r for r in state["rows"] if r["paths"] == ["['drop']['rngs']['key'].value"])
+    assert (key["dtype"], key["shape"], key["bytes"]) == ("key<fry>", [], 8)  # a threefry key is 2 uint32s
+
+
+def test_a_key_array_has_a_sharding_view(mesh):
+    from jaxpar_magic.actions import sharding_views
+
+    keys = jax.device_put(jax.random.split(jax.random.key(0), 8), NamedSharding(mesh, P("data")))
+    ((kind, state),) = sharding_views("keys", keys)
+    assert (kind, state["dtype"], state["nbytes"], state["grid"]) == ("sharding", "key<fry>", 8 * 8, [4])
 
 
 def test_abstract_leaves_with_and_without_sharding_host_data_and_none():
@@ -223,7 +234,7 @@ def test_static_html_has_the_same_table_and_bounded_pictures(mesh):
     cells = re.findall(r"<tr><td[^>]*>(\d+)</td><td[^>]*>([^<]*)</td><td>([^<]*)</td><td[^>]*>([^<]*)</td>", out)
     assert [(c[0], html.unescape(c[1]), html.unescape(c[2]), c[3]) for c in cells] == [
         (str(r["count"]), f"{r['dtype']}[{', '.join(map(str, r['shape']))}]",
-         f"{r['spec']} · {r['where']}" if r["spec"] else r["where"], tree_view._device_bytes(r["device_bytes"]))
+         f"{r['spec']} · {r['where']}" if r["spec"] else r["where"], tree_view.device_bytes_text(r["device_bytes"]))
         for r in state["rows"]]
     # Each distinct layout's picture, drawn by the sharding view's static code, the first one open.
     assert out.count('<details class="jpm-tree-pic"') == 3 and out.count(" open>") == 1
@@ -290,7 +301,7 @@ def test_a_shard_cell_shows_one_view_per_name(jx):
 def test_a_view_importing_a_view_is_inlined_once_with_its_helpers(monkeypatch):
     from jaxpar_magic.views import base
 
-    esm = TreeView._esm
+    esm = TreeView._bundle  # the module the loader assembles (views/base.py)
     assert esm.count("const __jpm_sharding = ") == 1 and esm.count("const __jpm_format = ") == 1
     assert esm.index("const __jpm_format = ") < esm.index("const __jpm_sharding = ")  # helpers first
     assert "const { draw } = __jpm_sharding;" in esm and "\nimport " not in esm
@@ -307,3 +318,21 @@ def test_a_view_importing_a_view_is_inlined_once_with_its_helpers(monkeypatch):
     assert out.index("__jpm_helper = ") < out.index("__jpm_mid = ") < out.index("const { g } = __jpm_mid;")
     with pytest.raises(ValueError, match="cycle"):
         base.bundle_esm("loop.js")
+
+
+def test_sharding_magic_on_library_objects(jx):
+    import equinox as eqx
+    import optax
+    from flax import nnx
+
+    model = nnx.Linear(3, 4, rngs=nnx.Rngs(0))
+    jx.user_ns.update(mlp=eqx.nn.MLP(2, 2, 4, 2, key=jax.random.key(0)), p=Params(w=jnp.ones((8, 3)), b=jnp.zeros(8)),
+                      model=model, opt=nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param))
+    with capture_output() as captured:
+        jx.run_line_magic("sharding", "mlp p model opt")
+    assert shown_kinds(captured) == [("TreeView", n) for n in ("mlp", "p", "model", "opt")]
+    mlp, p, model_view, opt = (w.state for w in shown_widgets(captured))
+    assert (mlp["type"], mlp["arrays"], mlp["static"]["count"]) == ("MLP", 6, 2)
+    assert [r["paths"] for r in p["rows"]] == [[".w"], [".b"]]
+    assert sorted(path for r in model_view["rows"] for path in r["paths"]) == [".bias.value", ".kernel.value"]
+    assert ".step.value" in [path for r in opt["rows"] for path in r["paths"]]

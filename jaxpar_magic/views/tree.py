@@ -60,7 +60,8 @@ def static_text(state: dict[str, Any]) -> str | None:
     return f"static leaves (not arrays, not shipped): {static['count']} · " + " · ".join(parts)
 
 
-def _device_bytes(n: Any) -> str:
+def device_bytes_text(n: Any) -> str:
+    """A row's bytes per device, or "—" where no device holds it (host data, no sharding yet)."""
     return "—" if n is None else format_bytes(n)
 
 
@@ -92,7 +93,7 @@ def to_html(state: dict[str, Any]) -> str:
             out.append(
                 f'<tr><td class="jpm-num">{int(row["count"])}</td>'
                 f'<td class="jpm-mono">{esc(format_shape(row["dtype"], row["shape"]))}</td>'
-                f"<td>{esc(layout_text(row))}</td><td class=\"jpm-num\">{esc(_device_bytes(row.get('device_bytes')))}</td>"
+                f"<td>{esc(layout_text(row))}</td><td class=\"jpm-num\">{esc(device_bytes_text(row.get('device_bytes')))}</td>"
                 f'<td class="jpm-mono jpm-paths">{esc(paths_text(row["paths"], row["more_paths"]))}</td></tr>'
             )
         out.append("</tbody></table>")
@@ -134,7 +135,7 @@ def to_text(state: dict[str, Any]) -> str:
     table = [["leaves", "shape", "layout", "per device", "paths"]]
     for row in rows[:TEXT_ROWS]:
         table.append([str(row["count"]), format_shape(row["dtype"], row["shape"]), layout_text(row),
-                      _device_bytes(row.get("device_bytes")), paths_text(row["paths"], row["more_paths"])])
+                      device_bytes_text(row.get("device_bytes")), paths_text(row["paths"], row["more_paths"])])
     widths = [max(len(r[c]) for r in table) for c in range(4)]
     lines = [head]
     if rows:

@@ -89,6 +89,15 @@ def test_table_and_the_picture_on_hover_and_click(view_page: Any) -> None:
     assert "this layout's picture was not sent" in host.locator(".jpm-tree-picture").inner_text()
 
 
+def test_dark_theme(view_page: Any) -> None:
+    host = view_page.mount("tree", sample_tree(), theme="dark")
+    host.locator("tr.jpm-tree-row").nth(1).hover()
+    cell = host.locator("tr.jpm-tree-row").nth(1).locator("td").nth(2)
+    colour = cell.evaluate("e => [getComputedStyle(e).color, getComputedStyle(e).backgroundColor]")
+    assert colour == ["rgb(255, 255, 255)", "rgb(42, 42, 42)"]  # the theme's text on its panel colour
+    view_page.shot(host, "tree-opt-state-dark")
+
+
 def test_keyboard_moves_and_keeps(view_page: Any) -> None:
     host = view_page.mount("tree", sample_tree())
     rows = host.locator("tr.jpm-tree-row")
