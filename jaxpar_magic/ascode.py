@@ -446,19 +446,20 @@ def _pmap_mesh_intro(mesh, options) -> list[str]:
 def _pmap_block_code(cell: cells.Cell, options, mesh, namespace: dict) -> str:
     import jax
 
-    from .pmapping import checked_inputs, compile_block, per_device_note
+    from .pmapping import per_device_note, prepare
 
     broadcast, split, merge = tuple(options.broadcast), tuple(options.split), tuple(options.merge)
-    # The run's own checks, in its order; the mapped inputs are then checked and reshaped abstractly
+    # The run's own checks, in its order; the mapped inputs are checked and reshaped abstractly
     # (a --split of a real array would be a computation).
     cells.check_axis_names(cell.source, tuple(mesh.axis_names))
     trees, _ = classify(cell, namespace, {"--broadcast": broadcast, "--split": split})
-    inputs = [t.name for t in trees]
     shapes = {t.name: t.rebuild([_abstract(a) for a in t.arrays(namespace[t.name])]) for t in trees}
-    _, _, args = checked_inputs(cell, {**namespace, **shapes}, mesh, broadcast, split, merge, abstract=True)
+    prepared = prepare(cell, {**namespace, **shapes}, mesh, broadcast=broadcast, split=split, merge=merge,
+                       abstract=True)
+    inputs = list(prepared.names)
     args = [_with_weak_types(a, t.arrays(namespace[t.name])) if t.name in split else t.arrays(namespace[t.name])
-            for t, a in zip(trees, args)]
-    program = compile_block(cell, trees, frozenset(broadcast), mesh, namespace)
+            for t, a in zip(trees, prepared.arguments)]
+    program = prepared.program()
     device, final = _explained(lambda: jax.eval_shape(program.jitted, *args), cell, mesh,
                                lambda: per_device_note(cell, namespace, mesh, broadcast))
     device = program.outputs_of(device)
@@ -667,7 +668,7 @@ def _function_mode_names(cell: cells.Cell) -> tuple[set, set]:
     """Names a function-mode cell reads (globals its functions use) and binds (functions, imports)."""
     reads, writes = set(), set(cell.functions)
     for stmt in cell.tree.body:
-        found = cells._Names()
+        found = cells.StatementNames()
         found.visit(stmt)
         reads.update(found.loads)
         if not isinstance(stmt, (ast.Import, ast.ImportFrom)):
@@ -717,9 +718,8 @@ def _pmap_function_code(cell: cells.Cell, options, mesh, namespace: dict) -> str
 
 def _shard_code(options, source: str, namespace: dict) -> str:
     import jax
-    from jax.sharding import NamedSharding, PartitionSpec
 
-    from .shard import check_cell, check_names, check_spec, compile_cell, resolve_mesh, with_auto_axis
+    from .shard import check_cell, prepare, resolve_mesh
 
     in_specs, out_specs = dict(options.in_specs), dict(options.out_specs)
     cell = analyse_cached(source, "shard-cell")
@@ -727,18 +727,11 @@ def _shard_code(options, source: str, namespace: dict) -> str:
     mesh = resolve_mesh(options.mesh, namespace, [in_specs, out_specs])
     _concrete(mesh, "%%shard")
     _single_specs(in_specs, out_specs)
-    trees, _, constrained = check_names(cell, namespace, mesh, in_specs, out_specs)
-    inputs = [t.name for t in trees]
-    placed = {}
-    for tree in trees:  # the checks `place` makes, without placing anything
-        if tree.name in in_specs:
-            spec = with_auto_axis(in_specs[tree.name])
-            for index, leaf in enumerate(tree.arrays(namespace[tree.name])):
-                check_spec(tree.label(index), tuple(leaf.shape), spec, mesh)
-            placed[tree.name] = spec
-    program = compile_cell(cell, trees, namespace, mesh, constrained)
-    args = [[jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, PartitionSpec(*placed[t.name])))
-             for a in t.arrays(namespace[t.name])] if t.name in placed else t.arrays(namespace[t.name]) for t in trees]
+    # The checks `place` makes, without placing anything: --in inputs are described, not moved.
+    prepared = prepare(cell, namespace, mesh, in_specs, out_specs, describe=True, abstract=False)
+    inputs, constrained = list(prepared.names), prepared.out_specs
+    placed = {t.name: specs[0] for t, specs in zip(prepared.inputs, prepared.leaf_specs) if t.name in in_specs}
+    program, args = prepared.program(), prepared.arguments
 
     def trace():
         with jax.set_mesh(mesh):
@@ -806,7 +799,7 @@ def _shard_map_code(options, source: str, namespace: dict) -> str:
     import jax
 
     from .shard import resolve_mesh
-    from .shardmap import check_cell, check_names, compile_cell
+    from .shardmap import check_cell, prepare
 
     in_specs, out_specs = dict(options.in_specs), dict(options.out_specs)
     cell = analyse_cached(source, "shard_map-cell")
@@ -814,11 +807,11 @@ def _shard_map_code(options, source: str, namespace: dict) -> str:
     mesh = resolve_mesh(options.mesh, namespace, [in_specs, out_specs])
     _concrete(mesh, "%%shard_map")
     _single_specs(in_specs, out_specs)
-    trees, _, specs = check_names(cell, namespace, mesh, in_specs, out_specs)
-    inputs = [t.name for t in trees]
-    program, chosen = _explained(
-        lambda: compile_cell(cell, trees, specs, out_specs, namespace, mesh, options.check_vma), cell, mesh)
-    args = [[_abstract(a) for a in t.arrays(namespace[t.name])] for t in trees]
+    prepared = prepare(cell, namespace, mesh, in_specs, out_specs, check_vma=options.check_vma)
+    inputs = list(prepared.names)
+    program = _explained(prepared.program, cell, mesh)
+    chosen = program.assembled
+    args = [[_abstract(a) for a in leaves] for leaves in prepared.arguments]
 
     def trace():
         with jax.set_mesh(mesh):
@@ -827,7 +820,7 @@ def _shard_map_code(options, source: str, namespace: dict) -> str:
     device, final = _explained(trace, cell, mesh)[:2]
     device = program.outputs_of(device)
     final = program.final_of(final)[0] if final is not None else None
-    specs = [s[0] if s else () for s in specs]  # one spec per input (as-code takes no spec trees)
+    specs = [s[0] if s else () for s in prepared.leaf_specs]  # one spec per input (as-code takes no spec trees)
     returns = _returns(cell, program, device, final, lambda n: chosen.get(n, ()) == ())
     return _write_shard_map(cell, namespace, mesh, options, inputs, dict(zip(inputs, specs)), chosen, returns)
 

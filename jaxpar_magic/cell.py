@@ -49,7 +49,7 @@ class Cell:
         return 1
 
 
-class _Names(ast.NodeVisitor):
+class StatementNames(ast.NodeVisitor):
     """Loads and stores of one statement, in the scope it runs in.
 
     Names bound inside a nested function, lambda or comprehension stay inside it; the names such a
@@ -75,7 +75,7 @@ class _Names(ast.NodeVisitor):
             self.visit(target)
 
     def _nested(self, bound: set[str], body_nodes: list[ast.AST]):
-        inner = _Names()
+        inner = StatementNames()
         for child in body_nodes:
             inner.visit(child)
         bound = bound | set(inner.stores)
@@ -111,7 +111,7 @@ class _Names(ast.NodeVisitor):
     def _comprehension(self, node, parts):
         first, *rest = node.generators
         self.visit(first.iter)  # the first iterable runs in the enclosing scope
-        targets = _Names()
+        targets = StatementNames()
         for gen in node.generators:
             targets.visit(gen.target)
         body = [g.iter for g in rest] + [c for g in node.generators for c in g.ifs] + parts
@@ -171,7 +171,7 @@ def analyse(source: str, label: str = "cell") -> Cell:
     reads: list[str] = []
     writes: list[str] = []
     for stmt in body:
-        names = _Names()
+        names = StatementNames()
         names.visit(stmt)
         for n in names.loads:
             if n not in writes and n not in reads:

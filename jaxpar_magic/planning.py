@@ -607,23 +607,22 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
 
 # --- a planned cell (the engines' --plan stage) ------------------------------------------------
 
-def plan_program(program, args, mesh, cell, *, inputs, hardware=None, device_memory=None, set_mesh=True,
-                 reshape=None) -> Plan:
-    """The --plan stage of an engine: compile the engine's own program over abstract inputs.
+def plan_program(prepared, *, hardware=None, device_memory=None, set_mesh=True, reshape=None) -> Plan:
+    """The --plan stage: compile a prepared cell's program (prepared.PreparedCell) over its abstract
+    arguments, never run.
 
-    `program` is the engine's CellProgram (its jitted function returns (device outputs, final)),
-    `args` one flat list of leaves per input (inputs.TreeInput), `reshape` an optional map applied
-    to each device output leaf's ShapeDtypeStruct (--merge). The plan carries what the cell would
-    bind: computed outputs as ShapeDtypeStructs with their shardings, rebuilt as the user's types
-    (the next planned cell can take them), plain Python values as they are.
+    `reshape` an optional map applied to each device output leaf's ShapeDtypeStruct (--merge). The
+    plan carries what the cell would bind: computed outputs as ShapeDtypeStructs with their
+    shardings, rebuilt as the user's types (the next planned cell can take them), plain Python
+    values as they are.
     """
     from .progress import Progress
 
-    labels = [[tree.label(i) for i in range(len(tree.positions))] for tree in inputs]
+    program, cell = prepared.program(), prepared.cell
     with Progress("planning"):
-        plan = compile_plan(program.jitted, args, mesh, names=[tree.name for tree in inputs], filename=cell.filename,
-                            line_text=cell.line, hardware=hardware, device_memory=device_memory, set_mesh=set_mesh,
-                            leaf_labels=labels)
+        plan = compile_plan(program.jitted, prepared.arguments, prepared.mesh, names=list(prepared.names),
+                            filename=cell.filename, line_text=cell.line, hardware=hardware,
+                            device_memory=device_memory, set_mesh=set_mesh, leaf_labels=prepared.labels())
     plan.bindings = dict(program.static_outputs)
     plan.bindings.update(program.outputs_of(plan.outputs[0], reshape))
     plan.computed = tuple(program.device_outputs)

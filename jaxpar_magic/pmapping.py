@@ -21,6 +21,7 @@ from . import cell as cells
 from .errors import UsageError, explaining
 from .fingerprints import fingerprint
 from .inputs import absent_builtins, classify
+from .prepared import PreparedCell
 from .runner import (
     CACHE_SIZE, BoundedCache, CellProgram, ProgramFacts, analyse_cached, block_on_cpu_collectives, capture_outputs,
     cell_function, collectives_view_state, compile_progress, Rerun, facts_for, has_collectives_on_cpu, program_facts,
@@ -134,7 +135,7 @@ def _expand(k):
     return lambda tree: jax.tree.map(lambda a: jnp.asarray(a).reshape((1,) * k + jnp.shape(a)), tree)
 
 
-def compile_block(cell, inputs, broadcast, mesh, namespace, collectives: bool = False) -> CellProgram:
+def _compile_block(cell, inputs, broadcast, mesh, namespace, collectives: bool = False) -> CellProgram:
     import jax
     from jax.sharding import PartitionSpec as P
 
@@ -213,10 +214,17 @@ def per_device_note(cell, namespace, mesh, broadcast) -> str:
             f"slice of every mapped input: {shapes}.")
 
 
-def checked_inputs(cell, namespace, mesh, broadcast, split, merge, abstract=False):
-    """Names against the cell, mapped inputs against the mesh: (inputs, constants, arguments)."""
-    axis_names = tuple(mesh.axis_names)
-    cells.check_axis_names(cell.source, axis_names)
+def prepare(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=(), merge=(),
+            abstract: bool = False) -> PreparedCell:
+    """The %%pmap engine's prepare step: names against the cell, mapped inputs against the mesh.
+
+    Every array leaf of a mapped input is checked (and with --split, reshaped) to carry one slice
+    per device on its leading axes; broadcast inputs go whole. With `abstract` (--plan, --as-code)
+    ShapeDtypeStructs count as arrays and are reshaped without computing anything."""
+    from jax.sharding import PartitionSpec as P
+
+    broadcast, split, merge = tuple(broadcast), tuple(split), tuple(merge)
+    cells.check_axis_names(cell.source, tuple(mesh.axis_names))
     inputs, constants = classify(cell, namespace, {"--broadcast": broadcast, "--split": split}, abstract)
     for name in merge:
         if name not in cell.writes:
@@ -229,7 +237,13 @@ def checked_inputs(cell, namespace, mesh, broadcast, split, merge, abstract=Fals
     _check_same_leading([(t, a) for t, a in zip(inputs, arrays) if t.name not in broadcast and t.name not in split],
                         mesh.devices.size)
     args = [a if t.name in broadcast else _mapped_arrays(t, a, mesh, t.name in split) for t, a in zip(inputs, arrays)]
-    return inputs, constants, args
+    mapped = tuple(P(*mesh.axis_names))
+    leaf_specs = tuple((() if t.name in broadcast else mapped,) * len(a) for t, a in zip(inputs, args))
+    prepared = PreparedCell("pmap", cell, mesh, inputs, constants, args, leaf_specs,
+                            options={"broadcast": broadcast, "split": split, "merge": merge})
+    prepared.compile = lambda collectives=False: _compile_block(cell, inputs, frozenset(broadcast), mesh, namespace,
+                                                               collectives)
+    return prepared
 
 
 def plan_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=(), merge=(), hardware=None,
@@ -241,11 +255,11 @@ def plan_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=(
 
     from .planning import plan_program
 
-    inputs, _, args = checked_inputs(cell, namespace, mesh, broadcast, split, merge, abstract=True)
+    prepared = prepare(cell, namespace, mesh, broadcast=broadcast, split=split, merge=merge, abstract=True)
     per_device = NamedSharding(mesh, P(*mesh.axis_names))
-    args = [a if t.name in broadcast else [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=per_device)
-                                           for leaf in a]
-            for t, a in zip(inputs, args)]
+    prepared.arguments = [
+        a if t.name in broadcast else [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=per_device) for leaf in a]
+        for t, a in zip(prepared.inputs, prepared.arguments)]
     k = len(mesh.axis_names)
     merged = NamedSharding(mesh, P(tuple(mesh.axis_names)))
 
@@ -256,9 +270,8 @@ def plan_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=(
         rows = _product(leaf.shape[:k + 1])
         return jax.ShapeDtypeStruct((rows,) + tuple(leaf.shape[k + 1:]), leaf.dtype, sharding=merged)
 
-    program = compile_block(cell, inputs, frozenset(broadcast), mesh, namespace)
-    return plan_program(program, args, mesh, cell, inputs=inputs, hardware=hardware, device_memory=device_memory,
-                        set_mesh=False, reshape=merge_output)
+    return plan_program(prepared, hardware=hardware, device_memory=device_memory, set_mesh=False,
+                        reshape=merge_output)
 
 
 def _product(sizes) -> int:
@@ -269,18 +282,16 @@ def _product(sizes) -> int:
 
 
 def _plan_block(cell, namespace, mesh, broadcast, split, merge, collectives=False):
-    """The full path: check everything, find or compile the program, and remember what was checked."""
-    import builtins
-
-    inputs, constants, args = checked_inputs(cell, namespace, mesh, broadcast, split, merge)
-    fingerprints = tuple((n, fingerprint(namespace[n])) for n in constants)
-    key = (cell.source, tuple(t.key for t in inputs), tuple(sorted(broadcast)), mesh, collectives, fingerprints)
-    program = _block_cache.lookup(
-        key, lambda: compile_block(cell, inputs, frozenset(broadcast), mesh, namespace, collectives), family=key[:-1])
+    """The full path: prepare, find or compile the program, and remember what was checked."""
+    prepared = prepare(cell, namespace, mesh, broadcast=broadcast, split=split, merge=merge)
+    fingerprints = prepared.fingerprints(namespace)
+    key = (cell.source, tuple(t.key for t in prepared.inputs), tuple(sorted(broadcast)), mesh, collectives,
+           fingerprints)
+    program = _block_cache.lookup(key, lambda: prepared.program(collectives), family=key[:-1])
     reshape = tuple(tuple(tuple(a.shape) for a in arrays) if t.name in split else None
-                    for t, arrays in zip(inputs, args))
-    rerun = Rerun(inputs, reshape, fingerprints, absent_builtins(cell, namespace), program, key)
-    return rerun, args
+                    for t, arrays in zip(prepared.inputs, prepared.arguments))
+    rerun = Rerun(prepared.inputs, reshape, fingerprints, absent_builtins(cell, namespace), program, key)
+    return rerun, prepared.arguments
 
 
 def _block_result(cell, mesh, program, device, final, merge, facts, run_ms) -> BlockResult:

@@ -135,6 +135,7 @@ class CellProgram:
     recording: object = None  # recorder.Recording when compiled with --collectives
     output_trees: dict = field(default_factory=dict)  # device output name -> OutputTree (its type, its statics)
     final_tree: list = field(default_factory=list)  # [OutputTree] when the final expression is computed on devices
+    assembled: dict = field(default_factory=dict)  # %%shard_map: device output name -> the spec it is assembled by
 
     def final_of(self, traced_final) -> tuple[object, bool]:
         """The cell's final expression, and whether it was computed on the devices (traced)

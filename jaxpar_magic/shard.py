@@ -12,6 +12,7 @@ from .errors import UsageError
 from .fingerprints import fingerprint
 from .layout import spec_axes
 from .inputs import TreeInput, absent_builtins, classify
+from .prepared import PreparedCell
 from .runner import (
     BoundedCache, CellProgram, ProgramFacts, Rerun, analyse_cached, apply_write_backs, capture_outputs, cell_function,
     facts_for, run_program, split_write_backs, within_mesh,
@@ -264,7 +265,7 @@ class ShardResult:
         self.commit(namespace)
 
 
-def compile_cell(cell, inputs, namespace, mesh, out_specs) -> CellProgram:
+def _compile(cell, inputs, namespace, mesh, out_specs) -> CellProgram:
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -338,7 +339,7 @@ def nnx_state(tree, arrays):
     return jax.tree.unflatten(tree.treedef, _full_leaves(tree, arrays))
 
 
-def check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):
+def _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):
     """Inputs and outputs named on the line against the cell and the mesh; returns (inputs,
     constants, out specs with device counts turned into the auto axis)."""
     inputs, constants = classify(cell, namespace, abstract=abstract)
@@ -379,51 +380,63 @@ def _check_out_forms(out_specs: dict) -> None:
                              f"`{name}=data,None`), not a pytree of specs.")
 
 
-def _plan_shard(cell, namespace, mesh, in_specs, out_specs):
-    """The full path: check names and specs, place inputs, find or compile the program."""
+def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, *,
+            describe: bool = False, abstract: bool | None = None) -> PreparedCell:
+    """The %%shard engine's prepare step: names and specs against the cell and the mesh, and each
+    input's leaves as the program takes them: placed by --in (a run), or, with `describe` (--plan,
+    --as-code), ShapeDtypeStructs laid out by --in, so nothing is allocated or moved. `abstract`
+    (default: `describe`) lets inputs be ShapeDtypeStructs themselves (--plan)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from .treespecs import leaf_specs
+
     _check_out_forms(out_specs)
-    inputs, constants, out_specs = check_names(cell, namespace, mesh, in_specs, out_specs)
-    args = []
+    abstract = describe if abstract is None else abstract
+    inputs, constants, out_specs = _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=abstract)
+    args, specs = [], []
     for tree in inputs:
-        arrays = tree.arrays(namespace[tree.name])
-        if tree.name in in_specs:
-            arrays = place_leaves(tree, arrays, namespace[tree.name], mesh, in_specs[tree.name], namespace)
+        value = namespace[tree.name]
+        arrays = tree.arrays(value)
+        if tree.name not in in_specs:
+            args.append(arrays)
+            specs.append((None,) * len(arrays))
+            continue
+        per_leaf = [with_auto_axis(spec) for spec in leaf_specs(tree, value, in_specs[tree.name], namespace)]
+        if describe:
+            for index, (leaf, spec) in enumerate(zip(arrays, per_leaf)):
+                check_spec(tree.label(index), tuple(leaf.shape), spec, mesh)
+            arrays = [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, P(*spec)))
+                      for leaf, spec in zip(arrays, per_leaf)]
+        else:
+            arrays = place_leaves(tree, arrays, value, mesh, in_specs[tree.name], namespace)
         args.append(arrays)
-    fingerprints = tuple((n, fingerprint(namespace[n])) for n in constants)
-    key = (cell.source, tuple(t.key for t in inputs), mesh, tuple(sorted(in_specs.items())),
-           tuple(sorted(out_specs.items())), fingerprints)
-    program = _cache.lookup(key, lambda: compile_cell(cell, inputs, namespace, mesh, out_specs), family=key[:-1])
-    rerun = Rerun(inputs, (None,) * len(inputs), fingerprints, absent_builtins(cell, namespace), program, key)
-    return rerun, args
+        specs.append(tuple(per_leaf))
+    prepared = PreparedCell("shard", cell, mesh, inputs, constants, args, tuple(specs), out_specs)
+    prepared.compile = lambda collectives=False: _compile(cell, inputs, namespace, mesh, out_specs)
+    return prepared
+
+
+def _plan_shard(cell, namespace, mesh, in_specs, out_specs):
+    """The full path: prepare (places the inputs), find or compile the program."""
+    prepared = prepare(cell, namespace, mesh, in_specs, out_specs)
+    fingerprints = prepared.fingerprints(namespace)
+    key = (cell.source, tuple(t.key for t in prepared.inputs), mesh, tuple(sorted(in_specs.items())),
+           tuple(sorted(prepared.out_specs.items())), fingerprints)
+    program = _cache.lookup(key, prepared.program, family=key[:-1])
+    rerun = Rerun(prepared.inputs, (None,) * len(prepared.inputs), fingerprints, absent_builtins(cell, namespace),
+                  program, key)
+    return rerun, prepared.arguments
 
 
 def plan_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, hardware=None,
                device_memory=None):
     """The --plan stage: the same program, compiled over abstract inputs laid out by --in, never run.
     Inputs named in --in are described by their spec, not placed: nothing is allocated."""
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
     from .planning import plan_program
-    from .treespecs import leaf_specs
 
-    _check_out_forms(out_specs)
-    inputs, _, out_specs = check_names(cell, namespace, mesh, in_specs, out_specs, abstract=True)
-    args = []
-    for tree in inputs:
-        value = namespace[tree.name]
-        arrays = tree.arrays(value)
-        if tree.name in in_specs:
-            described = []
-            for index, (leaf, spec) in enumerate(zip(arrays, leaf_specs(tree, value, in_specs[tree.name], namespace))):
-                spec = with_auto_axis(spec)
-                check_spec(tree.label(index), tuple(leaf.shape), spec, mesh)
-                described.append(jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, P(*spec))))
-            arrays = described
-        args.append(arrays)
-    program = compile_cell(cell, inputs, namespace, mesh, out_specs)
-    return plan_program(program, args, mesh, cell, inputs=inputs, hardware=hardware, device_memory=device_memory,
-                        set_mesh=False)
+    prepared = prepare(cell, namespace, mesh, in_specs, out_specs, describe=True)
+    return plan_program(prepared, hardware=hardware, device_memory=device_memory, set_mesh=False)
 
 
 def shard_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None,

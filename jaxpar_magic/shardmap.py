@@ -20,6 +20,7 @@ from .errors import UsageError, explaining
 from .fingerprints import fingerprint
 from .layout import spec_axes
 from .inputs import absent_builtins, classify
+from .prepared import PreparedCell
 from .runner import (
     BoundedCache, CellProgram, ProgramFacts, Rerun, analyse_cached, capture_outputs, cell_function,
     collectives_view_state, facts_for, run_program, traced, within_mesh,
@@ -138,7 +139,7 @@ def _spec_text(spec) -> str:
     return "P(" + ", ".join(one(e) for e in spec) + ")"
 
 
-def compile_cell(cell, inputs, specs, out_specs, namespace, mesh, check_vma, collectives=False) -> tuple[CellProgram, dict]:
+def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, collectives=False) -> CellProgram:
     """Discover what the cell returns (a trace without running), then build jit(shard_map)."""
     import jax
     from jax.sharding import PartitionSpec as P
@@ -233,7 +234,8 @@ def compile_cell(cell, inputs, specs, out_specs, namespace, mesh, check_vma, col
         result_specs += (P(*mesh.axis_names),)
     mapped = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=result_specs, check_vma=check_vma)
     program.jitted = jax.jit(on_blocks(mapped))
-    return program, {n: tuple(chosen[n]) for n in program.device_outputs}
+    program.assembled = {n: tuple(chosen[n]) for n in program.device_outputs}
+    return program
 
 
 def is_explicit(mesh) -> bool:
@@ -242,22 +244,33 @@ def is_explicit(mesh) -> bool:
     return any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ()) or ())
 
 
-def check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):
-    """Names and specs against the cell and the mesh: (inputs, constants, each input's leaf specs)."""
+def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, *, check_vma: bool = True,
+            abstract: bool = False) -> PreparedCell:
+    """The %%shard_map engine's prepare step: names and specs against the cell and the mesh, one block
+    spec per leaf of each input (inputs not in --in are replicated: P()), and the arguments (with
+    `abstract`, for --plan, ShapeDtypeStructs laid out by those specs)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
     from .treespecs import leaf_specs
 
     cells.check_axis_names(cell.source, tuple(mesh.axis_names))
     inputs, constants = classify(cell, namespace, {"--in": tuple(in_specs)}, abstract)
-    specs = []
+    specs, args = [], []
     for tree in inputs:
         value = namespace[tree.name]
+        arrays = tree.arrays(value)
         if tree.name not in in_specs:
-            specs.append(((),) * len(tree.positions))
-            continue
-        per_leaf = tuple(leaf_specs(tree, value, in_specs[tree.name], namespace))
-        for index, (leaf, spec) in enumerate(zip(tree.arrays(value), per_leaf)):
-            check_spec(tree.label(index), tuple(leaf.shape), spec, mesh, "--in")
+            per_leaf = ((),) * len(tree.positions)
+        else:
+            per_leaf = tuple(leaf_specs(tree, value, in_specs[tree.name], namespace))
+            for index, (leaf, spec) in enumerate(zip(arrays, per_leaf)):
+                check_spec(tree.label(index), tuple(leaf.shape), spec, mesh, "--in")
+        if abstract:
+            arrays = [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, P(*spec)))
+                      for leaf, spec in zip(arrays, per_leaf)]
         specs.append(per_leaf)
+        args.append(arrays)
     for name, spec in out_specs.items():
         if name not in cell.writes:
             raise UsageError(
@@ -267,44 +280,37 @@ def check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):
         if not isinstance(spec, tuple):
             raise UsageError(f"--out {name}={spec}: --out takes one spec for every leaf of {name!r} (e.g. "
                              f"`{name}=data,None`), not a pytree of specs.")
-    return inputs, constants + spec_names(in_specs), tuple(specs)
+    specs = tuple(specs)
+    prepared = PreparedCell("shard_map", cell, mesh, inputs, constants + spec_names(in_specs), args, specs,
+                            dict(out_specs), {"check_vma": check_vma})
+    prepared.compile = lambda collectives=False: _compile(cell, inputs, specs, out_specs, namespace, mesh,
+                                                              check_vma, collectives)
+    return prepared
 
 
 def plan_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True,
                    hardware=None, device_memory=None):
     """The --plan stage: the same jit(shard_map), compiled over abstract inputs, never run."""
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
     from .planning import plan_program
 
-    inputs, _, specs = check_names(cell, namespace, mesh, in_specs, out_specs, abstract=True)
-    with explaining(cell.filename, mesh.axis_names):
-        program, _ = compile_cell(cell, inputs, specs, out_specs, namespace, mesh, check_vma)
-    args = [[jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, P(*spec)))
-             for leaf, spec in zip(tree.arrays(namespace[tree.name]), leaf_specs)]
-            for tree, leaf_specs in zip(inputs, specs)]
-    return plan_program(program, args, mesh, cell, inputs=inputs, hardware=hardware, device_memory=device_memory,
-                        set_mesh=False)
+    prepared = prepare(cell, namespace, mesh, in_specs, out_specs, check_vma=check_vma, abstract=True)
+    with explaining(cell.filename, mesh.axis_names):  # discovering the outputs traces the cell
+        program = prepared.program()
+    prepared.compile = lambda collectives=False: program
+    return plan_program(prepared, hardware=hardware, device_memory=device_memory, set_mesh=False)
 
 
 def _plan(cell, namespace, mesh, in_specs, out_specs, check_vma, collectives=False):
-    """The full path: check names and specs, find or build the program, remember what was checked."""
-    import builtins
-
-    import jax
-
-    inputs, constants, specs = check_names(cell, namespace, mesh, in_specs, out_specs)
-    fingerprints = tuple((n, fingerprint(namespace[n])) for n in constants)
-    shapes = tuple(tree.signature for tree in inputs)
-    key = (cell.source, tuple(t.key for t in inputs), mesh, specs, tuple(sorted(out_specs.items())), check_vma,
-           collectives, shapes, fingerprints)
-    program, chosen = _cache.lookup(
-        key, lambda: compile_cell(cell, inputs, specs, out_specs, namespace, mesh, check_vma, collectives),
-        family=key[:-2])
-    args = [tree.arrays(namespace[tree.name]) for tree in inputs]
-    rerun = Rerun(inputs, (None,) * len(inputs), fingerprints, absent_builtins(cell, namespace), (program, chosen), key)
-    return rerun, args
+    """The full path: prepare, find or build the program, remember what was checked."""
+    prepared = prepare(cell, namespace, mesh, in_specs, out_specs, check_vma=check_vma)
+    fingerprints = prepared.fingerprints(namespace)
+    shapes = tuple(tree.signature for tree in prepared.inputs)
+    key = (cell.source, tuple(t.key for t in prepared.inputs), mesh, prepared.leaf_specs,
+           tuple(sorted(out_specs.items())), check_vma, collectives, shapes, fingerprints)
+    program = _cache.lookup(key, lambda: prepared.program(collectives), family=key[:-2])
+    rerun = Rerun(prepared.inputs, (None,) * len(prepared.inputs), fingerprints, absent_builtins(cell, namespace),
+                  program, key)
+    return rerun, prepared.arguments
 
 
 def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True,
@@ -317,7 +323,8 @@ def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_s
     if args is None:
         with explaining(cell.filename, mesh.axis_names):  # discovering the outputs traces the cell
             rerun, args = _plan(cell, namespace, mesh, in_specs, out_specs, check_vma, collectives)
-    program, chosen = rerun.program
+    program = rerun.program
+    chosen = program.assembled
     results, run_ms, signature = run_program(
         _cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
     rerun.remember(_reruns, rerun_key, signature)
