@@ -50,7 +50,9 @@ meshes = st.lists(axis_sizes, min_size=0, max_size=4).map(",".join) | st.sampled
 spec_entries = st.sampled_from(["data", "model", "None", "(data,model)", "('data', 'model')", "8", "4", "", "()",
                                 "'data'", "\"model\"", "nope", "(", ")", f"{CANARY}()", "P('data')"])
 specs = st.lists(spec_entries, max_size=4).map(",".join).map(lambda s: s if s else "")
-spec_forms = specs | specs.map(lambda s: f"P({s})") | specs.map(lambda s: f"PartitionSpec({s})")
+# `NAME=@SPECS`: a pytree of specs from the namespace (`xs` holds one in run_through_shell).
+spec_trees = st.sampled_from(["@xs", "@", "@ xs", "@1x", "@x.y", "@@xs", "@None", "@mesh", "@nope", "@xs,data"])
+spec_forms = specs | specs.map(lambda s: f"P({s})") | specs.map(lambda s: f"PartitionSpec({s})") | spec_trees
 assignments = st.builds(lambda n, s: f"{n}={s}", names | bad_names, spec_forms)
 literals = st.sampled_from(["0", "1", "None", "(0, None)", "(None, 0)", "[0, 1]", "(2,)", "()", "'a'", "1.5",
                             "(0, (1, None))", f"{CANARY}()", "__import__('os')", "lambda: 1", "(" * 200 + ")" * 200,
@@ -184,7 +186,9 @@ CELL = "y = x + 1"
 
 def run_through_shell(ip, magic: str, line: str):
     """Run the magic in the shell; on a UsageError the namespace is exactly as it was."""
-    ip.push({"x": jnp.arange(float(N_DEVICES))})
+    from jax.sharding import PartitionSpec
+
+    ip.push({"x": jnp.arange(float(N_DEVICES)), "xs": PartitionSpec("data")})
     before = snapshot(ip.user_ns)
     try:
         with capture_output():

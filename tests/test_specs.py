@@ -186,3 +186,14 @@ def test_malformed_assignments_are_usage_errors_naming_the_option(line):
     with pytest.raises(UsageError) as err:
         parse_assignments(words(line), "--out")
     assert str(err.value).startswith("--out")
+
+
+def test_a_pytree_of_specs_is_named_with_an_at_sign():
+    from jaxpar_magic.specs import SpecTree
+
+    assert parse_assignments(["params=@param_specs", "x=data"], "--in") == {
+        "params": SpecTree("param_specs"), "x": ("data",)}
+    assert str(SpecTree("s")) == "@s"
+    for bad in ("params=@", "params=@1x", "params=@a.b"):
+        with pytest.raises(UsageError, match="should name a pytree of PartitionSpecs"):
+            parse_assignments([bad], "--in")
