@@ -182,6 +182,32 @@ def test_pmap_chapter_teaches_what_it_says():
     assert "compile" in report and "FLOPs per device" in report
 
 
+@pytest.mark.slow
+def test_sharding_chapter_teaches_what_it_says():
+    cells = chapter_cells("sharding_chapter.ipynb")
+
+    def cell_with(text):
+        return find(cells, text)
+
+    # %mesh makes Auto axes; jax.make_mesh on JAX 0.10 makes Explicit ones, as the prose says.
+    types = stdout(cell_with("jax.make_mesh((4, 2)"))
+    assert "%mesh grid:      (Auto, Auto)" in types and "jax.make_mesh:   (Explicit, Explicit)" in types, types
+    assert "PRNGKey" not in "".join(c.source for c in cells)
+    assert "max difference: 0.0" in stdout(cell_with("single = jax.vmap(dot)"))
+    assert stdout(cell_with('for name, value in [("d8", d8)')).count("P('devices',) over 8 devices") == 2
+    assert "y2: P('data',)" in stdout(cell_with('print("y2:"'))  # the dropped trailing None the prose explains
+    assert "all-reduce · f32[10000] · 39.1 KiB" in plain(cell_with("column_totals = jnp.sum(v1s, axis=0)"))
+    assert "all-reduce · f32[16,10] · 640 B" in plain(cell_with("y3 = x @ w"))
+    # The exercise's solution: split over all 8 devices, no collectives, both checks pass.
+    assert "Collectives (0): none" in plain(cell_with("row_totals = jnp.sum(m, axis=1)"))
+    assert stdout(cell_with("check(sent, []")) == "✓ right\n✓ right\n"
+    # Explicit axes: the error names out_sharding; out_sharding= and jax.reshard both work.
+    (failing,) = [c for c in cells if "raises-exception" in c.metadata.get("tags", [])]
+    assert "out_sharding" in stream(failing, "stderr") and "jax.reshard" in stream(failing, "stderr")
+    assert stdout(cell_with('print("a:", jax.typeof(a))')) == "a: float32[8@data,8@model]\nb: float32[8@data,8]\n"
+    assert stdout(cell_with('print("b2:"')) == "b2: float32[8@data,8] | same values: True\n"
+
+
 def card_rows(text: str) -> list[tuple[str, dict[int, tuple[str, float]]]]:
     """The cards of a collectives view's text form, in order: (header line, {device: (before,
     after)}) from the rows whose *after* is a single number (before as shown, after as a float)."""
