@@ -772,6 +772,7 @@ export function algorithmName(kind) {
 export function bytesNote(card) {
   const b = card.bytes || {};
   if (!(b.sent || b.received)) return "";
+  if ((card.movement || {}).kind === "none") return "no bytes move: every device computes this on its own";
   const how = algorithmName((card.movement || {}).kind) || "the movement drawn";
   const est = b.estimate === false ? "bytes sent ↑ and received ↓ per device" : `bytes* sent ↑ and received ↓ per device, estimated from the array sizes and the ${how}`;
   const compiled = b.compiled === null || b.compiled === undefined ? "not known" : `${formatBytes(b.compiled)} per device (its size, not what it sends)`;

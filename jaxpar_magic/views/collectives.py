@@ -523,6 +523,9 @@ def _source_line(card: dict[str, Any]) -> str:
     return f"{where}{card.get('source') or ''}"
 
 
+NO_BYTES = "no bytes move: every device computes this on its own"
+
+
 def algorithm_name(kind: str | None) -> str:
     """How a movement kind moves its data (the twin of ``algorithmName``): only the all-reduce
     family runs as a ring."""
@@ -545,6 +548,8 @@ def _bytes_note(card: dict[str, Any]) -> str:
     b = card.get("bytes") or {}
     if not (b.get("sent") or b.get("received")):
         return ""
+    if _kind(card) == "none":
+        return NO_BYTES
     how = algorithm_name(_kind(card)) or "the movement drawn"
     est = ("bytes sent ↑ and received ↓ per device" if b.get("estimate") is False
            else f"bytes* sent ↑ and received ↓ per device, estimated from the array sizes and the {how}")
@@ -701,7 +706,9 @@ def _card_text(card: dict[str, Any], state: dict[str, Any]) -> list[str]:
         lines.append(f"    {steps}")
     b = card.get("bytes") or {}
     order = [int(d) for d in state.get("device_ids") or []]
-    if pic is not None and (b.get("sent") or b.get("received")):
+    if pic is not None and kind == "none" and (b.get("sent") or b.get("received")):
+        lines.append(f"    {NO_BYTES}")
+    elif pic is not None and (b.get("sent") or b.get("received")):
         per = {(_bytes_of(card, order, d)) for d in pic["columns"]}
         star = "" if b.get("estimate") is False else f" (estimate, {algorithm_name(_kind(card)) or 'movement drawn'})"
         if len(per) == 1:
