@@ -1,7 +1,9 @@
 """A status line in the cell for waits over a second ("starting engines 1/2", "compiling… 3 s").
 
-The line appears only once the wait has lasted `delay` seconds, is rewritten in place while it
-goes on, and is blanked when the wait ends, so the result that follows replaces it. It needs a
+The line appears only once the wait has lasted `delay` seconds and is rewritten in place while it
+goes on. When the wait ends, the cell's result takes its place (`kept_lines`); where there is no
+result to show (`--no-show`, a function's first call), it becomes "done in N s": a front end
+cannot remove one output, and a blanked line would stay behind as an empty output. It needs a
 kernel (a notebook, JupyterLab, nbclient): a display with an id is what a front end can rewrite
 in place. In a terminal or a bare InteractiveShell nothing is shown.
 """
@@ -58,17 +60,18 @@ class Slots:
         """Show `obj` where the first kept line is; False when no line was shown."""
         if not self.handles:
             return False
-        self.handles.pop(0).update(obj)
+        self.handles.pop(0)[0].update(obj)
         return True
 
     def close(self) -> None:
         while self.handles:
-            self.handles.pop().update(StatusLine(""))
+            handle, started = self.handles.pop()
+            handle.update(StatusLine(_done_text(started)))
 
 
 @contextlib.contextmanager
 def kept_lines():
-    """`with kept_lines() as slots:` ... then `slots.fill(result)`; lines not filled are blanked."""
+    """`with kept_lines() as slots:` ... then `slots.fill(result)`; lines not filled say "done"."""
     slots = Slots()
     _keeping.append(slots)
     try:
@@ -78,6 +81,10 @@ def kept_lines():
         raise
     finally:
         _keeping.remove(slots)
+
+
+def _done_text(started: float) -> str:
+    return f"done in {time.monotonic() - started:.1f} s"
 
 
 def _in_kernel() -> bool:
@@ -158,6 +165,6 @@ class Progress:
         with self._lock:
             if self._handle is not None:
                 if _keeping:  # the caller shows its result in this line's place
-                    _keeping[-1].handles.append(self._handle)
+                    _keeping[-1].handles.append((self._handle, self._start))
                 else:
-                    self._handle.update(StatusLine(""))  # blanked: the result below takes its place
+                    self._handle.update(StatusLine(_done_text(self._start)))

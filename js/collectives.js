@@ -11,12 +11,14 @@
  *            of what lands in each output block, coloured by the device it came from (striped
  *            when several contributions are combined into one block)
  *   after    the value each device got back
- *   bytes    sent ↑ / received ↓ per device (an estimate from the sizes and the ring algorithm)
+ *   bytes    sent ↑ / received ↓ per device (an estimate from the sizes and the algorithm: a
+ *            ring for the all-reduce family, a pairwise exchange for all_to_all, direct sends for
+ *            ppermute), beside the compiled collective's result buffer (its size, not its traffic)
  *
  * The stage fills the card's width (up to its design width): columns shrink in proportion down to
  * a readable minimum, below which the stage scrolls inside the card, never past its border.
  *
- * A step control walks through `movement.steps` (the ring algorithm one step at a time); step 0
+ * A step control walks through `movement.steps` (the algorithm one step at a time); step 0
  * is the whole movement. The drawing's data comes from `movementModel`, the twin of
  * `movement_model` in views/collectives.py, which also draws the static picture.
  */
@@ -592,7 +594,7 @@ function drawStage(card, it, pic, ctx) {
   tileRow(rows[1], row + 2);
   const bytes = card.bytes || {};
   if (Array.isArray(bytes.sent) || Array.isArray(bytes.received)) {
-    label(bytes.estimate === false ? "bytes" : "bytes*", row + 3, "bytes each device sends (↑) and receives (↓); * estimated from the array sizes and the ring algorithm");
+    label(bytes.estimate === false ? "bytes" : "bytes*", row + 3, `bytes each device sends (↑) and receives (↓); * estimated from the array sizes and the ${algorithmName((card.movement || {}).kind) || "movement drawn"}`);
     pic.columns.forEach((d, i) => {
       const b = bytesOf(card, ctx.order, d);
       const detail = `device ${d} sends ${formatBytes(b.sent)} and receives ${formatBytes(b.received)}${bytes.estimate === false ? "" : " (estimate)"}`;
@@ -705,8 +707,8 @@ function drawCard(card, ctx) {
     if (card.devices_omitted) bits.push(`${card.devices_omitted} more devices not drawn`);
     if (pic.links_omitted) bits.push(`${pic.links_omitted} more transfers not drawn`);
     const b = card.bytes || {};
-    if (b.sent || b.received) bits.push(`bytes${b.estimate === false ? "" : "* estimated from the array sizes and the ring algorithm"}; the compiled collective: ${b.compiled === null || b.compiled === undefined ? "not known" : `${formatBytes(b.compiled)} per device`}`);
-    if (steps.length) bits.push(`ring algorithm: ${stepsPhrase(steps)}`);
+    if (b.sent || b.received) bits.push(bytesNote(card));
+    if (steps.length) bits.push(`${algorithmName((card.movement || {}).kind) || "steps"}: ${stepsPhrase(steps)}`);
     note.textContent = bits.join(" · ");
   }
   /** @param {number} i */
@@ -740,6 +742,41 @@ function drawCard(card, ctx) {
   }
   render();
   return { node: el, dispose: stop };
+}
+
+/**
+ * How a movement kind moves its data, as the step control draws it and the byte estimate
+ * counts it: only the all-reduce family runs as a ring.
+ * @param {string} kind
+ */
+export function algorithmName(kind) {
+  switch (kind) {
+    case "all-reduce":
+    case "all-gather":
+    case "reduce-scatter":
+      return "ring algorithm";
+    case "all-to-all":
+      return "pairwise exchange";
+    case "permute":
+      return "direct sends";
+    default:
+      return "";
+  }
+}
+
+/**
+ * The card's note on bytes: what the estimate is, and what the compiled figure is (the size of
+ * the collective's result buffer on one device, which is not what it sends).
+ * @param {any} card
+ */
+export function bytesNote(card) {
+  const b = card.bytes || {};
+  if (!(b.sent || b.received)) return "";
+  if ((card.movement || {}).kind === "none") return "no bytes move: every device computes this on its own";
+  const how = algorithmName((card.movement || {}).kind) || "the movement drawn";
+  const est = b.estimate === false ? "bytes sent ↑ and received ↓ per device" : `bytes* sent ↑ and received ↓ per device, estimated from the array sizes and the ${how}`;
+  const compiled = b.compiled === null || b.compiled === undefined ? "not known" : `${formatBytes(b.compiled)} per device (its size, not what it sends)`;
+  return `${est}; the compiled collective's result buffer: ${compiled}`;
 }
 
 /**

@@ -182,6 +182,32 @@ def test_pmap_chapter_teaches_what_it_says():
     assert "compile" in report and "FLOPs per device" in report
 
 
+@pytest.mark.slow
+def test_sharding_chapter_teaches_what_it_says():
+    cells = chapter_cells("sharding_chapter.ipynb")
+
+    def cell_with(text):
+        return find(cells, text)
+
+    # %mesh makes Auto axes; jax.make_mesh on JAX 0.10 makes Explicit ones, as the prose says.
+    types = stdout(cell_with("jax.make_mesh((4, 2)"))
+    assert "%mesh grid:      (Auto, Auto)" in types and "jax.make_mesh:   (Explicit, Explicit)" in types, types
+    assert "PRNGKey" not in "".join(c.source for c in cells)
+    assert "max difference: 0.0" in stdout(cell_with("single = jax.vmap(dot)"))
+    assert stdout(cell_with('for name, value in [("d8", d8)')).count("P('devices',) over 8 devices") == 2
+    assert "y2: P('data',)" in stdout(cell_with('print("y2:"'))  # the dropped trailing None the prose explains
+    assert "all-reduce · f32[10000] · 39.1 KiB" in plain(cell_with("column_totals = jnp.sum(v1s, axis=0)"))
+    assert "all-reduce · f32[16,10] · 640 B" in plain(cell_with("y3 = x @ w"))
+    # The exercise's solution: split over all 8 devices, no collectives, both checks pass.
+    assert "Collectives (0): none" in plain(cell_with("row_totals = jnp.sum(m, axis=1)"))
+    assert stdout(cell_with("check(sent, []")) == "✓ right\n✓ right\n"
+    # Explicit axes: the error names out_sharding; out_sharding= and jax.reshard both work.
+    (failing,) = [c for c in cells if "raises-exception" in c.metadata.get("tags", [])]
+    assert "out_sharding" in stream(failing, "stderr") and "jax.reshard" in stream(failing, "stderr")
+    assert stdout(cell_with('print("a:", jax.typeof(a))')) == "a: float32[8@data,8@model]\nb: float32[8@data,8]\n"
+    assert stdout(cell_with('print("b2:"')) == "b2: float32[8@data,8] | same values: True\n"
+
+
 def card_rows(text: str) -> list[tuple[str, dict[int, tuple[str, float]]]]:
     """The cards of a collectives view's text form, in order: (header line, {device: (before,
     after)}) from the rows whose *after* is a single number (before as shown, after as a float)."""
@@ -271,11 +297,9 @@ def test_collectives_chapter_cards_show_what_jax_computes():
 
     # Each card shows what every device held before and after: compare with the semantics.
     expectations = {
-        "total = lax.psum(x": [(x, [x.sum()] * 8)],
-        "lax.pmean(x": [(x, [x.mean()] * 8)],
         "lax.pmax(x": [(x, [x.max()] * 8), (x, [x.min()] * 8)],  # pmax, then pmin
         "lax.ppermute(x, 'i', perm=ring)": [(x, np.roll(x, 1))],
-        "lax.pshuffle(x": [(x, x[::-1])],
+        "lax.pshuffle(x": [(x, np.roll(x, -1))],  # not its own inverse: the other way from the ring
         "axis_index_groups=halves": [(x, [x[:4].sum()] * 4 + [x[4:].sum()] * 4)],
     }
     for text, wanted in expectations.items():
@@ -285,6 +309,18 @@ def test_collectives_chapter_cards_show_what_jax_computes():
             got_before, got_after = before_after(card)
             np.testing.assert_allclose(got_before, before, err_msg=card[0])
             np.testing.assert_allclose(got_after, after, err_msg=card[0])
+    # The reductions run on a vector the ring can cut: every device ends with the column sums.
+    column_sums = " ".join(f"{v:g}." for v in vec.sum(axis=0)[:3])
+    for text in ("total = lax.psum(vec", "lax.pmean(vec"):
+        card = plain(cell_with(text))
+        assert "f32[8] → f32[8]" in card and "sent 56 B, received 56 B" in card, card
+        assert "compiled collective's result buffer: 32 B per device" in card, card
+    shown = plain(cell_with("total = lax.psum(vec"))
+    assert f"same on all 8 devices: [{column_sums}" in shown  # the result view, then the card's 8 tiles after
+    assert shown.count(f"[{column_sums}") == 1 + 8
+    # Each byte figure says what it is: all_gather sends 224 B of its 256 B result buffer.
+    gathered = plain(cell_with("lax.all_gather(vec, 'i')"))
+    assert "(estimate, ring algorithm): sent 224 B" in gathered and "result buffer: 256 B per device" in gathered
     (header, rows), = cards("lax.psum_scatter(vec, 'i')")
     assert "f32[8] → f32[]" in header and [rows[d][1] for d in devices] == list(vec.sum(axis=0)), header
 
@@ -295,6 +331,8 @@ def test_collectives_chapter_cards_show_what_jax_computes():
     assert "f32[8] → f32[64]" in texts["lax.all_gather(vec, 'i', tiled=True)"]
     assert "f32[16] → f32[2]" in texts["lax.psum_scatter(wide"]
     assert "a transpose of blocks" in texts["lax.all_to_all("]
+    assert "pairwise exchange: all-to-all (7 steps)" in texts["lax.all_to_all("] and "ring" not in texts["lax.all_to_all("]
+    assert "no bytes move" in texts["lax.axis_index("]
     assert plain(cell_with("array_equal(swapped, vec.T)")) == "True"
     assert re.search(r"^\s+7\s+7$", texts["lax.axis_index("], re.M), "device 7's axis_index is 7"
     mesh = texts["--mesh row=2,col=4"]
@@ -303,11 +341,16 @@ def test_collectives_chapter_cards_show_what_jax_computes():
     loop = texts["lax.fori_loop("]
     assert "ran 3×" in loop and "first iteration" in loop and "last iteration" in loop
 
-    # Function mode: the first call shows the cards, fn.collectives() shows them again.
+    # Function mode: the first call shows the cards.
     assert "first call" in stdout(cell_with("def share_of_total"))
-    first_call, again = plain(cell_with("shares = share_of_total(x)")), plain(cell_with("share_of_total.collectives()"))
-    assert "collectives of share_of_total()" in first_call and "collectives of share_of_total()" in again
-    assert card_rows(first_call)[0][1] == card_rows(again)[0][1]
+    first_call = plain(cell_with("shares = share_of_total(x)"))
+    assert "collectives of share_of_total()" in first_call
+    assert [float(after) for _, after in card_rows(first_call)[0][1].values()] == [x.sum()] * 8
+
+    # The exercise: the predictions match the figures of the card fn.collectives() returns,
+    # which the first call showed.
+    assert "sent 448 B" in plain(cell_with("gathered = gather_wide(wide)"))
+    assert stdout(cell_with("check(predicted_sent")) == "✓ right\n✓ right\n"
 
 
 @pytest.mark.slow

@@ -293,7 +293,13 @@ def test_static_html_draws_each_card() -> None:
     assert "not recorded: the recorder does not know psum2" in cards[8]
     assert "first iteration" in cards[9] and "last iteration" in cards[9] and "ran 10×" in cards[9]
     assert "ring algorithm: reduce-scatter (7 steps) → all-gather (7 steps)" in cards[0]
-    assert "bytes* estimated from the array sizes and the ring algorithm; the compiled collective: 16 B per device" in cards[0]
+    assert html.escape("bytes* sent ↑ and received ↓ per device, estimated from the array sizes and the ring algorithm; "
+                       "the compiled collective's result buffer: 16 B per device (its size, not what it sends)") in cards[0]
+    # all_to_all is a pairwise exchange and ppermute direct sends, not a ring.
+    (to_all,) = [c for c in cards if ">all_to_all<" in c]
+    assert "pairwise exchange: all-to-all (7 steps)" in to_all and "ring" not in to_all
+    (permute,) = [c for c in cards if ">ppermute<" in c]
+    assert "estimated from the array sizes and the direct sends" in permute and "ring" not in permute
 
 
 def test_static_html_labels_processes_when_several() -> None:
@@ -334,8 +340,9 @@ def test_text_has_the_key_facts() -> None:
     assert "    not recorded: the recorder does not know psum2" in lines
     assert "[9] pmax  f32[4] → f32[4]  over i · 1 group of 8 · ran 10×" in lines
     assert "    first iteration:" in lines and "    last iteration:" in lines
-    assert "    bytes per device (estimate): sent 28 B, received 28 B" in lines
-    assert "    compiled collective: 16 B per device" in lines
+    assert "    bytes per device (estimate, ring algorithm): sent 28 B, received 28 B" in lines
+    assert "    compiled collective's result buffer: 16 B per device (its size, not what it sends)" in lines
+    assert "    pairwise exchange: all-to-all (7 steps)" in lines and "    ring algorithm: all-to-all (7 steps)" not in lines
     assert "    ring algorithm: reduce-scatter (7 steps) → all-gather (7 steps)" in lines
     assert "    movement" not in text  # the receives column replaces a separate listing
 

@@ -286,6 +286,7 @@ def test_every_view_ships_the_loader_and_the_library_holds_the_code_once() -> No
     for v in views:
         assert v._esm == base._LOADER and v._css == ""  # per model: about 1.8 KB, no stylesheet
         assert v._jpm_lib == f"IPY_MODEL_{lib.model_id}" and v._jpm_view == type(v)._bundle.view
+        assert v.layout is views[0].layout  # one Layout model for all views, not one each
     assert len(base._LOADER) < 2048 and "/*" not in base._LOADER
     assert lib.css == base.read_asset("views.css")
     assert {"devices", "results", "mesh"} <= set(lib.needs) and lib.needs["results"] == ["palette", "format"]

@@ -523,14 +523,37 @@ def _source_line(card: dict[str, Any]) -> str:
     return f"{where}{card.get('source') or ''}"
 
 
+NO_BYTES = "no bytes move: every device computes this on its own"
+
+
+def algorithm_name(kind: str | None) -> str:
+    """How a movement kind moves its data (the twin of ``algorithmName``): only the all-reduce
+    family runs as a ring."""
+    return {"all-reduce": "ring algorithm", "all-gather": "ring algorithm", "reduce-scatter": "ring algorithm",
+            "all-to-all": "pairwise exchange", "permute": "direct sends"}.get(str(kind), "")
+
+
+def _kind(card: dict[str, Any]) -> str:
+    return str((card.get("movement") or {}).get("kind") or "none")
+
+
+def _compiled_text(b: dict[str, Any]) -> str:
+    compiled = b.get("compiled")
+    return "not known" if compiled is None else f"{format_bytes(compiled)} per device (its size, not what it sends)"
+
+
 def _bytes_note(card: dict[str, Any]) -> str:
+    """What the bytes figures are (the twin of ``bytesNote``): the estimate of what each device
+    sends and receives, and the compiled collective's result buffer, which is not what it sends."""
     b = card.get("bytes") or {}
     if not (b.get("sent") or b.get("received")):
         return ""
-    compiled = b.get("compiled")
-    compiled_text = "not known" if compiled is None else f"{format_bytes(compiled)} per device"
-    est = "" if b.get("estimate") is False else "* estimated from the array sizes and the ring algorithm"
-    return f"bytes{est}; the compiled collective: {compiled_text}"
+    if _kind(card) == "none":
+        return NO_BYTES
+    how = algorithm_name(_kind(card)) or "the movement drawn"
+    est = ("bytes sent ↑ and received ↓ per device" if b.get("estimate") is False
+           else f"bytes* sent ↑ and received ↓ per device, estimated from the array sizes and the {how}")
+    return f"{est}; the compiled collective's result buffer: {_compiled_text(b)}"
 
 
 def steps_phrase(steps: list[dict[str, Any]]) -> str:
@@ -547,7 +570,7 @@ def steps_phrase(steps: list[dict[str, Any]]) -> str:
 
 def _steps_summary(card: dict[str, Any]) -> str:
     steps = (card.get("movement") or {}).get("steps") or []
-    return f"ring algorithm: {steps_phrase(steps)}" if steps else ""
+    return f"{algorithm_name(_kind(card)) or 'steps'}: {steps_phrase(steps)}" if steps else ""
 
 
 def _card_html(card: dict[str, Any], state: dict[str, Any]) -> str:
@@ -573,7 +596,7 @@ def _card_html(card: dict[str, Any], state: dict[str, Any]) -> str:
         why = card.get("why_not") or "the recorder does not support this collective"
         out.append(f'<div class="jpm-note">not recorded: {esc(str(why))}. It ran correctly; only its picture is missing.</div></div>')
         return "".join(out)
-    kind = str((card.get("movement") or {}).get("kind") or "none")
+    kind = _kind(card)
     out.append(f'<div class="jpm-note jpm-move-note">{esc(kind)}: {esc(movement_sentence(kind))}</div>')
     its = card.get("iterations") or []
     for it in its:
@@ -651,7 +674,7 @@ def _card_text(card: dict[str, Any], state: dict[str, Any]) -> list[str]:
     if card.get("recorded") is False:
         lines.append(f"    not recorded: {card.get('why_not') or 'the recorder does not support this collective'}")
         return lines
-    kind = str((card.get("movement") or {}).get("kind") or "none")
+    kind = _kind(card)
     lines.append(f"    {kind}: {movement_sentence(kind)}")
     proc_of = _proc_of(state)
     its = card.get("iterations") or []
@@ -683,9 +706,11 @@ def _card_text(card: dict[str, Any], state: dict[str, Any]) -> list[str]:
         lines.append(f"    {steps}")
     b = card.get("bytes") or {}
     order = [int(d) for d in state.get("device_ids") or []]
-    if pic is not None and (b.get("sent") or b.get("received")):
+    if pic is not None and kind == "none" and (b.get("sent") or b.get("received")):
+        lines.append(f"    {NO_BYTES}")
+    elif pic is not None and (b.get("sent") or b.get("received")):
         per = {(_bytes_of(card, order, d)) for d in pic["columns"]}
-        star = "" if b.get("estimate") is False else " (estimate)"
+        star = "" if b.get("estimate") is False else f" (estimate, {algorithm_name(_kind(card)) or 'movement drawn'})"
         if len(per) == 1:
             sent, received = per.pop()
             lines.append(f"    bytes per device{star}: sent {format_bytes(sent)}, received {format_bytes(received)}")
@@ -695,8 +720,7 @@ def _card_text(card: dict[str, Any], state: dict[str, Any]) -> list[str]:
                 sent, received = _bytes_of(card, order, d)
                 parts.append(f"{d}: ↑{format_bytes(sent)} ↓{format_bytes(received)}")
             lines.append(f"    bytes{star}: " + ", ".join(parts))
-        compiled = b.get("compiled")
-        lines.append("    compiled collective: " + ("not known" if compiled is None else f"{format_bytes(compiled)} per device"))
+        lines.append(f"    compiled collective's result buffer: {_compiled_text(b)}")
     if card.get("devices_omitted"):
         lines.append(f"    … {int(card['devices_omitted'])} more devices not shown")
     return lines

@@ -92,7 +92,10 @@ def test_collective_cards_8_devices(view_page: Any, artifacts: Any) -> None:
     assert cards.nth(6).locator("svg").count() == 0 and "no data moves between devices" in cards.nth(6).inner_text()
     # Bytes: an estimate, beside the compiled figure.
     assert "↑28 B" in psum.locator(".jpm-bytes").nth(0).inner_text()
-    assert "bytes* estimated from the array sizes and the ring algorithm; the compiled collective: 16 B per device" in psum.inner_text()
+    assert ("bytes* sent ↑ and received ↓ per device, estimated from the array sizes and the ring algorithm; "
+            "the compiled collective's result buffer: 16 B per device (its size, not what it sends)") in psum.inner_text()
+    to_all = cards.filter(has=host.page.locator(".jpm-op", has_text="all_to_all")).first
+    assert "pairwise exchange: all-to-all (7 steps)" in to_all.inner_text() and "ring" not in to_all.inner_text()
     # Inspection: hovering a curve fills the detail line.
     gather.locator("path.jpm-link").nth(0).dispatch_event("mouseover")
     assert "device 0 → device 0 block 0" in host.locator(".jpm-detail").inner_text()

@@ -1,0 +1,41 @@
+"""Status lines: shown after the delay, rewritten in place, and never left behind empty (a front
+end cannot remove one output, so a line with no result to give way to says how long it took)."""
+from __future__ import annotations
+
+import time
+
+from IPython.utils.capture import capture_output
+
+from jaxpar_magic import progress
+
+
+def texts(captured) -> list[str]:
+    return [o.data.get("text/plain", "") for o in captured.outputs]
+
+
+def test_a_line_with_no_result_ends_saying_done(ip):
+    with capture_output() as shown:
+        with progress.Progress("compiling", delay=0.05, interval=0.05, enabled=True):
+            time.sleep(0.3)
+    said = texts(shown)
+    assert said[0].startswith("compiling… ") and said[-1].startswith("done in ") and said[-1].endswith(" s")
+    assert "" not in said
+
+
+def test_a_kept_line_gives_way_to_the_result_or_says_done(ip):
+    with capture_output() as shown:
+        with progress.kept_lines() as slots:
+            for _ in range(2):
+                with progress.Progress("running", delay=0.05, interval=0.05, enabled=True):
+                    time.sleep(0.2)
+            assert slots.fill(progress.StatusLine("the result"))
+            slots.close()  # as magics.py does: the second line had nothing to give way to
+    said = texts(shown)
+    assert "the result" in said and said[-1].startswith("done in ") and "" not in said
+
+
+def test_a_short_wait_shows_nothing(ip):
+    with capture_output() as shown:
+        with progress.Progress("compiling", delay=5, enabled=True):
+            pass
+    assert shown.outputs == []
