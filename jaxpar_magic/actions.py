@@ -250,12 +250,19 @@ def _plan(magic: str, options, source, namespace, **engine_options) -> Outcome:
 
     if options.plan.compare is not None or options.plan.search:
         return _compare(magic, options, source, namespace, **engine_options)
-    plan = plan_cell(source, namespace, magic=magic, hardware=options.plan.hardware,
-                     device_memory=options.plan.device_memory, bind=False, **engine_options)
+    import contextlib
+
+    from .progress import disabled
+
+    quiet = options.show is False  # no view to take a status line's place: show none, print one line
+    with disabled() if quiet else contextlib.nullcontext():
+        plan = plan_cell(source, namespace, magic=magic, hardware=options.plan.hardware,
+                         device_memory=options.plan.device_memory, bind=False, **engine_options)
     sizes = ", ".join(f"{n}={s}" for n, s in plan.axes.items())
     title = f"%%{magic} --plan over {plan.mesh.devices.size} devices ({sizes})"
-    views = [] if options.show is False else [("plan", plan.state(title))]
-    return Outcome(views=views, bindings=plan.bindings)
+    if quiet:
+        return Outcome(text=plan.summary(), bindings=plan.bindings)
+    return Outcome(views=[("plan", plan.state(title))], bindings=plan.bindings)
 
 
 def _compare(magic: str, options, source, namespace, **engine_options) -> Outcome:

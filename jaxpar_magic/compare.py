@@ -113,8 +113,21 @@ def compare_cell(source: str, namespace: dict, layouts: dict, *, magic: str = "s
                 topology_for(hardware, {str(n): int(s) for n, s in mesh.shape.items()}, hardware.topology)
             except UsageError as err:
                 raise UsageError(f"layout {label!r}: {err}") from None
+    from .progress import Progress, disabled
+
     rows = []
-    for label, (mesh, in_specs, out_specs) in layouts.items():
+    status = Progress("planning layouts")  # one line for the whole comparison, replaced by its view
+    with status:
+        for index, (label, (mesh, in_specs, out_specs)) in enumerate(layouts.items()):
+            status.update(f"planning layout {index + 1}/{len(layouts)} ({label})")
+            rows.append(_plan_row(plan_cell, label, source, namespace, magic, mesh, in_specs, out_specs, hardware,
+                                  device_memory, topology, engine_options, disabled))
+    return sorted(rows, key=_rank)
+
+
+def _plan_row(plan_cell, label, source, namespace, magic, mesh, in_specs, out_specs, hardware, device_memory,
+              topology, engine_options, disabled) -> Row:
+    with disabled():  # the comparison's own status line says which layout is planning
         try:
             plan = plan_cell(source, namespace, magic=magic, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                              hardware=hardware, device_memory=device_memory, topology=topology, bind=False,
@@ -122,10 +135,8 @@ def compare_cell(source: str, namespace: dict, layouts: dict, *, magic: str = "s
         except KeyboardInterrupt:
             raise
         except Exception as exc:  # a layout that cannot be planned is a row, not the cell's failure
-            rows.append(Row(label, error=_reason(exc)))
-            continue
-        rows.append(Row(label, plan))
-    return sorted(rows, key=_rank)
+            return Row(label, error=_reason(exc))
+    return Row(label, plan)
 
 
 def _rank(row: Row) -> tuple:

@@ -211,3 +211,13 @@ def test_the_topology_option_and_the_view_name_the_slice(step):
                       "loss, grads = jax.value_and_grad(loss_fn)(params, batch)")
     assert state["topology"]["slice"] == [2, 4] and state["topology"]["given"] is True
     assert "2x4 ICI slice, no wraparound" in state["topology"]["text"]
+
+
+def test_no_show_prints_one_line_and_still_binds(step):
+    with capture_output() as captured:
+        step.run_cell_magic("shard", "--plan --mesh mesh --hardware tpu-v5e --no-show",
+                            "loss, grads = jax.value_and_grad(loss_fn)(params, batch)")
+    assert not shown_widgets(captured) and not captured.outputs  # no view, and no status line left behind
+    assert captured.stdout.startswith("planned: ") and "per device (fits in 16.0 GiB)" in captured.stdout
+    assert "estimate" in captured.stdout and "bound by" in captured.stdout
+    assert isinstance(step.user_ns["grads"]["w1"], jax.ShapeDtypeStruct)
