@@ -5,7 +5,7 @@
  * A memory bar (arguments, outputs, temporaries stacked) against the device's memory, red with
  * the overshoot when it does not fit; FLOPs and bytes accessed; with a hardware profile, the
  * roofline (compute, memory, collectives, and which one bounds the estimate); every collective
- * the compiler inserted; the outputs with their specs; and the caveats, always shown: the
+ * the compiler inserted; the outputs with their specs; and the caveats (folded when long): the
  * figures come from XLA's CPU compiler, not from the target's.
  */
 import { h, formatBytes, formatSI, formatMs, formatShape, formatSpec, detailLine, mount } from "./format.js";
@@ -215,10 +215,30 @@ function collectivesTable(state) {
   return sec;
 }
 
+/** Lists longer than these are folded into a closed <details> (the twins of views/plan.py's). */
+const FOLD_OUTPUTS = 8;
+const FOLD_CAVEATS = 3;
+
+/**
+ * The caveats, folded when there are more than a few (they are the same in every plan).
+ * @param {string[]} caveats
+ */
+function caveatsBlock(caveats) {
+  if (!caveats.length) return null;
+  return h(
+    "details",
+    { class: "jpm-caveats", role: "note", open: caveats.length <= FOLD_CAVEATS ? "" : null },
+    h("summary", { class: "jpm-h", text: `How far to trust these figures (${caveats.length} notes)` }),
+    h("ul", {}, ...caveats.map((c) => h("li", { text: c }))),
+  );
+}
+
 /** @param {any} state */
 function outputsTable(state) {
   const outs = state.outputs || [];
-  const sec = h("div", { class: "jpm-section" }, h("div", { class: "jpm-h" }, "Outputs, bound as ", h("span", { class: "jpm-mono", text: "jax.ShapeDtypeStruct" })));
+  const folded = outs.length > FOLD_OUTPUTS;
+  const heading = h(folded ? "summary" : "div", { class: "jpm-h" }, "Outputs, bound as ", h("span", { class: "jpm-mono", text: "jax.ShapeDtypeStruct" }), folded ? ` (${outs.length})` : null);
+  const sec = h(folded ? "details" : "div", { class: "jpm-section" }, heading);
   if (!outs.length) {
     sec.append(h("div", { class: "jpm-note", text: "none" }));
     return sec;
@@ -288,8 +308,8 @@ function drawComparison(state) {
   table.append(body);
   root.append(h("div", { class: "jpm-scroll" }, table));
   root.append(h("div", { class: "jpm-note", text: timed ? "estimate: communication overlapped with compute – none overlapped; best first" : "no step-time estimate (give --hardware): ranked by memory per device" }));
-  const caveats = state.caveats || [];
-  if (caveats.length) root.append(h("div", { class: "jpm-caveats", role: "note" }, h("div", { class: "jpm-h", text: "How far to trust these figures" }), h("ul", {}, ...caveats.map((/** @type {string} */ c) => h("li", { text: c })))));
+  const caveats = caveatsBlock(state.caveats || []);
+  if (caveats) root.append(caveats);
   const detailBox = detailLine(root, "hover or click a row for details");
   root.append(detailBox.line);
   return { node: root, dispose: detailBox.dispose };
@@ -326,10 +346,8 @@ export function draw(state) {
   else root.append(h("div", { class: "jpm-note", text: "no step-time estimate: give --hardware (tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, h100, a100, b200, or custom:flops=…,hbm=…,bw=…,memory=…)" }));
   root.append(collectivesTable(state));
   root.append(outputsTable(state));
-  const caveats = state.caveats || [];
-  if (caveats.length) {
-    root.append(h("div", { class: "jpm-caveats", role: "note" }, h("div", { class: "jpm-h", text: "How far to trust these figures" }), h("ul", {}, ...caveats.map((/** @type {string} */ c) => h("li", { text: c })))));
-  }
+  const caveats = caveatsBlock(state.caveats || []);
+  if (caveats) root.append(caveats);
   const detail = detailLine(root, "hover or click a bar or a row for details");
   root.append(detail.line);
   return { node: root, dispose: detail.dispose };

@@ -215,9 +215,31 @@ def _collectives_html(state: dict[str, Any]) -> str:
     return "".join(out)
 
 
+#: Lists longer than these are folded (HTML: a closed <details>; text: the first few, then a count).
+FOLD_OUTPUTS = 8
+FOLD_CAVEATS = 3
+TEXT_OUTPUTS = 5
+
+
+def caveats_html(caveats: list) -> str:
+    """The caveats, folded when there are more than a few (they are the same in every plan)."""
+    if not caveats:
+        return ""
+    opened = " open" if len(caveats) <= FOLD_CAVEATS else ""
+    return (f'<details class="jpm-caveats" role="note"{opened}><summary class="jpm-h">How far to trust these figures '
+            f'({len(caveats)} notes)</summary><ul>' + "".join(f"<li>{esc(str(c))}</li>" for c in caveats)
+            + "</ul></details>")
+
+
 def _outputs_html(state: dict[str, Any]) -> str:
     outs = state.get("outputs") or []
-    out = ['<div class="jpm-section"><div class="jpm-h">Outputs, bound as <span class="jpm-mono">jax.ShapeDtypeStruct</span></div>']
+    head = 'Outputs, bound as <span class="jpm-mono">jax.ShapeDtypeStruct</span>'
+    if len(outs) > FOLD_OUTPUTS:  # a training step's new state: many arrays, folded
+        out = [f'<details class="jpm-section"><summary class="jpm-h">{head} ({len(outs)})</summary>']
+        close = "</details>"
+    else:
+        out = [f'<div class="jpm-section"><div class="jpm-h">{head}</div>']
+        close = "</div>"
     if not outs:
         return out[0] + '<div class="jpm-note">none</div></div>'
     out.append('<table class="jpm-table jpm-plan-table"><thead><tr><th>name</th><th>shape</th><th>sharding</th></tr></thead><tbody>')
@@ -228,7 +250,7 @@ def _outputs_html(state: dict[str, Any]) -> str:
             f'<td class="jpm-mono">{esc(format_shape(str(o.get("dtype")), o.get("shape") or []))}</td>'
             f'<td class="jpm-mono">{esc(spec)}</td></tr>'
         )
-    out.append("</tbody></table></div>")
+    out.append("</tbody></table>" + close)
     return "".join(out)
 
 
@@ -302,10 +324,7 @@ def compare_html(state: dict[str, Any]) -> str:
     note = ("estimate: communication overlapped with compute – none overlapped; best first"
             if timed else "no step-time estimate (give --hardware): ranked by memory per device")
     out.append(f'<div class="jpm-note">{esc(note)}</div>')
-    caveats = state.get("caveats") or []
-    if caveats:
-        out.append('<div class="jpm-caveats" role="note"><div class="jpm-h">How far to trust these figures</div><ul>'
-                   + "".join(f"<li>{esc(str(c))}</li>" for c in caveats) + "</ul></div>")
+    out.append(caveats_html(state.get("caveats") or []))
     out.append("</div>")
     return "".join(out)
 
@@ -338,13 +357,7 @@ def to_html(state: dict[str, Any]) -> str:
         out.append(f'<div class="jpm-note">{esc(NO_HARDWARE)}</div>')
     out.append(_collectives_html(state))
     out.append(_outputs_html(state))
-    caveats = state.get("caveats") or []
-    if caveats:
-        out.append(
-            '<div class="jpm-caveats" role="note"><div class="jpm-h">How far to trust these figures</div><ul>'
-            + "".join(f"<li>{esc(str(c))}</li>" for c in caveats)
-            + "</ul></div>"
-        )
+    out.append(caveats_html(state.get("caveats") or []))
     out.append("</div>")
     return "".join(out)
 
@@ -424,10 +437,13 @@ def to_text(state: dict[str, Any]) -> str:
         lines.append(f"  … {len(colls) + omitted - min(len(colls), TEXT_COLLECTIVES)} more")
     outs = state.get("outputs") or []
     if outs:
-        lines.append("Outputs, bound as jax.ShapeDtypeStruct:")
-        for o in outs:
+        lines.append(f"Outputs, bound as jax.ShapeDtypeStruct ({len(outs)}):")
+        shown = outs if len(outs) <= FOLD_OUTPUTS else outs[:TEXT_OUTPUTS]
+        for o in shown:
             spec = "" if o.get("spec") is None else f" {format_spec(o['spec'])}"
             lines.append(f"  {o.get('name')}: {format_shape(str(o.get('dtype')), o.get('shape') or [])}{spec}")
+        if len(shown) < len(outs):
+            lines.append(f"  … and {len(outs) - len(shown)} more (`%sharding NAME` shows one)")
     caveats = state.get("caveats") or []
     if caveats:
         lines.append("How far to trust these figures:")
