@@ -260,12 +260,47 @@ def _plan(magic: str, options, source, namespace, **engine_options) -> Outcome:
     """--plan: the cell compiled for its mesh, never run; its names bound as ShapeDtypeStructs."""
     from .planned import plan_cell
 
-    plan = plan_cell(source, namespace, magic=magic, hardware=options.plan.hardware,
-                     device_memory=options.plan.device_memory, bind=False, **engine_options)
+    if options.plan.compare is not None or options.plan.search:
+        return _compare(magic, options, source, namespace, **engine_options)
+    import contextlib
+
+    from .progress import disabled
+
+    quiet = options.show is False  # no view to take a status line's place: show none, print one line
+    with disabled() if quiet else contextlib.nullcontext():
+        plan = plan_cell(source, namespace, magic=magic, hardware=options.plan.hardware,
+                         device_memory=options.plan.device_memory, bind=False, **engine_options)
     sizes = ", ".join(f"{n}={s}" for n, s in plan.axes.items())
     title = f"%%{magic} --plan over {plan.mesh.devices.size} devices ({sizes})"
-    views = [] if options.show is False else [("plan", plan.state(title))]
-    return Outcome(views=views, bindings=plan.bindings)
+    if quiet:
+        return Outcome(text=plan.summary(), bindings=plan.bindings)
+    return Outcome(views=[("plan", plan.state(title))], bindings=plan.bindings)
+
+
+def _compare(magic: str, options, source, namespace, **engine_options) -> Outcome:
+    """--plan --compare NAME / --search BATCH: one plan per layout, ranked; nothing is bound."""
+    from .compare import compare_cell, comparison_state, devices_of, read_layouts, search_layouts, search_note
+    from .runner import analyse_cached, is_array_tree
+
+    for key in ("mesh", "in_specs", "out_specs"):  # each layout brings its own
+        engine_options.pop(key, None)
+    plan = options.plan
+    if plan.compare is not None:
+        layouts, what = read_layouts(plan.compare, namespace), f"--compare {plan.compare}"
+    else:
+        devices = devices_of(options.mesh, namespace)
+        reads = analyse_cached(source, f"{magic}-plan").reads
+        inputs = tuple(n for n in reads if n in namespace and is_array_tree(namespace[n], abstract=True))
+        layouts = read_layouts("layouts", {"layouts": search_layouts(namespace, plan.search, inputs, devices)})
+        what = f"--search {' '.join(plan.search)} over {devices} devices"
+    rows = compare_cell(source, namespace, layouts, magic=magic, hardware=plan.hardware,
+                        device_memory=plan.device_memory, **engine_options)
+    profile = f" on {plan.hardware.name}" if plan.hardware is not None else ""
+    title = f"%%{magic} --plan {what}{profile}: {len(rows)} layouts, best first"
+    state = comparison_state(title, rows, plan.hardware)
+    if not plan.compare:
+        state["caveats"] = [search_note(devices)] + state["caveats"]
+    return Outcome(views=[] if options.show is False else [("plan", state)])
 
 
 def _as_code(magic: str, options, source, namespace, **extra) -> Outcome:

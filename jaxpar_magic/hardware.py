@@ -215,6 +215,9 @@ def with_topology(hardware: Hardware | None, topology: str) -> Hardware:
     if hardware is None:
         raise UsageError(f"--topology {topology}: a topology belongs to a device profile; add --hardware "
                          f"(e.g. `--hardware tpu-v5e --topology {topology}`).")
+    from .topology import check_shape
+
+    check_shape(hardware, str(topology).strip())
     return replace(hardware, topology=str(topology).strip())
 
 

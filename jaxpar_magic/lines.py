@@ -81,17 +81,22 @@ def mesh_argument(words, option: str = "--mesh") -> MeshShape | str | None:
 
 @dataclass(frozen=True)
 class PlanOptions:
-    """--plan [--hardware NAME] [--device-memory SIZE]: compile for the mesh, run nothing."""
+    """--plan [--hardware NAME] [--device-memory SIZE] [--topology AxB] [--compare NAME | --search BATCH...]:
+    compile for the mesh, run nothing."""
 
-    hardware: object  # hardware.Hardware or None
+    hardware: object  # hardware.Hardware or None (with its --topology attached)
     device_memory: int | None
+    compare: str | None = None  # the name of a dict of layouts
+    search: tuple[str, ...] = ()  # batch inputs, for the proposed layouts
 
 
 def plan_options(args, magic: str) -> PlanOptions | None:
     """The --plan record of a line, or None; planning options without --plan are a mistake."""
     from .hardware import parse_hardware, parse_memory_size
 
-    extras = [f for f, v in (("--hardware", args.hardware), ("--device-memory", args.device_memory)) if v is not None]
+    compare, search, topology = (getattr(args, k, None) for k in ("compare", "search", "topology"))
+    extras = [f for f, v in (("--hardware", args.hardware), ("--device-memory", args.device_memory),
+                             ("--topology", topology), ("--compare", compare), ("--search", search)) if v is not None]
     if not args.plan:
         if extras:
             raise UsageError(f"{magic} {extras[0]}: only a planned cell has a device to fit; add --plan to the line.")
@@ -103,9 +108,17 @@ def plan_options(args, magic: str) -> PlanOptions | None:
                 + ("and --as-code prints its code instead; use one of them." if flag == "--as-code" else
                    "so no collective runs to be watched; plan first, then run with --collectives.")
             )
+    from .hardware import with_topology
+
+    if compare is not None and search is not None:
+        raise UsageError(f"{magic} --plan --compare --search: compare your own layouts or let --search propose "
+                         f"them; use one of them.")
     hardware = parse_hardware(args.hardware) if args.hardware is not None else None
+    if topology is not None:
+        hardware = with_topology(hardware, topology)
     memory = parse_memory_size(args.device_memory) if args.device_memory is not None else None
-    return PlanOptions(hardware, memory)
+    return PlanOptions(hardware, memory, python_names([compare], "--compare")[0] if compare is not None else None,
+                       python_names(search, "--search") if search is not None else ())
 
 
 @dataclass(frozen=True)

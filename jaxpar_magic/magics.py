@@ -75,10 +75,19 @@ _code_and_plan_options = _applying(
              help="Compile for the mesh without running: per-device memory, collectives, FLOPs; names are bound as "
                   "jax.ShapeDtypeStructs. Inputs may be abstract (jaxpar_magic.plan(...))."),
     argument("--hardware", metavar="NAME",
-             help="With --plan: a device profile for the fit and a roofline step time: tpu-v4, tpu-v5e, tpu-v5p, h100, "
-                  "a100, or custom:flops=...,hbm=...,bw=...,memory=..."),
+             help="With --plan: a device profile for the fit and a modelled step time: tpu-v4, tpu-v5e, tpu-v5p, "
+                  "tpu-v6e, h100, a100, b200, or custom:flops=...,hbm=...,bw=...,memory=..."),
     argument("--device-memory", metavar="SIZE",
              help="With --plan: the device's memory, e.g. 16GiB (overrides the profile's)."),
+    argument("--topology", metavar="SHAPE",
+             help="With --plan --hardware: the physical slice the mesh is laid onto, e.g. 4x8 (TPU ICI slice) or 8 "
+                  "(GPUs per NVLink domain); devices beyond it are further slices (DCN) or nodes."),
+    argument("--compare", metavar="NAME",
+             help="With --plan: plan the cell under every layout of the dict NAME ({label: {'mesh': mesh, 'in': "
+                  "{input: PartitionSpec}}}) and rank them by estimated step time."),
+    argument("--search", metavar="BATCH", nargs="+",
+             help="With --plan: propose DP, FSDP, TP and FSDP x TP layouts over the mesh's devices (BATCH: the inputs "
+                  "whose first dimension is the batch) and rank them."),
 )
 _collectives_option = _applying(
     argument("--collectives", action="store_true",

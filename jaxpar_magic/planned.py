@@ -39,8 +39,10 @@ def plan_cell(source: str, namespace: dict, *, magic: str = "shard", mesh=None, 
     elif magic in ("shard", "shard_map"):
         from .shard import is_mesh, resolve_mesh
 
-        in_specs = {n: tuple(s) for n, s in (in_specs or {}).items()}
-        out_specs = {n: tuple(s) for n, s in (out_specs or {}).items()}
+        from .compare import engine_spec
+
+        in_specs = {n: engine_spec(s) for n, s in (in_specs or {}).items()}
+        out_specs = {n: engine_spec(s) for n, s in (out_specs or {}).items()}
         if not is_mesh(mesh):
             mesh = resolve_mesh(mesh, namespace, [in_specs, out_specs])
         if magic == "shard":

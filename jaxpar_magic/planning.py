@@ -147,6 +147,16 @@ class Plan:
     def axes(self) -> dict[str, int]:
         return {str(n): int(s) for n, s in self.mesh.shape.items()}
 
+    def summary(self) -> str:
+        """One line: `planned: 2.1 GiB per device (fits in 16.0 GiB) · 6 collectives · estimate 1.2 ms, bound by
+        compute`."""
+        fit = "" if self.capacity is None else (f" (fits in {format_bytes(self.capacity)})" if self.fits else
+                                                f" (DOES NOT FIT in {format_bytes(self.capacity)})")
+        moving = sum(1 for c in self.collectives if c.group_size > 1)
+        r = self.roofline
+        estimate = f" · estimate {r.estimate_s * 1e3:.3g} ms, bound by {r.bound_text}" if r is not None else ""
+        return f"planned: {format_bytes(self.total_bytes)} per device{fit} · {moving} collectives{estimate}"
+
     def state(self, title: str, outputs: dict | None = None) -> dict:
         """The plan view's state. `outputs`: names -> ShapeDtypeStructs (pytrees allowed) to list;
         by default a planned cell's computed outputs, else the program's outputs."""

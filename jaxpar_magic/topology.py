@@ -96,27 +96,36 @@ def _parse_shape(text: str, hardware: Hardware) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
+def check_shape(hardware: Hardware, text: str) -> tuple[int, ...]:
+    """`--topology` read and checked against the profile alone (the mesh is checked when planning)."""
+    kind = hardware.kind
+    if kind == "custom":
+        raise UsageError(f"--topology {text}: a custom profile is one flat network without a topology; "
+                         f"use a built-in profile (tpu-v5e, h100, ...) to lay the mesh onto one.")
+    shape = _parse_shape(text, hardware)
+    expected = ("GPUs per NVLink domain, e.g. `--topology 8`" if kind == "gpu" else
+                f"a {len(hardware.pod)}-axis ICI slice within the {'x'.join(map(str, hardware.pod))} pod of "
+                f"{hardware.name}, e.g. `--topology {'x'.join(['4'] * len(hardware.pod))}`")
+    if kind == "gpu" and len(shape) != 1 or kind == "tpu" and (
+            len(shape) != len(hardware.pod) or any(a > b for a, b in zip(sorted(shape), sorted(hardware.pod)))):
+        raise UsageError(f"--topology {text}: expected {expected}.")
+    return shape
+
+
 def slice_shape_for(hardware: Hardware, total: int, text: str | None = None) -> tuple[tuple[int, ...], int]:
     """(one slice's physical shape, number of slices) for `total` devices."""
     kind = hardware.kind
-    if kind == "custom":
-        if text is not None:
-            raise UsageError(f"--topology {text}: a custom profile is one flat network without a topology; "
-                             f"use a built-in profile (tpu-v5e, h100, ...) to lay the mesh onto one.")
+    if kind == "custom" and text is None:
         return (total,), 1
     if text is not None:
-        shape = _parse_shape(text, hardware)
+        shape = check_shape(hardware, text)
         per_slice = math.prod(shape)
-        expected = ("GPUs per NVLink domain, e.g. `--topology 8`" if kind == "gpu" else
-                    f"a {len(hardware.pod)}-axis ICI slice within the {'x'.join(map(str, hardware.pod))} pod of "
-                    f"{hardware.name}, e.g. `--topology {'x'.join(['4'] * len(hardware.pod))}`")
-        if kind == "gpu" and len(shape) != 1 or kind == "tpu" and (
-                len(shape) != len(hardware.pod) or any(a > b for a, b in zip(sorted(shape), sorted(hardware.pod)))):
-            raise UsageError(f"--topology {text}: expected {expected}.")
         if total % per_slice:
+            unit = "nodes" if kind == "gpu" else "slices"
             raise UsageError(
-                f"--topology {text}: a slice of {per_slice} devices does not divide the mesh's {total}; expected "
-                f"{expected} whose size divides {total} (the rest are further {'nodes' if kind == 'gpu' else 'slices'}).")
+                f"--topology {text}: a slice of {per_slice} devices does not divide the mesh's {total}; expected a "
+                f"slice whose size divides {total} (the rest are further {unit}), e.g. `--topology "
+                f"{'x'.join(map(str, slice_shape_for(hardware, total)[0]))}`.")
         return shape, total // per_slice
     domain = math.prod(hardware.pod)
     if total <= domain:

@@ -5,7 +5,7 @@
  * A memory bar (arguments, outputs, temporaries stacked) against the device's memory, red with
  * the overshoot when it does not fit; FLOPs and bytes accessed; with a hardware profile, the
  * roofline (compute, memory, collectives, and which one bounds the estimate); every collective
- * the compiler inserted; the outputs with their specs; and the caveats, always shown: the
+ * the compiler inserted; the outputs with their specs; and the caveats (folded when long): the
  * figures come from XLA's CPU compiler, not from the target's.
  */
 import { h, formatBytes, formatSI, formatMs, formatShape, formatSpec, detailLine, mount } from "./format.js";
@@ -215,10 +215,30 @@ function collectivesTable(state) {
   return sec;
 }
 
+/** Lists longer than these are folded into a closed <details> (the twins of views/plan.py's). */
+const FOLD_OUTPUTS = 8;
+const FOLD_CAVEATS = 3;
+
+/**
+ * The caveats, folded when there are more than a few (they are the same in every plan).
+ * @param {string[]} caveats
+ */
+function caveatsBlock(caveats) {
+  if (!caveats.length) return null;
+  return h(
+    "details",
+    { class: "jpm-caveats", role: "note", open: caveats.length <= FOLD_CAVEATS ? "" : null },
+    h("summary", { class: "jpm-h", text: `How far to trust these figures (${caveats.length} notes)` }),
+    h("ul", {}, ...caveats.map((c) => h("li", { text: c }))),
+  );
+}
+
 /** @param {any} state */
 function outputsTable(state) {
   const outs = state.outputs || [];
-  const sec = h("div", { class: "jpm-section" }, h("div", { class: "jpm-h" }, "Outputs, bound as ", h("span", { class: "jpm-mono", text: "jax.ShapeDtypeStruct" })));
+  const folded = outs.length > FOLD_OUTPUTS;
+  const heading = h(folded ? "summary" : "div", { class: "jpm-h" }, "Outputs, bound as ", h("span", { class: "jpm-mono", text: "jax.ShapeDtypeStruct" }), folded ? ` (${outs.length})` : null);
+  const sec = h(folded ? "details" : "div", { class: "jpm-section" }, heading);
   if (!outs.length) {
     sec.append(h("div", { class: "jpm-note", text: "none" }));
     return sec;
@@ -241,8 +261,63 @@ function outputsTable(state) {
   return sec;
 }
 
+const COMPARE_COLUMNS = ["mesh", "memory", "fit", "collective bytes", "compute", "memory time", "collectives", "estimate", "bound"];
+const TIMED = ["compute", "memory time", "collectives", "estimate", "bound"];
+
+/**
+ * A comparison row's figures as text (the twin of `_row_cells` in views/plan.py).
+ * @param {any} row
+ * @returns {Record<string, string>}
+ */
+export function rowCells(row) {
+  if (row.error) return { error: `failed: ${row.error}` };
+  const mesh = (row.axes || []).map((/** @type {any} */ a) => `${a.name}=${a.size}`).join(" × ");
+  const fit = row.fits === null || row.fits === undefined ? "" : row.fits ? "fits" : "DOES NOT FIT";
+  const memory = formatBytes(row.memory) + (row.capacity ? ` of ${formatBytes(row.capacity)}` : "");
+  /** @type {Record<string, string>} */
+  const cells = { mesh, memory, fit, "collective bytes": formatBytes(row.collective_bytes) };
+  if (row.estimate_s !== null && row.estimate_s !== undefined) {
+    cells.compute = formatSeconds(row.compute_s);
+    cells["memory time"] = formatSeconds(row.memory_s);
+    cells.collectives = formatSeconds(row.collective_s);
+    cells.estimate = `${formatSeconds(row.estimate_s)} – ${formatSeconds(row.serial_s)}`;
+    cells.bound = String(row.bound_text || row.bound);
+  }
+  return cells;
+}
+
+/** @param {any} state */
+function drawComparison(state) {
+  const rows = state.rows || [];
+  const timed = rows.some((/** @type {any} */ r) => r.estimate_s !== null && r.estimate_s !== undefined);
+  const columns = COMPARE_COLUMNS.filter((c) => timed || !TIMED.includes(c));
+  const root = h("div", { class: "jpm-view jpm-plan jpm-compare" });
+  root.append(h("div", { class: "jpm-head" }, h("span", { class: "jpm-title jpm-mono", text: state.title || "compare" }), h("span", { class: "jpm-badge", text: "planned, not run" })));
+  const table = h("table", { class: "jpm-table jpm-plan-table" }, h("thead", {}, h("tr", {}, h("th", { text: "layout" }), ...columns.map((c) => h("th", { text: c })))));
+  const body = h("tbody");
+  for (const row of rows) {
+    const cells = rowCells(row);
+    const label = h("td", { class: "jpm-mono", text: String(row.label) });
+    if (cells.error) {
+      body.append(h("tr", { class: "jpm-bad", data: { detail: `${row.label}: ${cells.error}` } }, label, h("td", { colspan: String(columns.length), text: cells.error })));
+      continue;
+    }
+    const detail = `${row.label}: ${columns.map((c) => `${c} ${cells[c] || ""}`).join(" · ")}`;
+    body.append(h("tr", { class: row.fits === false ? "jpm-bad" : "", data: { detail } }, label, ...columns.map((c) => h("td", { class: ["mesh", "bound", "fit"].includes(c) ? "jpm-mono" : "jpm-num", text: cells[c] || "" }))));
+  }
+  table.append(body);
+  root.append(h("div", { class: "jpm-scroll" }, table));
+  root.append(h("div", { class: "jpm-note", text: timed ? "estimate: communication overlapped with compute – none overlapped; best first" : "no step-time estimate (give --hardware): ranked by memory per device" }));
+  const caveats = caveatsBlock(state.caveats || []);
+  if (caveats) root.append(caveats);
+  const detailBox = detailLine(root, "hover or click a row for details");
+  root.append(detailBox.line);
+  return { node: root, dispose: detailBox.dispose };
+}
+
 /** @param {any} state */
 export function draw(state) {
+  if (state.kind === "compare") return drawComparison(state);
   const root = h("div", { class: "jpm-view jpm-plan" });
   const chips = h("span", { class: "jpm-chips" });
   for (const a of state.axes || []) chips.append(h("span", { class: "jpm-chip" }, `${a.name} `, h("b", { text: a.size })));
@@ -271,10 +346,8 @@ export function draw(state) {
   else root.append(h("div", { class: "jpm-note", text: "no step-time estimate: give --hardware (tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, h100, a100, b200, or custom:flops=…,hbm=…,bw=…,memory=…)" }));
   root.append(collectivesTable(state));
   root.append(outputsTable(state));
-  const caveats = state.caveats || [];
-  if (caveats.length) {
-    root.append(h("div", { class: "jpm-caveats", role: "note" }, h("div", { class: "jpm-h", text: "How far to trust these figures" }), h("ul", {}, ...caveats.map((/** @type {string} */ c) => h("li", { text: c })))));
-  }
+  const caveats = caveatsBlock(state.caveats || []);
+  if (caveats) root.append(caveats);
   const detail = detailLine(root, "hover or click a bar or a row for details");
   root.append(detail.line);
   return { node: root, dispose: detail.dispose };

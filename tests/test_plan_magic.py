@@ -191,3 +191,34 @@ def test_the_twin_returns_a_plan_with_numbers(mesh):
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION" in plan.memory_note
     assert isinstance(ns["y"], jax.ShapeDtypeStruct) and ns["y"].shape == (1024, 1024)
     assert np.isclose(plan.total_bytes, plan.argument_bytes + plan.output_bytes + plan.temp_bytes - plan.alias_bytes)
+
+
+@pytest.mark.parametrize("line, says", [
+    ("--plan --mesh mesh --hardware tpu-v5e --topology 3x3", "does not divide the mesh's 8"),
+    ("--plan --mesh mesh --hardware tpu-v5p --topology 4x4", "expected a 3-axis ICI slice"),
+    ("--plan --mesh mesh --hardware h100 --topology 2x4", "GPUs per NVLink domain"),
+    ("--plan --mesh mesh --hardware custom:flops=1e15,hbm=1e12,bw=1e11 --topology 8", "one flat network"),
+])
+def test_a_topology_that_does_not_match_is_a_usage_error_and_binds_nothing(step, line, says):
+    before = snapshot(step.user_ns)
+    with pytest.raises(UsageError) as err:
+        step.run_cell_magic("shard", line, "loss, grads = jax.value_and_grad(loss_fn)(params, batch)")
+    assert says in str(err.value)
+    assert snapshot(step.user_ns) == before
+
+
+def test_the_topology_option_and_the_view_name_the_slice(step):
+    _, (state,) = run(step, "shard", "--plan --mesh mesh --hardware tpu-v5e --topology 2x4",
+                      "loss, grads = jax.value_and_grad(loss_fn)(params, batch)")
+    assert state["topology"]["slice"] == [2, 4] and state["topology"]["given"] is True
+    assert "2x4 ICI slice, no wraparound" in state["topology"]["text"]
+
+
+def test_no_show_prints_one_line_and_still_binds(step):
+    with capture_output() as captured:
+        step.run_cell_magic("shard", "--plan --mesh mesh --hardware tpu-v5e --no-show",
+                            "loss, grads = jax.value_and_grad(loss_fn)(params, batch)")
+    assert not shown_widgets(captured) and not captured.outputs  # no view, and no status line left behind
+    assert captured.stdout.startswith("planned: ") and "per device (fits in 16.0 GiB)" in captured.stdout
+    assert "estimate" in captured.stdout and "bound by" in captured.stdout
+    assert isinstance(step.user_ns["grads"]["w1"], jax.ShapeDtypeStruct)

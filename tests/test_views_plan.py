@@ -15,7 +15,8 @@ from sample_states import plan_state
 
 HOSTILE = "<img src=x onerror=window.__xss=1>\"'&"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-ALLOWED_TAGS = {"style", "div", "span", "b", "i", "table", "thead", "tbody", "tr", "th", "td", "ul", "li"}
+ALLOWED_TAGS = {"style", "div", "span", "b", "i", "table", "thead", "tbody", "tr", "th", "td", "ul", "li", "details",
+                "summary"}
 GIB = 2**30
 
 
@@ -201,3 +202,20 @@ def test_the_gpu_preallocation_note_is_shown() -> None:
     state["memory"]["note"] = "JAX preallocates 75% of a GPU's memory by default: set XLA_PYTHON_CLIENT_MEM_FRACTION"
     assert state["memory"]["note"] in plan.to_text(state)
     assert html.escape(state["memory"]["note"]) in plan.to_html(state)
+
+
+def test_long_output_lists_and_caveats_are_folded() -> None:
+    state = plan_state()
+    state["outputs"] = [{"name": f"new_params['w{i}']", "shape": [8, 8], "dtype": "float32", "spec": ["data", None]}
+                        for i in range(19)]
+    state["caveats"] = [f"caveat {i}" for i in range(6)]
+    text = plan.to_text(state).splitlines()
+    assert "Outputs, bound as jax.ShapeDtypeStruct (19):" in text
+    assert "  … and 14 more (`%sharding NAME` shows one)" in text
+    assert sum(line.startswith("  new_params") for line in text) == 5
+    assert all(f"  - caveat {i}" in text for i in range(6))  # the text form keeps every caveat
+    page = body(plan.to_html(state))
+    assert '<details class="jpm-caveats" role="note"><summary class="jpm-h">How far to trust these figures (6 notes)' in page
+    assert '<details class="jpm-section"><summary class="jpm-h">Outputs' in page and "(19)</summary>" in page
+    short = body(plan.to_html(plan_state()))
+    assert '<details class="jpm-caveats" role="note" open>' in short  # two caveats: open

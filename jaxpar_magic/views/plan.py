@@ -215,9 +215,31 @@ def _collectives_html(state: dict[str, Any]) -> str:
     return "".join(out)
 
 
+#: Lists longer than these are folded (HTML: a closed <details>; text: the first few, then a count).
+FOLD_OUTPUTS = 8
+FOLD_CAVEATS = 3
+TEXT_OUTPUTS = 5
+
+
+def caveats_html(caveats: list) -> str:
+    """The caveats, folded when there are more than a few (they are the same in every plan)."""
+    if not caveats:
+        return ""
+    opened = " open" if len(caveats) <= FOLD_CAVEATS else ""
+    return (f'<details class="jpm-caveats" role="note"{opened}><summary class="jpm-h">How far to trust these figures '
+            f'({len(caveats)} notes)</summary><ul>' + "".join(f"<li>{esc(str(c))}</li>" for c in caveats)
+            + "</ul></details>")
+
+
 def _outputs_html(state: dict[str, Any]) -> str:
     outs = state.get("outputs") or []
-    out = ['<div class="jpm-section"><div class="jpm-h">Outputs, bound as <span class="jpm-mono">jax.ShapeDtypeStruct</span></div>']
+    head = 'Outputs, bound as <span class="jpm-mono">jax.ShapeDtypeStruct</span>'
+    if len(outs) > FOLD_OUTPUTS:  # a training step's new state: many arrays, folded
+        out = [f'<details class="jpm-section"><summary class="jpm-h">{head} ({len(outs)})</summary>']
+        close = "</details>"
+    else:
+        out = [f'<div class="jpm-section"><div class="jpm-h">{head}</div>']
+        close = "</div>"
     if not outs:
         return out[0] + '<div class="jpm-note">none</div></div>'
     out.append('<table class="jpm-table jpm-plan-table"><thead><tr><th>name</th><th>shape</th><th>sharding</th></tr></thead><tbody>')
@@ -228,12 +250,89 @@ def _outputs_html(state: dict[str, Any]) -> str:
             f'<td class="jpm-mono">{esc(format_shape(str(o.get("dtype")), o.get("shape") or []))}</td>'
             f'<td class="jpm-mono">{esc(spec)}</td></tr>'
         )
+    out.append("</tbody></table>" + close)
+    return "".join(out)
+
+
+def _row_cells(row: dict[str, Any]) -> dict[str, str]:
+    """A comparison row's figures as text (the twin of `rowCells` in js/plan.js)."""
+    if row.get("error"):
+        return {"error": f"failed: {row['error']}"}
+    mesh = " × ".join(f"{a['name']}={a['size']}" for a in row.get("axes") or [])
+    fit = "" if row.get("fits") is None else ("fits" if row["fits"] else "DOES NOT FIT")
+    memory = format_bytes(row.get("memory")) + (f" of {format_bytes(row['capacity'])}" if row.get("capacity") else "")
+    cells = {"mesh": mesh, "memory": memory, "fit": fit, "collective bytes": format_bytes(row.get("collective_bytes"))}
+    if row.get("estimate_s") is not None:
+        cells.update({"compute": format_seconds(row.get("compute_s")), "memory time": format_seconds(row.get("memory_s")),
+                      "collectives": format_seconds(row.get("collective_s")),
+                      "estimate": f"{format_seconds(row.get('estimate_s'))} – {format_seconds(row.get('serial_s'))}",
+                      "bound": str(row.get("bound_text") or row.get("bound"))})
+    return cells
+
+
+COMPARE_COLUMNS = ("mesh", "memory", "fit", "collective bytes", "compute", "memory time", "collectives", "estimate",
+                   "bound")
+
+
+def compare_text(state: dict[str, Any]) -> str:
+    """One line per layout, best first, each starting with its label."""
+    rows = state.get("rows") or []
+    width = max([len(str(r.get("label"))) for r in rows] + [5])
+    lines = [str(state.get("title") or "compare")]
+    for row in rows:
+        cells = _row_cells(row)
+        if "error" in cells:
+            lines.append(f"{row.get('label')!s:<{width}}  {cells['error']}")
+            continue
+        est = (f"estimate {cells['estimate']} ({cells['bound']}-bound) · " if "estimate" in cells else "")
+        times = (f" · compute {cells['compute']}, memory {cells['memory time']}, collectives {cells['collectives']}"
+                 if "estimate" in cells else "")
+        lines.append(f"{row.get('label')!s:<{width}}  {est}{cells['memory']} per device{', ' + cells['fit'] if cells['fit'] else ''}"
+                     f" · collectives move {cells['collective bytes']}{times} · {cells['mesh']}")
+    if any(r.get("estimate_s") is not None for r in rows):
+        lines.append("Estimates: communication overlapped with compute – none overlapped; best first, layouts that "
+                     "do not fit after those that do.")
+    else:
+        lines.append("No step-time estimate (give --hardware): ranked by memory per device.")
+    caveats = state.get("caveats") or []
+    if caveats:
+        lines.append("How far to trust these figures:")
+        lines += [f"  - {c}" for c in caveats]
+    return "\n".join(lines)
+
+
+def compare_html(state: dict[str, Any]) -> str:
+    rows = state.get("rows") or []
+    timed = any(r.get("estimate_s") is not None for r in rows)
+    columns = [c for c in COMPARE_COLUMNS if timed or c not in ("compute", "memory time", "collectives", "estimate", "bound")]
+    out = [style_block(), '<div class="jpm-view jpm-plan jpm-compare"><div class="jpm-head">'
+           f'<span class="jpm-title jpm-mono">{esc(str(state.get("title") or "compare"))}</span>'
+           '<span class="jpm-badge">planned, not run</span></div>',
+           '<div class="jpm-scroll"><table class="jpm-table jpm-plan-table"><thead><tr><th>layout</th>'
+           + "".join(f"<th>{esc(c)}</th>" for c in columns) + "</tr></thead><tbody>"]
+    for row in rows:
+        cells = _row_cells(row)
+        label = f'<td class="jpm-mono">{esc(str(row.get("label")))}</td>'
+        if "error" in cells:
+            out.append(f'<tr class="jpm-bad">{label}<td colspan="{len(columns)}">{esc(cells["error"])}</td></tr>')
+            continue
+        bad = ' class="jpm-bad"' if row.get("fits") is False else ""
+        out.append(f"<tr{bad}>{label}" + "".join(
+            f'<td class="{"jpm-num" if c not in ("mesh", "bound", "fit") else "jpm-mono"}">{esc(cells.get(c, ""))}</td>'
+            for c in columns) + "</tr>")
     out.append("</tbody></table></div>")
+    note = ("estimate: communication overlapped with compute – none overlapped; best first"
+            if timed else "no step-time estimate (give --hardware): ranked by memory per device")
+    out.append(f'<div class="jpm-note">{esc(note)}</div>')
+    out.append(caveats_html(state.get("caveats") or []))
+    out.append("</div>")
     return "".join(out)
 
 
 def to_html(state: dict[str, Any]) -> str:
     """Static HTML of a plan state (no script; every string escaped)."""
+    if state.get("kind") == "compare":
+        return compare_html(state)
     chips = "".join(chip(str(a.get("name")), str(a.get("size"))) for a in state.get("axes") or [])
     n = state.get("total_devices")
     head = (
@@ -258,13 +357,7 @@ def to_html(state: dict[str, Any]) -> str:
         out.append(f'<div class="jpm-note">{esc(NO_HARDWARE)}</div>')
     out.append(_collectives_html(state))
     out.append(_outputs_html(state))
-    caveats = state.get("caveats") or []
-    if caveats:
-        out.append(
-            '<div class="jpm-caveats" role="note"><div class="jpm-h">How far to trust these figures</div><ul>'
-            + "".join(f"<li>{esc(str(c))}</li>" for c in caveats)
-            + "</ul></div>"
-        )
+    out.append(caveats_html(state.get("caveats") or []))
     out.append("</div>")
     return "".join(out)
 
@@ -290,6 +383,8 @@ def memory_ascii(m: dict[str, Any], width: int = 48) -> str:
 
 def to_text(state: dict[str, Any]) -> str:
     """A terminal rendering of a plan state."""
+    if state.get("kind") == "compare":
+        return compare_text(state)
     lines = [str(state.get("title") or "plan")]
     facts = []
     if state.get("total_devices"):
@@ -342,10 +437,13 @@ def to_text(state: dict[str, Any]) -> str:
         lines.append(f"  … {len(colls) + omitted - min(len(colls), TEXT_COLLECTIVES)} more")
     outs = state.get("outputs") or []
     if outs:
-        lines.append("Outputs, bound as jax.ShapeDtypeStruct:")
-        for o in outs:
+        lines.append(f"Outputs, bound as jax.ShapeDtypeStruct ({len(outs)}):")
+        shown = outs if len(outs) <= FOLD_OUTPUTS else outs[:TEXT_OUTPUTS]
+        for o in shown:
             spec = "" if o.get("spec") is None else f" {format_spec(o['spec'])}"
             lines.append(f"  {o.get('name')}: {format_shape(str(o.get('dtype')), o.get('shape') or [])}{spec}")
+        if len(shown) < len(outs):
+            lines.append(f"  … and {len(outs) - len(shown)} more (`%sharding NAME` shows one)")
     caveats = state.get("caveats") or []
     if caveats:
         lines.append("How far to trust these figures:")
