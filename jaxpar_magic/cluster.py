@@ -448,16 +448,9 @@ class Cluster:
         and every other host must resolve the coordinator to a non-loopback address and reach its
         port (rank 0 listens on it for the check, then lets JAX have it)."""
         for place in places:
-            own = place["own_addresses"]
-            if _loopback(own[0]) is not False:  # loopback, or no address at all
-                others = ", ".join(place["interfaces"]) or "its network address"
-                raise UsageError(
-                    f"%cluster connect: on {place['host']}, the host's own name `{place['host']}` resolves to "
-                    f"{own[0]} first, not an address other hosts can dial. JAX's CPU collectives (Gloo) advertise "
-                    f"that address to the other hosts, which would then dial themselves and fail. Map "
-                    f"`{place['host']}` to {others} in /etc/hosts on {place['host']} (Debian maps a machine's own "
-                    "name to 127.0.1.1), restart its engine, and connect again."
-                )
+            problem = own_name_problem(place)
+            if problem:
+                raise UsageError(problem)
         host, port = _split_address(coordinator)
         rank0 = places[0]["host"]
         hint = (f"Pass `--coordinator ADDRESS:{port}` with {rank0}'s address as the other hosts see it"
@@ -1199,6 +1192,22 @@ def _launched_engine_count(profile: str | None, cluster_id: str | None) -> int |
     except Exception:  # no cluster file (engines started by hand with ipengine), or a stale one: count what came
         return None
     return sum(engine_set.n for engine_set in launched.engines.values()) or None
+
+
+def own_name_problem(place: dict) -> str | None:
+    """The UsageError's text when a host's own name (from `cluster_engine.whereami`) resolves to
+    nothing, or to loopback first: JAX's CPU collectives (Gloo) advertise the first address its
+    own name resolves to, so the other hosts would dial themselves. None when it is fine."""
+    host, own = place["host"], place["own_addresses"]
+    first = own[0] if own else "nothing"
+    if _loopback(first) is False:
+        return None
+    fix = ", ".join(place["interfaces"]) or "its network address"
+    said = (f"resolves to {first} first, a loopback address" if _loopback(first) else f"does not resolve there ({first})")
+    return (f"%cluster connect: on {host}, the host's own name `{host}` {said}. JAX's CPU collectives (Gloo) "
+            "advertise the address of a host's own name to the other hosts, which could then not dial it. Map "
+            f"`{host}` to {fix} in /etc/hosts on {host} (Debian maps a machine's own name to 127.0.1.1; containers "
+            "often have no entry at all), restart its engine, and connect again.")
 
 
 def _loopback(text: str) -> bool | None:

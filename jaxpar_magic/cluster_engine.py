@@ -91,7 +91,7 @@ def whereami() -> dict:
         # In the resolver's order: Gloo takes the first address it can bind, and 127.0.1.1 binds.
         own = list(dict.fromkeys(info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)))
     except OSError as error:
-        own = [f"unresolvable ({error.strerror or error})"]
+        own = [error.strerror or str(error)]
     return {"host": host, "pid": os.getpid(), "own_addresses": own, "interfaces": _interface_addresses()}
 
 
