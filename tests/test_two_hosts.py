@@ -234,7 +234,6 @@ def test_two_hosts_connect_partition_and_connect_again(hosts):
     while not marker.exists():
         assert time.monotonic() < until and loop.poll() is None, "the loop never started"
         time.sleep(0.05)  # waiting for the cell to reach its loop, with a deadline
-    time.sleep(0.5)
     subprocess.run([str(TWO_HOSTS), "cut"], env=machine.env, check=True, timeout=10)
     cut_at = time.monotonic()
     failed = kernel._answer(60)
