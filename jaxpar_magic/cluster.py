@@ -34,7 +34,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 
-from . import cluster_engine, hang_doctor
+from . import cluster_engine, hang_doctor, trees
 from .errors import UsageError
 from .progress import Progress
 
@@ -448,16 +448,9 @@ class Cluster:
         and every other host must resolve the coordinator to a non-loopback address and reach its
         port (rank 0 listens on it for the check, then lets JAX have it)."""
         for place in places:
-            own = place["own_addresses"]
-            if _loopback(own[0]) is not False:  # loopback, or no address at all
-                others = ", ".join(place["interfaces"]) or "its network address"
-                raise UsageError(
-                    f"%cluster connect: on {place['host']}, the host's own name `{place['host']}` resolves to "
-                    f"{own[0]} first, not an address other hosts can dial. JAX's CPU collectives (Gloo) advertise "
-                    f"that address to the other hosts, which would then dial themselves and fail. Map "
-                    f"`{place['host']}` to {others} in /etc/hosts on {place['host']} (Debian maps a machine's own "
-                    "name to 127.0.1.1), restart its engine, and connect again."
-                )
+            problem = own_name_problem(place)
+            if problem:
+                raise UsageError(problem)
         host, port = _split_address(coordinator)
         rank0 = places[0]["host"]
         hint = (f"Pass `--coordinator ADDRESS:{port}` with {rank0}'s address as the other hosts see it"
@@ -647,49 +640,79 @@ class Cluster:
 
     # --- moving data ----------------------------------------------------------------------------
     def push(self, values: dict, targets=None, timeout: float | None = None) -> None:
-        """Copy kernel values to every process (or `targets`) as they are, under their names."""
-        values = dict(values)
-        unsendable = _unsendable(values)
-        if unsendable:
-            name, problem = unsendable[0]
-            raise UsageError(f"%cluster push: {name!r} cannot be sent to the engines ({problem}). Push what it is "
-                             "made of, or build it on the cluster in a %%cluster cell.")
-        self.call("jaxpar_magic.cluster_engine:echo_bindings", values, targets=targets, timeout=timeout)
+        """Copy kernel values to every process (or `targets`) as they are, under their names. A
+        pytree (dict, registered dataclass, Equinox module, optax state) is rebuilt as the same type
+        there; its jax.Array leaves become jax.Arrays of each process."""
+        import jax
+        import numpy as np
+
+        packed = {}
+        for name, value in dict(values).items():
+            structure, leaves = trees.flatten(name, value)
+            unsendable = _unsendable({path: leaf for path, leaf in leaves})
+            if unsendable:
+                path, problem = unsendable[0]
+                raise UsageError(f"%cluster push: {trees.label(path, name)} cannot be sent to the engines ({problem}). "
+                                 "Push what it is made of, or build it on the cluster in a %%cluster cell.")
+            packed[name] = (structure, [("jax", np.asarray(leaf)) if isinstance(leaf, jax.Array)
+                                        else ("value", trees.canned(leaf)) for _, leaf in leaves])
+        self._push_packed({rank: packed for rank in self._ranks(targets)}, timeout)
 
     def scatter(self, values: dict, timeout: float | None = None) -> None:
         """Turn kernel arrays into global jax.Arrays of the same shape on the cluster: the leading
         axis is split over all global devices (1-D mesh axis "i", in `jax.devices()` order) and each
         process receives and holds only its own devices' rows
-        (`jax.make_array_from_process_local_data`)."""
+        (`jax.make_array_from_process_local_data`). Any pytree works: each array leaf is split so
+        (a 0-d leaf is replicated on every device), other leaves are sent as they are, and the same
+        type is rebuilt in every process."""
         import numpy as np
 
         self._require_running()
         device_count = len(self._global_devices)
-        rows_by_rank: dict[int, dict] = {rank: {} for rank in range(len(self.processes))}
-        shapes = {}
+        positions = {rank: [k for k, (_, process) in enumerate(self._global_devices) if process == rank]
+                     for rank in range(len(self.processes))}
+        packed: dict[int, dict] = {rank: {} for rank in positions}
         for name, value in values.items():
-            array = np.asarray(value)
-            rows = array.shape[0] if array.ndim else None
-            if rows is None or rows % device_count:
-                have = f"has {rows} rows" if rows is not None else "is a scalar"
-                raise UsageError(
-                    f"%cluster scatter {name}: {name!r} {have}; scatter splits the leading axis over the cluster's "
-                    f"{device_count} devices, so it needs a multiple of {device_count} rows. Pad or trim it, or "
-                    f"send it whole with `%cluster push {name}`."
-                )
-            per_device = rows // device_count
-            for rank in rows_by_rank:
-                positions = [k for k, (_, process) in enumerate(self._global_devices) if process == rank]
-                rows_by_rank[rank][name] = np.concatenate(
-                    [array[k * per_device:(k + 1) * per_device] for k in positions])
-            shapes[name] = array.shape
-        self._call("jaxpar_magic.cluster_engine:import_rows",
-                   {rank: (rows, shapes, AXIS_NAME) for rank, rows in rows_by_rank.items()}, timeout)
+            structure, leaves = trees.flatten(name, value)
+            entries: dict[int, list] = {rank: [] for rank in positions}
+            for path, leaf in leaves:
+                whole_value = path == name  # not inside a pytree: it must be an array (as before pytrees)
+                if not whole_value and not trees.is_array(leaf):
+                    for rank in positions:
+                        entries[rank].append(("value", trees.canned(leaf)))
+                    continue
+                array = np.asarray(leaf)
+                if array.ndim == 0 and not whole_value:  # a pytree's scalar (optax's count): on every device
+                    for rank in positions:
+                        entries[rank].append(("whole", array))
+                    continue
+                rows = array.shape[0] if array.ndim else None
+                if rows is None or rows % device_count:
+                    have = f"has {rows} rows, which do not split" if rows is not None else "is a scalar, which does not split"
+                    raise UsageError(
+                        f"%cluster scatter {name}: {trees.label(path, name)} {have} over the cluster's {device_count} "
+                        f"devices ({len(self.processes)} processes): scatter splits the leading axis evenly, so it "
+                        f"needs a multiple of {device_count} rows. Pad or trim it, or send it whole with "
+                        f"`%cluster push {name}`."
+                    )
+                per_device = rows // device_count
+                for rank, places in positions.items():
+                    local = np.concatenate([array[k * per_device:(k + 1) * per_device] for k in places])
+                    entries[rank].append(("rows", local, array.shape))
+            for rank in positions:
+                packed[rank][name] = (structure, entries[rank])
+        self._push_packed(packed, timeout)
+
+    def _push_packed(self, packed_by_rank: dict[int, dict], timeout: float | None) -> None:
+        self._call("jaxpar_magic.cluster_engine:import_trees",
+                   {rank: (packed, AXIS_NAME) for rank, packed in packed_by_rank.items()}, timeout)
 
     def gather(self, names, timeout: float | None = None) -> dict:
         """Bring cluster values into the kernel: a global jax.Array as one numpy array of its global
         shape (assembled from each process's replica-0 shards), anything else as a list with one
-        value per process. An unknown name is a UsageError."""
+        value per process. A pytree with global jax.Array leaves comes back as one value of the same
+        type, those leaves assembled and the others taken from process 0. An unknown name is a
+        UsageError."""
         names = [names] if isinstance(names, str) else list(names)
         replies = self.call("jaxpar_magic.cluster_engine:export_values", names, timeout=timeout)
         gathered = {}
@@ -706,17 +729,23 @@ class Cluster:
                     f"%cluster gather {name}: {name!r} is defined in some processes but not in {_processes(missing)}; "
                     "gather needs it in every process."
                 )
-            unsendable = [rank for rank, item in enumerate(items) if item[0] == "unsendable"]
-            if unsendable:
-                kind, problem = items[unsendable[0]][1:]
+            bad = [(rank, path, entry) for rank, item in enumerate(items) for path, entry in item[2]
+                   if entry[0] == "unsendable"]
+            if bad:
+                _, path, (_, kind, problem) = bad[0]
+                ranks = sorted({rank for rank, p, _ in bad if p == path})
                 raise UsageError(
-                    f"%cluster gather {name}: {name!r} is a {kind} in {_processes(unsendable)}, which cannot be sent "
-                    f"to the kernel ({problem}). Gather something picklable made from it (e.g. a list or an array)."
+                    f"%cluster gather {name}: {trees.label(path, name)} is a {kind} in {_processes(ranks)}, which "
+                    f"cannot be sent to the kernel ({problem}). Gather something picklable made from it (e.g. a "
+                    "list or an array)."
                 )
-            if items[0][0] == "global":
-                gathered[name] = _assemble(name, items)
+            if any(entry[0] == "global" for _, entry in items[0][2]):
+                leaves = [_assemble(path, [item[2][k][1] for item in items]) if entry[0] == "global"
+                          else trees.uncanned(entry[1]) for k, (path, entry) in enumerate(items[0][2])]
+                gathered[name] = trees.rebuild(name, items[0][1], leaves)
             else:
-                gathered[name] = [item[1] for item in items]
+                gathered[name] = [trees.rebuild(name, item[1], [trees.uncanned(entry[1]) for _, entry in item[2]])
+                                  for item in items]
         return gathered
 
     # --- the waiting machinery ---------------------------------------------------------------------
@@ -1163,6 +1192,22 @@ def _launched_engine_count(profile: str | None, cluster_id: str | None) -> int |
     except Exception:  # no cluster file (engines started by hand with ipengine), or a stale one: count what came
         return None
     return sum(engine_set.n for engine_set in launched.engines.values()) or None
+
+
+def own_name_problem(place: dict) -> str | None:
+    """The UsageError's text when a host's own name (from `cluster_engine.whereami`) resolves to
+    nothing, or to loopback first: JAX's CPU collectives (Gloo) advertise the first address its
+    own name resolves to, so the other hosts would dial themselves. None when it is fine."""
+    host, own = place["host"], place["own_addresses"]
+    first = own[0] if own else "nothing"
+    if _loopback(first) is False:
+        return None
+    fix = ", ".join(place["interfaces"]) or "its network address"
+    said = (f"resolves to {first} first, a loopback address" if _loopback(first) else f"does not resolve there ({first})")
+    return (f"%cluster connect: on {host}, the host's own name `{host}` {said}. JAX's CPU collectives (Gloo) "
+            "advertise the address of a host's own name to the other hosts, which could then not dial it. Map "
+            f"`{host}` to {fix} in /etc/hosts on {host} (Debian maps a machine's own name to 127.0.1.1; containers "
+            "often have no entry at all), restart its engine, and connect again.")
 
 
 def _loopback(text: str) -> bool | None:

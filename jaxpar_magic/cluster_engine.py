@@ -91,7 +91,7 @@ def whereami() -> dict:
         # In the resolver's order: Gloo takes the first address it can bind, and 127.0.1.1 binds.
         own = list(dict.fromkeys(info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)))
     except OSError as error:
-        own = [f"unresolvable ({error.strerror or error})"]
+        own = [error.strerror or str(error)]
     return {"host": host, "pid": os.getpid(), "own_addresses": own, "interfaces": _interface_addresses()}
 
 
@@ -278,32 +278,27 @@ def import_rows(namespace: dict, rows: dict, global_shapes: dict, axis_name: str
     return reply, bindings
 
 
+def import_trees(namespace: dict, packed: dict, axis_name: str) -> tuple[dict, dict]:
+    """Push's and scatter's engine side: `packed[name]` is (pickled structure, leaf entries), each
+    entry as `trees.unpack_leaf` reads it; every value is rebuilt as the same type. No collective
+    runs: scattered leaves are only this process's rows, placed on its own devices."""
+    from . import trees
+
+    bindings = {name: trees.rebuild(name, structure, [trees.unpack_leaf(entry, axis_name) for entry in entries])
+                for name, (structure, entries) in packed.items()}
+    return {name: type(value).__name__ for name, value in bindings.items()}, bindings
+
+
 def export_values(namespace: dict, names: list[str]) -> tuple[dict, dict]:
-    """Gather's engine side. Per name: ("missing",), ("global", shape, dtype, shards) for a
-    jax.Array spanning processes (only the shards with replica_id 0, with their indices), or
-    ("value", value) for anything else (a process-local jax.Array as numpy)."""
-    import jax
-    import numpy as np
+    """Gather's engine side. Per name: ("missing",), or ("tree", pickled structure, [(path, entry)])
+    with each leaf as `trees.export_leaf` sends it."""
+    from . import trees
 
     reply = {}
-    from ipyparallel.serialize import serialize_object
-
     for name in names:
         if name not in namespace:
             reply[name] = ("missing",)
             continue
-        value = namespace[name]
-        if isinstance(value, jax.Array) and not value.is_fully_addressable:
-            shards = [(shard.index, np.asarray(shard.data)) for shard in value.addressable_shards
-                      if shard.replica_id == 0]
-            reply[name] = ("global", tuple(value.shape), str(value.dtype), shards)
-        elif isinstance(value, jax.Array):
-            reply[name] = ("value", np.asarray(value))
-        else:
-            try:
-                serialize_object(value)
-            except Exception as error:  # whatever stops it from travelling, the kernel says so for this name
-                reply[name] = ("unsendable", type(value).__name__, f"{type(error).__name__}: {error}")
-                continue
-            reply[name] = ("value", value)
+        structure, leaves = trees.flatten(name, namespace[name])
+        reply[name] = ("tree", structure, [(path, trees.export_leaf(leaf)) for path, leaf in leaves])
     return reply, {}

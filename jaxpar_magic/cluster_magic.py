@@ -7,11 +7,14 @@ subcommand. Nothing here starts, waits or moves data itself: `cluster.py` does.
 """
 from __future__ import annotations
 
+import contextlib
+import time
+
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from .errors import UsageError
 from .lines import python_names, shell_words
-from .progress import Progress
+from .progress import Progress, StatusLine, kept_lines
 
 
 class _Parser(MagicArgumentParser):
@@ -147,8 +150,9 @@ def cell(shell, line: str, cell: str, default_timeout: float) -> None:
     timeout = _timeout(args.timeout, default_timeout, "%%cluster")
     cluster = _running("%%cluster")
     targets = parse_targets(args.targets, len(cluster.processes))
+    count = len(targets) if targets is not None else len(cluster.processes)
     try:
-        with Progress(f"running on {len(targets) if targets is not None else len(cluster.processes)} processes"):
+        with _replaced_status(f"running on {count} processes", lambda s: f"ran on {count} processes in {s:.1f} s"):
             cluster.execute(cell, targets=targets, timeout=timeout)
     except ClusterCellError as error:
         explained = explain_missing_name(error, shell.user_ns)
@@ -177,23 +181,41 @@ def parse_targets(words: list[str] | None, count: int) -> list[int] | None:
 
 
 # --- subcommands ---------------------------------------------------------------------------------
-def _start(shell, args, default_timeout):
+@contextlib.contextmanager
+def _replaced_status(label: str | None, done=None):
+    """`with _replaced_status("pushing x", done) as show:` a status line while the block runs (past a second),
+    then replaced by the outcome: what the block gave `show(obj)`, or else the line `done(seconds)`.
+    Never an empty output left behind. `label` None: the block shows its own lines (starting
+    engines 1/2), and those are replaced the same way."""
     from IPython.display import display
 
+    shown: list = []
+    started = time.monotonic()
+    with kept_lines() as slots:
+        with Progress(label) if label else contextlib.nullcontext():
+            yield shown.append
+        outcome = shown[0] if shown else (StatusLine(done(time.monotonic() - started)) if done else None)
+        if outcome is not None and not slots.fill(outcome) and shown:
+            display(outcome)  # no line was shown (a quick block): the outcome goes below
+        slots.close()
+
+
+def _start(shell, args, default_timeout):
     from .cluster import Cluster
 
-    cluster = Cluster.start(args.n, simulate=args.simulate, timeout=_timeout(args.timeout, None, "%cluster start"))
-    display(cluster.status())
+    with _replaced_status(None) as show:
+        cluster = Cluster.start(args.n, simulate=args.simulate,
+                                timeout=_timeout(args.timeout, None, "%cluster start"))
+        show(cluster.status())
 
 
 def _connect(shell, args, default_timeout):
-    from IPython.display import display
-
     from .cluster import Cluster
 
-    cluster = Cluster.connect(profile=args.profile, cluster_id=args.cluster_id, coordinator=args.coordinator,
-                              timeout=_timeout(args.timeout, None, "%cluster connect"), n=args.n)
-    display(cluster.status())
+    with _replaced_status(None) as show:
+        cluster = Cluster.connect(profile=args.profile, cluster_id=args.cluster_id, coordinator=args.coordinator,
+                                  timeout=_timeout(args.timeout, None, "%cluster connect"), n=args.n)
+        show(cluster.status())
 
 
 def _status(shell, args, default_timeout):
@@ -218,36 +240,37 @@ def _stop(shell, args, default_timeout):
 
 
 def _restart(shell, args, default_timeout):
-    from IPython.display import display
-
     from .cluster import current, last
 
     cluster = current() or last()
     if cluster is None:
         raise UsageError("%cluster restart: no cluster has run in this kernel; start one with "
                          "`%cluster start -n 2 --simulate 4`.")
-    cluster.restart(timeout=_timeout(args.timeout, None, "%cluster restart"))
+    with _replaced_status(None) as show:
+        cluster.restart(timeout=_timeout(args.timeout, None, "%cluster restart"))
+        show(cluster.status())
     print("restarted: every name defined on the cluster was lost; re-run the cells that define them, or "
           "`%cluster push`/`scatter` them again.")
-    display(cluster.status())
 
 
 def _push(shell, args, default_timeout):
     values = _kernel_values(shell, args.names, "push")
-    with Progress(f"pushing {' '.join(args.names)}"):
+    names = " ".join(args.names)
+    with _replaced_status(f"pushing {names}", lambda s: f"pushed {names} to every process in {s:.1f} s"):
         _running("%cluster push").push(values, timeout=_timeout(args.timeout, default_timeout, "push"))
 
 
 def _scatter(shell, args, default_timeout):
     values = _kernel_values(shell, args.names, "scatter")
-    with Progress(f"scattering {' '.join(args.names)}"):
+    names = " ".join(args.names)
+    with _replaced_status(f"scattering {names}", lambda s: f"scattered {names} over the cluster in {s:.1f} s"):
         _running("%cluster scatter").scatter(values, timeout=_timeout(args.timeout, default_timeout, "scatter"))
 
 
 def _gather(shell, args, default_timeout):
     names = python_names(args.names, "%cluster gather")
     timeout = _timeout(args.timeout, default_timeout, "gather")
-    with Progress(f"gathering {' '.join(names)}"):
+    with _replaced_status(f"gathering {' '.join(names)}", lambda s: f"gathered {' '.join(names)} in {s:.1f} s"):
         gathered = _running("%cluster gather").gather(names, timeout=timeout)
     shell.user_ns.update(gathered)
 

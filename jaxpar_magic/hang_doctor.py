@@ -92,18 +92,29 @@ def read_report(stderr_text: str) -> list[dict] | None:
 
 
 def describe(frames: list[dict]) -> str | None:
-    """"at line 5 of the cell (`total = psum(x).block_until_ready()`), waiting in `block_until_ready`;
-    the line calls `psum`, a collective", from the main thread's frames (innermost first)."""
+    """Where the main thread waits, from its frames (innermost first): "at line 5 of the cell
+    (`total = psum(x).block_until_ready()`); that line calls `psum`, a collective every process
+    must reach", or for a request that is no cell, the function the engine was asked to run
+    ("in `probe` (cluster_engine.py, line 193), waiting in `..._allgather`; it is inside
+    `sync_global_devices`, ...")."""
     if not frames:
         return None
-    cell = next((f for f in frames if not f["on_disk"]), None)  # cells are compiled from text
     innermost = frames[0]
-    if cell is None:
-        return f"waiting in `{innermost['name']}` ({os.path.basename(innermost['file'])}, line {innermost['line']})"
-    where = f"at line {cell['line']} of the cell" + (f" (`{cell['text']}`)" if cell["text"] else "")
-    if innermost is not cell:
+    # A cell is compiled from text that linecache knows; ipyparallel's own apply code has none.
+    cell = next((f for f in frames if not f["on_disk"] and f["text"]), None)
+    if cell is not None:
+        where = f"at line {cell['line']} of the cell (`{cell['text']}`)"
+        entry = cell
+    else:
+        outside = next((k for k, f in enumerate(frames) if not f["on_disk"]), len(frames))
+        entry = frames[max(outside - 1, 0)]  # the function the engine was asked to run
+        where = f"in `{entry['name']}` ({os.path.basename(entry['file'])}, line {entry['line']})"
+    if innermost is not entry:
         where += f", waiting in `{innermost['name']}`"
-    collective = _COLLECTIVE.search(cell["text"])
-    if collective:
-        where += f"; that line calls `{collective.group(1)}`, a collective every process must reach"
+    called = _COLLECTIVE.search(cell["text"]) if cell is not None else None
+    inside = next((f["name"] for f in frames if f["name"] in COLLECTIVES), None)
+    if called:
+        where += f"; that line calls `{called.group(1)}`, a collective every process must reach"
+    elif inside:
+        where += f"; it is inside `{inside}`, a collective every process must reach"
     return where

@@ -164,6 +164,58 @@ def test_scatter_needs_a_multiple_of_the_device_count(cluster, ip):
         cluster_magic.line(ip, "scatter scalar", TIMEOUT)
 
 
+PARAMS_CLASS = """
+import dataclasses, jax
+@dataclasses.dataclass
+class Params:
+    w: object
+    b: object
+    name: str = dataclasses.field(default="layer", metadata=dict(static=True))
+jax.tree_util.register_dataclass(Params)
+"""
+
+
+def test_pytrees_travel_and_come_back_as_the_same_type(cluster, ip):
+    ip.run_cell(PARAMS_CLASS)
+    run(ip, PARAMS_CLASS)  # as a notebook does: the class defined in the kernel and on the cluster
+    ip.run_cell("import numpy as np, optax, jax.numpy as jnp\n"
+                "p = Params(np.arange(16.0).reshape(8, 2), np.ones(8, np.float32), name='dense')\n"
+                "opt = optax.adam(0.1).init({'w': jnp.ones((8, 2))})")
+    cluster_magic.line(ip, "push p opt", TIMEOUT)
+    said = run(ip, "print(type(p).__name__, p.name, type(p.w).__name__, float(p.w.sum()), "
+                   "type(opt[0]).__name__, type(opt[0].mu['w']).__name__, int(opt[0].count))")
+    for rank in (0, 1):  # a copy in every process, rebuilt as the same types (jax.Array leaves stay jax.Arrays)
+        assert f"[process {rank}] Params dense ndarray 120.0 ScaleByAdamState ArrayImpl 0" in said, said
+
+    cluster_magic.line(ip, "scatter p opt", TIMEOUT)
+    run(ip, "spread = [not leaf.is_fully_addressable for leaf in jax.tree.leaves((p, opt))]\n"
+            "rows_here = p.w.addressable_shards[0].data.shape[0]\n"
+            "new = Params(p.w * 2, p.b + 1, name=p.name)")
+    got = gather(["spread", "rows_here"])
+    assert got["spread"] == [[True] * 5] * 2  # w, b, count (replicated), mu, nu: all global arrays
+    assert got["rows_here"] == [1, 1]
+    cluster_magic.line(ip, "gather new opt", TIMEOUT)
+    new, opt = ip.user_ns["new"], ip.user_ns["opt"]
+    assert isinstance(new, ip.user_ns["Params"]) and new.name == "dense"
+    np.testing.assert_array_equal(new.w, np.arange(16.0).reshape(8, 2) * 2)
+    np.testing.assert_array_equal(new.b, np.full(8, 2.0))
+    assert type(opt[0]).__name__ == "ScaleByAdamState" and int(opt[0].count) == 0
+    np.testing.assert_array_equal(opt[0].mu["w"], np.zeros((8, 2)))
+
+    # A mistake on a leaf names the leaf.
+    ip.run_cell("bad = Params(np.zeros((9, 2)), np.zeros(8))")
+    with pytest.raises(UsageError, match=r"`bad\.w` has 9 rows, which do not split over the cluster's 8 devices"):
+        cluster_magic.line(ip, "scatter bad", TIMEOUT)
+    ip.run_cell("import threading\nholder = {'weights': np.ones(3), 'lock': threading.Lock()}")
+    with pytest.raises(UsageError, match=r"push: `holder\['lock'\]` cannot be sent to the engines"):
+        cluster_magic.line(ip, "push holder", TIMEOUT)
+    # A type only the kernel knows: say where to define it, not a raw unpickling error.
+    ip.run_cell("@dataclasses.dataclass\nclass KernelOnly:\n    v: object\n"
+                "jax.tree_util.register_dataclass(KernelOnly)\nlonely = KernelOnly(np.ones(8))")
+    with pytest.raises(UsageError, match="pytree whose type is unknown here.*%%cluster cell"):
+        cluster_magic.line(ip, "push lonely", TIMEOUT)
+
+
 def test_gather_of_a_replicated_global_array_counts_each_element_once(cluster, ip):
     run(ip, """
 grid = Mesh(np.array(jax.devices()).reshape(2, 4), ("proc", "dev"))

@@ -137,7 +137,7 @@ def test_divergent_collective_times_out_and_breaks_the_cluster(healthy, ip):
     message = str(caught.value)
     assert "no answer from process 0 within the 10 s timeout (process 1 had finished)" in message
     # Where it waits, told by the stuck process itself (the hang doctor), though SIGINT cannot reach it.
-    assert ("Process 0 waits at line 5 of the cell (`total = psum(x).block_until_ready()`); that line calls "
+    assert ("Process 0 waits at line 4 of the cell (`total = psum(x).block_until_ready()`); that line calls "
             "`psum`, a collective every process must reach") in message
     assert "%cluster restart" in message
     status = cluster_magic.line(ip, "status", TIMEOUT)

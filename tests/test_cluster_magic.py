@@ -154,3 +154,31 @@ def test_connect_to_a_missing_profile_says_how_to_start_one(ip):
 def test_connect_checks_the_coordinator_address(ip):
     with pytest.raises(UsageError, match="--coordinator node0:http: give HOST:PORT"):
         cluster_magic.line(ip, "connect --coordinator node0:http", TIMEOUT)
+
+
+@pytest.mark.parametrize("own, said", [
+    (["127.0.1.1", "10.231.0.2"], "resolves to 127.0.1.1 first, a loopback address"),
+    (["Name or service not known"], "does not resolve there (Name or service not known)"),
+])
+def test_a_host_whose_own_name_resolves_badly_is_named_with_the_fix(own, said):
+    place = {"host": "hostb", "pid": 1, "own_addresses": own, "interfaces": ["10.231.0.2"]}
+    problem = cluster_module.own_name_problem(place)
+    assert problem.startswith(f"%cluster connect: on hostb, the host's own name `hostb` {said}.")
+    assert "Map `hostb` to 10.231.0.2 in /etc/hosts on hostb" in problem
+    assert cluster_module.own_name_problem({**place, "own_addresses": ["10.231.0.2", "127.0.1.1"]}) is None
+
+
+def test_a_cluster_error_renders_as_one_paragraph():
+    # IPython skips the traceback only for an exact UsageError; a ClusterError says it itself.
+    error = cluster_module.ClusterError("the cluster is broken: process 1 died. Run `%cluster restart`.")
+    assert error._render_traceback_() == ["ClusterError: the cluster is broken: process 1 died. Run `%cluster restart`."]
+
+
+def test_recovery_depends_on_who_started_the_engines():
+    connected = cluster_module.Cluster(owned=False, options={"profile": "pod", "cluster_id": None, "n": 2,
+                                                            "coordinator": "hosta:12355", "timeout": None})
+    said = connected._recovery()
+    assert "`%cluster restart` cannot help" in said and "`ipcluster stop`, then `ipcluster start`" in said
+    assert "`%cluster connect --profile pod -n 2 --coordinator hosta:12355` again in this kernel" in said
+    started = cluster_module.Cluster(owned=True, options={"n": 2, "simulate": 4, "timeout": None})
+    assert started._recovery().startswith("Run `%cluster restart`")

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 
+import psutil
 import pytest
 
 from jaxpar_magic import hang_doctor
@@ -93,7 +94,10 @@ def test_a_stuck_process_says_where_it_waits():
                             text=True)
     try:
         assert proc.stdout.readline() == "waiting\n"
-        time.sleep(0.2)  # into the wait
+        main_thread = psutil.Process(proc.pid)
+        until = time.monotonic() + 10
+        while main_thread.status() != psutil.STATUS_SLEEPING and time.monotonic() < until:
+            pass  # the main thread is about to block in its wait (it printed just before)
         proc.send_signal(signal.SIGUSR1)
         report = proc.stderr.readline()
     finally:
@@ -109,7 +113,17 @@ def test_a_stuck_process_says_where_it_waits():
 
 def test_describe_without_a_cell_names_the_innermost_frame():
     frames = [{"file": "/x/jax/_src/array.py", "line": 12, "name": "block_until_ready", "text": "", "on_disk": True}]
-    assert hang_doctor.describe(frames) == "waiting in `block_until_ready` (array.py, line 12)"
+    assert hang_doctor.describe(frames) == "in `block_until_ready` (array.py, line 12)"
+    # A request that is no cell (ipyparallel's apply runs "<string>", which linecache does not know).
+    frames = [
+        {"file": "/x/jax/multihost_utils.py", "line": 135, "name": "_allgather", "text": "...", "on_disk": True},
+        {"file": "/x/jax/multihost_utils.py", "line": 165, "name": "sync_global_devices", "text": "...", "on_disk": True},
+        {"file": "/x/jaxpar_magic/cluster_engine.py", "line": 193, "name": "probe", "text": "...", "on_disk": True},
+        {"file": "<string>", "line": 1, "name": "<module>", "text": "", "on_disk": False},
+        {"file": "/x/ipyparallel/engine/kernel.py", "line": 157, "name": "do_apply", "text": "exec(code)", "on_disk": True},
+    ]
+    assert hang_doctor.describe(frames) == ("in `probe` (cluster_engine.py, line 193), waiting in `_allgather`; it is "
+                                            "inside `sync_global_devices`, a collective every process must reach")
     assert hang_doctor.describe([]) is None
     assert hang_doctor.read_report("plain output\n") is None
     assert hang_doctor.read_report(hang_doctor.MARK + json.dumps(frames) + "\n") == frames
