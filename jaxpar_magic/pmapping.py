@@ -23,9 +23,9 @@ from .fingerprints import fingerprint
 from .inputs import absent_builtins, classify
 from .prepared import PreparedCell
 from .runner import (
-    CACHE_SIZE, BoundedCache, CellProgram, ProgramFacts, analyse_cached, block_on_cpu_collectives, capture_outputs,
-    cell_function, collectives_view_state, compile_progress, Rerun, facts_for, has_collectives_on_cpu, program_facts,
-    run_program, traced,
+    CACHE_SIZE, BoundedCache, CellProgram, ProgramFacts, Rerun, analyse_cached, block_on_cpu_collectives,
+    capture_outputs, cell_function, collectives_view_state, compile_progress, facts_for, has_collectives_on_cpu,
+    program_facts, recording, run_program, traced,
 )
 
 # --- block mode --------------------------------------------------------------------------------
@@ -139,8 +139,6 @@ def _compile_block(cell, inputs, broadcast, mesh, namespace, collectives: bool =
     import jax
     from jax.sharding import PartitionSpec as P
 
-    from .recorder import record_collectives
-
     fn = cell_function(cell, inputs, namespace)
     k = len(mesh.axis_names)
     squeeze, expand = _squeeze(k), _expand(k)
@@ -148,7 +146,7 @@ def _compile_block(cell, inputs, broadcast, mesh, namespace, collectives: bool =
     program = CellProgram(jitted=None)
     # --collectives: the same cell, evaluated so that every collective also hands out a small
     # preview of its input and output, as extra outputs of this one program.
-    program.recording = record_collectives(fn, mesh.axis_names) if collectives else None
+    program.recording = recording(fn, inputs, mesh.axis_names) if collectives else None
 
     def per_device(*blocks):
         values = [squeeze(b) if mapped else b for b, mapped in zip(blocks, mapped_flags)]
@@ -515,7 +513,13 @@ class ParallelFunction:
 
         statics = tuple((i, args[i]) for i in self.static_argnums if i < len(args))
         dynamic = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
-        recording = record_collectives(self.__wrapped__, self.axis_names)
+        names = self._arg_names(len(args))
+
+        def argument(path):  # `params['w1']`: the argument's name and the leaf's path
+            return names[path[0].idx] + jax.tree_util.keystr(tuple(path[1:])) if path else None
+
+        recording = record_collectives(self.__wrapped__, self.axis_names, label_input=argument,
+                                       label_output=lambda path: "returned" + jax.tree_util.keystr(tuple(path)))
         jitted = self._build(statics, self._effective_in_axes(args), recording)
         out, records = self._explained(jitted, dynamic)
         jax.block_until_ready(out)

@@ -86,6 +86,8 @@ class Site:
     recorded: bool = True
     why_not: str | None = None
     slot: int | None = None  # its entry in the records: None when nothing (not even a count) is kept
+    value: str | None = None  # the value it moves, by name and leaf path (`grads['w1']`), when it can be told
+    variables: tuple = field(default=(None, None), repr=False, compare=False)  # (operand, result) jaxpr vars
 
     @property
     def in_loop(self) -> bool:
@@ -270,6 +272,7 @@ class _Planner:
                 out_shape=out_shape, out_dtype=out_dtype,
                 frames=tuple((f.file_name, int(f.line_num), f.function_name) for f in user), loops=loops,
             )
+            site.variables = (invar, outvar)
             if why_not is not None:
                 site.recorded, site.why_not = False, why_not
             elif len(self.sites) >= self.max_cards:
@@ -602,11 +605,15 @@ class Recording:
     slot; `sites` are the calls' static facts from the latest trace.
     """
 
-    def __init__(self, fn: Callable, axis_names: Sequence[str], max_cards: int = MAX_CARDS):
+    def __init__(self, fn: Callable, axis_names: Sequence[str], max_cards: int = MAX_CARDS,
+                 label_output: Callable | None = None, label_input: Callable | None = None):
         self.fn = fn
         self.axis_names = tuple(axis_names)
         self.max_cards = max_cards
         self.sites: list[Site] = []
+        # key path -> the name a card gives a value (`grads['w1']`): of fn's outputs, of its arguments
+        self.label_output = label_output
+        self.label_input = label_input
 
     def __call__(self, *args):
         import jax
@@ -620,15 +627,19 @@ class Recording:
             for i, value in zip(traced, values):
                 full[i] = value
             out = self.fn(*jax.tree.unflatten(tree, full))
-            out_leaves, out_tree = jax.tree.flatten(out)
+            with_paths, out_tree = jax.tree_util.tree_flatten_with_path(out)
+            out_leaves = [leaf for _, leaf in with_paths]
             keep = [i for i, leaf in enumerate(out_leaves) if isinstance(leaf, jax.core.Tracer)]
-            returned.update(leaves=out_leaves, tree=out_tree, keep=keep)
+            returned.update(leaves=out_leaves, tree=out_tree, keep=keep, paths=[with_paths[i][0] for i in keep])
             return [out_leaves[i] for i in keep]
 
         closed = jax.make_jaxpr(traced_fn)(*[leaves[i] for i in traced])
         planner = _Planner(self.max_cards)
         planner.walk(closed.jaxpr, (), (), None)
         self.sites = planner.sites
+        in_paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(args)[0]]
+        _name_values(closed.jaxpr, planner.sites, self._labels(self.label_output, returned["paths"]),
+                     self._labels(self.label_input, [in_paths[i] for i in traced]))
         by_slot = {s.slot: s for s in planner.sites if s.slot is not None}
         state = {slot: _varying_over(_empty_record(site), self.axis_names) for slot, site in by_slot.items()}
         outs, state = _Interpreter(planner, self.axis_names).run(
@@ -640,9 +651,48 @@ class Recording:
         return jax.tree.unflatten(returned["tree"], out_leaves), records
 
 
-def record_collectives(fn: Callable, axis_names: Sequence[str], max_cards: int = MAX_CARDS) -> Recording:
-    """`fn` (a per-device function) made to also return bounded records of its collective calls."""
-    return Recording(fn, axis_names, max_cards)
+    @staticmethod
+    def _labels(label, paths) -> list:
+        return [label(path) for path in paths] if label is not None else [None] * len(paths)
+
+
+#: Primitives that pass a value on unchanged in meaning (a dtype, a shape, a scale): a collective's
+#: result that reaches a named output only through these is that output.
+_PASS_ON = {"convert_element_type", "reshape", "squeeze", "expand_dims", "broadcast_in_dim", "copy", "copy_p",
+            "mul", "div", "neg"}
+
+
+def _name_values(jaxpr, sites, output_labels, input_labels) -> None:
+    """Name each top-level collective call by the value it moves: the named output its result
+    becomes (`grads['w1']` for `grads = lax.pmean(grads, 'i')`), else the input it reduces."""
+    outputs = {id(v): label for v, label in zip(jaxpr.outvars, output_labels) if label}
+    inputs = {id(v): label for v, label in zip(jaxpr.invars, input_labels) if label}
+    users: dict[int, list] = {}
+    for eqn in jaxpr.eqns:
+        for v in eqn.invars:
+            users.setdefault(id(v), []).append(eqn)
+    for site in sites:
+        operand, result = site.variables
+        var = result
+        for _ in range(6):  # a few pass-on steps at most: beyond that it is a new value
+            if var is None or id(var) in outputs:
+                break
+            consumers = users.get(id(var), [])
+            if len(consumers) != 1 or consumers[0].primitive.name not in _PASS_ON:
+                var = None
+                break
+            var = consumers[0].outvars[0]
+        if var is not None and id(var) in outputs:
+            site.value = outputs[id(var)]
+        elif operand is not None and id(operand) in inputs:
+            site.value = inputs[id(operand)]
+
+
+def record_collectives(fn: Callable, axis_names: Sequence[str], max_cards: int = MAX_CARDS, *,
+                       label_output: Callable | None = None, label_input: Callable | None = None) -> Recording:
+    """`fn` (a per-device function) made to also return bounded records of its collective calls.
+    `label_output` / `label_input` name fn's output and argument leaves by key path, for the cards."""
+    return Recording(fn, axis_names, max_cards, label_output, label_input)
 
 
 # --- host side: the cards ------------------------------------------------------------------------------
@@ -776,6 +826,7 @@ def _card(site: Site, record, mesh_axes, ids, drawn: int, where, compiled) -> di
     return {
         "index": 0,
         "op": op,
+        "value": site.value,
         "primitive": site.primitive,
         "line": line,
         "source": source,

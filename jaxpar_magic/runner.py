@@ -201,6 +201,31 @@ def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = 
     return on_leaves
 
 
+def recording(fn, inputs, axis_names):
+    """The --collectives recording of a cell function: its cards name what each call moves, by the
+    cell's own names and leaf paths (`pmean grads['w1']`)."""
+    import jax
+
+    from .recorder import record_collectives
+
+    def output_label(path):
+        if not path or getattr(path[0], "idx", None) not in (0, 1):
+            return None
+        if path[0].idx == 1:  # the final expression
+            return "(result)" + jax.tree_util.keystr(tuple(path[1:]))
+        name = getattr(path[1], "key", None) if len(path) > 1 else None
+        if not isinstance(name, str) or name.startswith("<"):  # a write-back, not a name of the cell
+            return None
+        return name + jax.tree_util.keystr(tuple(path[2:]))
+
+    def input_label(path):
+        if len(path) != 2:
+            return None
+        return inputs[path[0].idx].label(path[1].idx)
+
+    return record_collectives(fn, axis_names, label_output=output_label, label_input=input_label)
+
+
 def split_write_backs(outputs: dict) -> tuple[dict, dict]:
     """(the cell's own outputs, {input name: its new NNX state}) from an engine's rebuilt outputs."""
     prefix, suffix = WRITE_BACK.split("{}")

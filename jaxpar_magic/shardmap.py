@@ -23,7 +23,7 @@ from .inputs import absent_builtins, classify
 from .prepared import PreparedCell
 from .runner import (
     BoundedCache, CellProgram, ProgramFacts, Rerun, analyse_cached, capture_outputs, cell_function,
-    collectives_view_state, facts_for, run_program, traced, within_mesh,
+    collectives_view_state, facts_for, recording, run_program, traced, within_mesh,
 )
 from .treespecs import normalize, spec_names
 from .shard import check_spec, is_mesh, resolve_mesh, spec_mesh_axes
@@ -144,11 +144,9 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, collect
     import jax
     from jax.sharding import PartitionSpec as P
 
-    from .recorder import record_collectives
-
     fn = cell_function(cell, inputs, namespace)
     program = CellProgram(jitted=None)
-    program.recording = record_collectives(fn, mesh.axis_names) if collectives else None
+    program.recording = recording(fn, inputs, mesh.axis_names) if collectives else None
     found: dict = {}  # name -> (varying axes, per-leaf ndims) of every value computed on the devices
 
     def probe(*blocks):

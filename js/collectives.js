@@ -616,6 +616,7 @@ function drawCard(card, ctx) {
     "div",
     { class: "jpm-coll-head" },
     h("span", { class: "jpm-op", text: card.op }),
+    card.value ? h("span", { class: "jpm-value", text: card.value }) : null,
     card.primitive && card.primitive !== card.op ? h("span", { class: "jpm-sub", text: `(${card.primitive})` }) : null,
     card.in_shape || card.out_shape ? h("span", { class: "jpm-chip" }, h("b", { text: shapesText(card) })) : null,
     (card.axes || []).length ? h("span", { class: "jpm-chip" }, "over ", h("b", { text: card.axes.join(", ") })) : null,

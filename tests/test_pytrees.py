@@ -367,3 +367,21 @@ def test_the_package_never_imports_flax_unless_the_user_did():
     """)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "False", "False"]
+
+
+# --- --collectives names what each call moves --------------------------------------------------------
+
+def test_collective_cards_name_the_leaf_path(tree_ns):
+    from IPython.utils.capture import capture_output
+
+    from shell_helpers import shown_widgets
+
+    tree_ns.push({"params": {"w1": jnp.ones((8, 3, 2)), "w2": jnp.ones((8, 2))}, "x": jnp.arange(8.0)})
+    with capture_output() as shown:
+        cell(tree_ns, "pmap", "--collectives --no-show",
+             "grads = jax.tree.map(lambda p: p * 2, params)\ngrads = lax.pmean(grads, 'i')\ntotal = lax.psum(x, 'i')")
+    views = [w for w in shown_widgets(shown) if type(w).__name__ == "CollectivesView"]
+    cards = views[0].state["cards"]
+    assert [(c["op"], c["value"]) for c in cards] == [("pmean", "grads['w1']"), ("pmean", "grads['w2']"),
+                                                      ("psum", "total")]
+    assert "pmean grads['w1']" in views[0].to_text() and "grads[&#x27;w1&#x27;]" in views[0].to_html()

@@ -576,6 +576,8 @@ def _steps_summary(card: dict[str, Any]) -> str:
 def _card_html(card: dict[str, Any], state: dict[str, Any]) -> str:
     op = str(card.get("op"))
     head = f'<span class="jpm-op">{esc(op)}</span>'
+    if card.get("value"):
+        head += f'<span class="jpm-value">{esc(str(card["value"]))}</span>'
     if card.get("primitive") and card.get("primitive") != op:
         head += f'<span class="jpm-sub">({esc(str(card["primitive"]))})</span>'
     if card.get("in_shape") or card.get("out_shape"):
@@ -659,7 +661,7 @@ def _one_line(text: Any, limit: int = 28) -> str:
 
 def _card_text(card: dict[str, Any], state: dict[str, Any]) -> list[str]:
     op = str(card.get("op"))
-    head = f"[{card.get('index', '?')}] {op}"
+    head = f"[{card.get('index', '?')}] {op}" + (f" {card['value']}" if card.get("value") else "")
     if card.get("in_shape") or card.get("out_shape"):
         head += f"  {shapes_text(card)}"
     if card.get("axes"):

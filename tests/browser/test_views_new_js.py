@@ -94,6 +94,7 @@ def test_collective_cards_8_devices(view_page: Any, artifacts: Any) -> None:
     assert "↑28 B" in psum.locator(".jpm-bytes").nth(0).inner_text()
     assert ("bytes* sent ↑ and received ↓ per device, estimated from the array sizes and the ring algorithm; "
             "the compiled collective's result buffer: 16 B per device (its size, not what it sends)") in psum.inner_text()
+    assert psum.locator(".jpm-value").count() == 0  # a card names its value only when it is known
     to_all = cards.filter(has=host.page.locator(".jpm-op", has_text="all_to_all")).first
     assert "pairwise exchange: all-to-all (7 steps)" in to_all.inner_text() and "ring" not in to_all.inner_text()
     # Inspection: hovering a curve fills the detail line.
@@ -281,6 +282,14 @@ def test_rerender_and_cleanup(view_page: Any) -> None:
     assert counts == [1, 0, 0, 0]
 
 
+def test_a_card_names_the_value_it_moves(view_page: Any) -> None:
+    state = collectives_state([collective_card("pmean", 8)], 8)
+    state["cards"][0]["value"] = "grads['w1']"
+    host = view_page.mount("collectives", state)
+    assert host.locator(".jpm-coll-head .jpm-value").inner_text() == "grads['w1']"
+    assert "pmean" in host.locator(".jpm-coll-head").inner_text()
+
+
 def test_hostile_strings_are_text(view_page: Any) -> None:
     state = every_op_state(8)
     state["title"] = HOSTILE
@@ -288,6 +297,7 @@ def test_hostile_strings_are_text(view_page: Any) -> None:
     for c in state["cards"]:
         c["source"] = HOSTILE
         c["op"] = HOSTILE
+        c["value"] = HOSTILE  # a leaf path can hold any dict key
         c["axes"] = [HOSTILE]
         c["why_not"] = HOSTILE
         for it in c["iterations"]:
