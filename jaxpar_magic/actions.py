@@ -124,7 +124,8 @@ def pmap(options, source, namespace, defaults) -> Outcome:
             cell, ns, mesh, broadcast=tuple(options.broadcast), split=tuple(options.split), merge=tuple(options.merge)))
     if show:
         outputs = dict(result.per_device)
-        if result.has_final and result.final_per_device and not result.cell.final_is_output:
+        if result.has_final and result.final_per_device and not result.cell.final_is_output \
+                and not result.cell.silenced:
             outputs["(result)"] = result.final
         figures = report_figures(result.facts, result.run_ms) if options.report and result.facts else None
         sizes = "x".join(str(s) for s in result.mesh.devices.shape)
@@ -161,7 +162,8 @@ def shard(options, source, namespace, defaults) -> Outcome:
     if show:
         shown = dict(result.placed)
         shown.update({n: result.outputs[n] for n in result.device_outputs})
-        if result.has_final and result.final_is_array and not result.cell.final_is_output:
+        if result.has_final and result.final_is_array and not result.cell.final_is_output \
+                and not result.cell.silenced:
             shown["(result)"] = result.final
         outcome.views += [v for name, value in shown.items() for v in sharding_views(name, value)]
     if options.report and result.facts is not None:
@@ -191,7 +193,8 @@ def shard_map(options, source, namespace, defaults) -> Outcome:
             cell, ns, mesh, options.in_specs, options.out_specs, options.check_vma), options, mesh)
     if show:
         device = {n: result.outputs[n] for n in result.device_outputs}
-        if result.has_final and result.final_is_array and not result.cell.final_is_output:
+        if result.has_final and result.final_is_array and not result.cell.final_is_output \
+                and not result.cell.silenced:
             device["(result)"] = result.final
         sizes = ", ".join(f"{n}={s}" for n, s in result.mesh.shape.items())
         figures = report_figures(result.facts, result.run_ms) if options.report and result.facts else None

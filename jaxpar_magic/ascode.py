@@ -280,10 +280,6 @@ def _concrete(mesh, option: str) -> None:
 
 # --- the cell's own lines ------------------------------------------------------------------------------
 
-def _silenced(source: str) -> bool:
-    return source.rstrip().endswith(";")
-
-
 def _string_rows(source: str) -> set[int]:
     """Rows (1-based) that begin inside a multi-line string: indenting them would change the string."""
     rows: set[int] = set()
@@ -352,7 +348,7 @@ def _returns(cell: cells.Cell, program, device_shapes: dict, final_shape, same_w
     device = list(program.device_outputs)
     plain = list(program.static_outputs)
     kind, name = None, None
-    if cell.has_final_expression and not _silenced(cell.source):
+    if cell.has_final_expression and not cells.silenced(cell.source):
         traced = bool(program.final_per_device and program.final_per_device[0])
         last = cell.tree.body[-1].value
         if cell.final_is_output and last.id in device + plain and same_when_bound(last.id):

@@ -38,6 +38,11 @@ class Cell:
         last = self.tree.body[-1] if self.has_final_expression and self.tree.body else None
         return isinstance(last, ast.Expr) and isinstance(last.value, ast.Name) and last.value.id in self.writes
 
+    @property
+    def silenced(self) -> bool:
+        """A trailing `;` silences the cell's value (IPython's rule): no Out, no "(result)" view."""
+        return silenced(self.source)
+
     def line(self, lineno: int) -> str:
         return linecache.getline(self.filename, lineno).strip()
 
@@ -47,6 +52,11 @@ class Cell:
             if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Load):
                 return node.lineno
         return 1
+
+
+def silenced(source: str) -> bool:
+    """A trailing `;` silences a cell's value, as for any IPython cell."""
+    return source.rstrip().endswith(";")
 
 
 class StatementNames(ast.NodeVisitor):

@@ -336,5 +336,6 @@ def _transformed(shell, cell: str) -> str:
 
 
 def _silenced(cell: str) -> bool:
-    """A trailing `;` silences the cell's value, as for any IPython cell."""
-    return cell.rstrip().endswith(";")
+    from .cell import silenced
+
+    return silenced(cell)

@@ -138,9 +138,10 @@ def expected_views(nb: nbformat.NotebookNode) -> list[tuple[int, str]]:
     * `%devices` shows a ``devices`` view;
     * a block-mode `%%pmap` cell (no `def`, no `--no-show`) shows a ``results`` view;
     * `%mesh` (no `--no-show`) shows a ``mesh`` view;
-    * `%sharding a b` shows one ``sharding`` view per name;
+    * `%sharding a b` shows one ``sharding`` view per name (a ``tree`` view for a pytree: the test
+      counts both as ``sharding``);
     * `%%shard` (no `--no-show`) shows one ``sharding`` view per `--in` name, then one per name
-      its body assigns at top level (every such name must hold an array); with `--report` it then
+      its body assigns at top level (an array, or a pytree with array leaves); with `--report` it then
       shows a ``results`` view (the program report), even with `--no-show`;
     * `%%shard_map` (no `--no-show`) shows a ``results`` view (every device's block), then one
       ``sharding`` view per name its body assigns at top level (every such name must hold an
