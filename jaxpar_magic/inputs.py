@@ -230,6 +230,7 @@ def classify(cell, namespace: dict, named: dict | None = None, abstract: bool = 
             if tree is None:
                 constants.append(name)
             else:
+                _check_traceable(tree, value, cell)
                 inputs.append(tree)
         elif not hasattr(builtins, name):
             lineno = cell.first_read(name)
@@ -247,6 +248,21 @@ def classify(cell, namespace: dict, named: dict | None = None, abstract: bool = 
                     f"reads before assigning them; this cell's inputs are: {', '.join(names) or 'none'}."
                 )
     return tuple(inputs), tuple(constants)
+
+
+def _check_traceable(tree: TreeInput, value, cell) -> None:
+    """A NumPy leaf of strings or objects can be neither traced (JAX computes on numbers) nor kept
+    as a static leaf (it is an array): say which leaf, before JAX says "not a valid JAX type"."""
+    for index, (_, dtype) in enumerate(tree.signature):
+        if getattr(dtype, "kind", "f") in "OSUV":
+            label = tree.label(index)
+            lineno = cell.first_read(tree.name)
+            raise UsageError(
+                f"`{label}` is a NumPy array of {dtype} (read on line {lineno} of the cell: `{cell.line(lineno)}`): "
+                f"JAX traces arrays of numbers and booleans only, and an array is never a static leaf. Make it a "
+                f"tuple or a list (its items are then static, part of what the program is compiled for), or keep "
+                f"it out of {tree.name!r}."
+            )
 
 
 def absent_builtins(cell, namespace: dict) -> tuple[str, ...]:
