@@ -8,15 +8,29 @@ from .errors import UsageError
 
 def plan_cell(source: str, namespace: dict, *, magic: str = "shard", mesh=None, in_specs=None, out_specs=None,
               axis_name: str = "i", devices=None, broadcast=(), split=(), merge=(), check_vma: bool = True,
-              hardware=None, device_memory=None, topology: str | None = None, bind: bool = True):
+              hardware=None, device_memory=None, topology: str | None = None, bind: bool = True,
+              status: bool = False):
     """Compile `source` as `magic`'s cell for its mesh without running it.
 
     `hardware` is a profile name ("tpu-v5e"), "custom:flops=...,hbm=...,bw=...,memory=..." or a
     `hardware.Hardware`; `device_memory` bytes or a size ("16GiB"); `topology` the physical slice
     ("4x8", see topology.py) the mesh is laid onto, by default as jax.make_mesh would. With `bind`, the names the cell
     assigns go into `namespace` as ShapeDtypeStructs (plain values as they are), so the next cell
-    can be planned from them.
+    can be planned from them. With `status`, a wait over a second shows a status line in the cell
+    (the magics, whose view then takes its place); the plain-Python twin shows none, since nothing
+    it returns would replace the line.
     """
+    import contextlib
+
+    from .progress import disabled
+
+    with contextlib.nullcontext() if status else disabled():
+        return _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, devices, broadcast, split,
+                          merge, check_vma, hardware, device_memory, topology, bind)
+
+
+def _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, devices, broadcast, split, merge,
+               check_vma, hardware, device_memory, topology, bind):
     from .hardware import parse_hardware, parse_memory_size, with_topology
     from .runner import analyse_cached
 
