@@ -92,7 +92,7 @@ class PlannedCollective:
     source: str | None = None
     seconds: float | None = None  # modelled time of all its calls (with hardware)
     bound: str | None = None  # what bounds it: "ici" | "dcn" | "latency"
-    parts: dict | None = None  # seconds of its near-network bandwidth, far-network bandwidth and latency
+    parts: dict | None = None  # its seconds by where they go: "ici", "dcn", "latency" (they add up to seconds)
     upcast_from: str | None = None  # the program's dtype, where XLA:CPU moves it as f32
     operand_bytes: int | None = None  # its operands on one device, in the program's dtypes
 
