@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from .errors import UsageError
+from .planned import engine_spec
 
 LAYOUT_KEYS = ("mesh", "in", "out")
 EXAMPLE = ('layouts = {"dp": {"mesh": mesh, "in": {"x": P("data", None), "w": P()}}, '
@@ -42,14 +43,6 @@ class Row:
             "serial_s": r.serial_s if r else None, "bound": r.bound if r else None,
             "bound_text": r.bound_text if r else None,
         }
-
-
-def engine_spec(spec):
-    """A PartitionSpec in the tuple form the engines take; anything else (a tuple, a pytree of
-    PartitionSpecs) as given."""
-    from jax.sharding import PartitionSpec
-
-    return tuple(spec) if isinstance(spec, PartitionSpec) else spec
 
 
 def _specs(value, label: str, key: str, name: str) -> dict:

@@ -379,11 +379,11 @@ def _float_dtypes(type_text: str) -> set[str]:
     return {d for d, _ in _ARRAY.findall(type_text) if d.startswith(("f", "bf")) and d != "f8"} or set()
 
 
-def program_types(lowered_text: str) -> dict[tuple, str]:
+def program_types(lowered_text: str, instructions: list | None = None) -> dict[tuple, str]:
     """(op_name, frames) -> the one floating dtype the program (before XLA's passes) gives the
     operations of that name and place; places with several are left out."""
     seen: dict[tuple, set[str]] = {}
-    for ins in _instructions(lowered_text):
+    for ins in instructions if instructions is not None else _instructions(lowered_text):
         if ins.key is not None:
             seen.setdefault(ins.key, set()).update(_float_dtypes(ins.type))
     return {key: next(iter(types)) for key, types in seen.items() if len(types) == 1}
@@ -511,10 +511,16 @@ def _type_bytes(type_text: str) -> int:
     return sum(_array_bytes(d, s) for d, s in _ARRAY.findall(type_text))
 
 
-def matmul_flops(lowered_text: str) -> dict[str, float]:
+def program_facts(lowered_text: str) -> tuple[dict[tuple, str], dict[str, float]]:
+    """`program_types` and `matmul_flops` of the lowered (pre-XLA) program, read in one pass."""
+    instructions = _instructions(lowered_text)
+    return program_types(lowered_text, instructions), matmul_flops(lowered_text, instructions)
+
+
+def matmul_flops(lowered_text: str, instructions: list | None = None) -> dict[str, float]:
     """FLOPs of the program's matmuls by the rate class they run at: "bf16" (and f16), "f32" at
     JAX's default precision, "f32-high", "f32-highest", "int8" (and fp8); global, before partitioning."""
-    instructions = _instructions(lowered_text)
+    instructions = instructions if instructions is not None else _instructions(lowered_text)
     types = {i.name: i.type for i in instructions}
     flops: dict[str, float] = {}
     for ins in instructions:

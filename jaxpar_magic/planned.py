@@ -6,6 +6,14 @@ from __future__ import annotations
 from .errors import UsageError
 
 
+def engine_spec(spec):
+    """A PartitionSpec in the tuple form the engines take; anything else (a tuple, a pytree of
+    PartitionSpecs) as given."""
+    from jax.sharding import PartitionSpec
+
+    return tuple(spec) if isinstance(spec, PartitionSpec) else spec
+
+
 def plan_cell(source: str, namespace: dict, *, magic: str = "shard", mesh=None, in_specs=None, out_specs=None,
               axis_name: str = "i", devices=None, broadcast=(), split=(), merge=(), check_vma: bool = True,
               hardware=None, device_memory=None, topology: str | None = None, bind: bool = True,
@@ -52,8 +60,6 @@ def _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, d
                           split=tuple(split), merge=tuple(merge), hardware=hardware, device_memory=device_memory)
     elif magic in ("shard", "shard_map"):
         from .shard import is_mesh, resolve_mesh
-
-        from .compare import engine_spec
 
         in_specs = {n: engine_spec(s) for n, s in (in_specs or {}).items()}
         out_specs = {n: engine_spec(s) for n, s in (out_specs or {}).items()}

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from .errors import UsageError, explain_trace_error, user_line
 from .hardware import Hardware, parse_hardware, parse_memory_size
 from .costs import Roofline, estimate, ring_array_bytes
-from .hlo import Collective, collectives, matmul_flops, program_types, upcasts
+from .hlo import Collective, collectives, program_facts, upcasts
 from .topology import Topology, topology_for
 
 CPU_DEVICE_CEILING = 2048  # XLA's CPU backend: 4,096 devices fail with "Multiprocess computations aren't implemented"
@@ -574,7 +574,8 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
     cost = _cost(compiled)
     text = compiled.as_text()
     program = lowered.as_text(dialect="hlo", debug_info=True)  # the program's own dtypes, before XLA:CPU's passes
-    upcast = upcasts(text, program_types(program))
+    types, matmuls = program_facts(program)
+    upcast = upcasts(text, types)
     planned = plan_collectives(collectives(text, None, filename, upcast.shadows), mesh, line_text, filename)
     flops, cpu_bytes = _figure(cost, "flops"), _figure(cost, "bytes accessed")
     bytes_accessed = max(0.0, cpu_bytes - upcast.traffic_bytes) if cpu_bytes is not None else None
@@ -585,7 +586,7 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         caveats.append(LOOP_CAVEAT)
     times = None
     if hardware is not None:
-        times, planned = estimate(flops, bytes_accessed, planned, hardware, laid_out, matmul_flops(program))
+        times, planned = estimate(flops, bytes_accessed, planned, hardware, laid_out, matmuls)
         caveats.append(ROOFLINE_CAVEAT)
         if hardware.kind == "gpu":
             caveats.append(GPU_CAVEAT)
