@@ -265,14 +265,9 @@ def _plan(magic: str, options, source, namespace, **engine_options) -> Outcome:
 
     if options.plan.compare is not None or options.plan.search:
         return _compare(magic, options, source, namespace, **engine_options)
-    import contextlib
-
-    from .progress import disabled
-
     quiet = options.show is False  # no view to take a status line's place: show none, print one line
-    with disabled() if quiet else contextlib.nullcontext():
-        plan = plan_cell(source, namespace, magic=magic, hardware=options.plan.hardware,
-                         device_memory=options.plan.device_memory, bind=False, **engine_options)
+    plan = plan_cell(source, namespace, magic=magic, hardware=options.plan.hardware,
+                     device_memory=options.plan.device_memory, bind=False, status=not quiet, **engine_options)
     sizes = ", ".join(f"{n}={s}" for n, s in plan.axes.items())
     title = f"%%{magic} --plan over {plan.mesh.devices.size} devices ({sizes})"
     if quiet:
@@ -297,7 +292,7 @@ def _compare(magic: str, options, source, namespace, **engine_options) -> Outcom
         layouts = read_layouts("layouts", {"layouts": search_layouts(namespace, plan.search, inputs, devices)})
         what = f"--search {' '.join(plan.search)} over {devices} devices"
     rows = compare_cell(source, namespace, layouts, magic=magic, hardware=plan.hardware,
-                        device_memory=plan.device_memory, **engine_options)
+                        device_memory=plan.device_memory, status=True, **engine_options)
     profile = f" on {plan.hardware.name}" if plan.hardware is not None else ""
     title = f"%%{magic} --plan {what}{profile}: {len(rows)} layouts, best first"
     state = comparison_state(title, rows, plan.hardware)

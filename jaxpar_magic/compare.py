@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from .errors import UsageError
+from .planned import engine_spec
 
 LAYOUT_KEYS = ("mesh", "in", "out")
 EXAMPLE = ('layouts = {"dp": {"mesh": mesh, "in": {"x": P("data", None), "w": P()}}, '
@@ -42,14 +43,6 @@ class Row:
             "serial_s": r.serial_s if r else None, "bound": r.bound if r else None,
             "bound_text": r.bound_text if r else None,
         }
-
-
-def engine_spec(spec):
-    """A PartitionSpec in the tuple form the engines take; anything else (a tuple, a pytree of
-    PartitionSpecs) as given."""
-    from jax.sharding import PartitionSpec
-
-    return tuple(spec) if isinstance(spec, PartitionSpec) else spec
 
 
 def _specs(value, label: str, key: str, name: str) -> dict:
@@ -96,9 +89,11 @@ def _reason(exc: BaseException) -> str:
 
 
 def compare_cell(source: str, namespace: dict, layouts: dict, *, magic: str = "shard", hardware=None,
-                 device_memory=None, topology: str | None = None, **engine_options) -> list[Row]:
+                 device_memory=None, topology: str | None = None, status: bool = False,
+                 **engine_options) -> list[Row]:
     """Plan `source` once per layout (label -> (mesh, in specs, out specs)); rows best first: by
-    estimated step time with a profile (else by memory per device), layouts that fail last."""
+    estimated step time with a profile (else by memory per device), layouts that fail last. With
+    `status` (the magic, whose view replaces it), one status line says which layout is planning."""
     from .hardware import parse_hardware, with_topology
     from .planned import plan_cell
     from .topology import topology_for
@@ -113,29 +108,28 @@ def compare_cell(source: str, namespace: dict, layouts: dict, *, magic: str = "s
                 topology_for(hardware, {str(n): int(s) for n, s in mesh.shape.items()}, hardware.topology)
             except UsageError as err:
                 raise UsageError(f"layout {label!r}: {err}") from None
-    from .progress import Progress, disabled
+    from .progress import Progress
 
     rows = []
-    status = Progress("planning layouts")  # one line for the whole comparison, replaced by its view
-    with status:
+    line = Progress("planning layouts", enabled=None if status else False)  # one line for the whole comparison
+    with line:
         for index, (label, (mesh, in_specs, out_specs)) in enumerate(layouts.items()):
-            status.update(f"planning layout {index + 1}/{len(layouts)} ({label})")
+            line.update(f"planning layout {index + 1}/{len(layouts)} ({label})")
             rows.append(_plan_row(plan_cell, label, source, namespace, magic, mesh, in_specs, out_specs, hardware,
-                                  device_memory, topology, engine_options, disabled))
+                                  device_memory, topology, engine_options))
     return sorted(rows, key=_rank)
 
 
 def _plan_row(plan_cell, label, source, namespace, magic, mesh, in_specs, out_specs, hardware, device_memory,
-              topology, engine_options, disabled) -> Row:
-    with disabled():  # the comparison's own status line says which layout is planning
-        try:
-            plan = plan_cell(source, namespace, magic=magic, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                             hardware=hardware, device_memory=device_memory, topology=topology, bind=False,
-                             **engine_options)
-        except KeyboardInterrupt:
-            raise
-        except Exception as exc:  # a layout that cannot be planned is a row, not the cell's failure
-            return Row(label, error=_reason(exc))
+              topology, engine_options) -> Row:
+    try:  # plan_cell shows no status line of its own: the comparison's says which layout is planning
+        plan = plan_cell(source, namespace, magic=magic, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                         hardware=hardware, device_memory=device_memory, topology=topology, bind=False,
+                         **engine_options)
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # a layout that cannot be planned is a row, not the cell's failure
+        return Row(label, error=_reason(exc))
     return Row(label, plan)
 
 

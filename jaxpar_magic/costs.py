@@ -79,8 +79,8 @@ def time_collectives(planned: list, topology: Topology) -> list:
             continue
         t = collective_time(topology, c.op, c.axes, c.bytes, ring_array_bytes(c), c.group_size)
         calls = c.count or 1
-        timed.append(replace(c, seconds=t.seconds * calls, bound=t.bound, parts={
-            "ici": t.ici_s * calls, "dcn": t.dcn_s * calls, "latency": t.latency_s * calls}))
+        timed.append(replace(c, seconds=t.seconds * calls, bound=t.bound,
+                             parts={kind: s * calls for kind, s in t.split.items()}))
     return timed
 
 
@@ -92,8 +92,8 @@ def estimate(flops: float | None, bytes_accessed: float | None, planned: list, h
     timed = time_collectives(planned, topology)
     split = {"ici": 0.0, "dcn": 0.0, "latency": 0.0}
     for c in timed:
-        if c.seconds:  # each collective's time goes to what bounds it
-            split[c.bound] += c.seconds
+        for kind, seconds in (c.parts or {}).items():  # ICI stage, DCN stage, or latency
+            split[kind] += seconds
     collective_s = sum(split.values())
     overlapped = max(compute_s, memory_s, collective_s)
     parts = {"compute": compute_s, "memory": memory_s, "collectives": collective_s}

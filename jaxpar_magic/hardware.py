@@ -66,7 +66,9 @@ class Hardware:
             return self.peaks[dtype_class], _RATE_NAMES.get(dtype_class, dtype_class)
         if self.kind == "tpu" and dtype_class in _TPU_PASSES:
             passes = _TPU_PASSES[dtype_class]
-            return self.peak_flops / passes, "bf16 peak" if passes == 1 else f"bf16 peak / {passes} passes"
+            if passes == 1:
+                return self.peak_flops, "bf16 peak: JAX's default precision does f32 matmuls in one bf16 pass"
+            return self.peak_flops / passes, f"bf16 peak / {passes}: f32 matmuls in {passes} bf16 passes"
         if dtype_class == "bf16" or self.kind == "custom":
             return self.peak_flops, "bf16 peak" if self.kind != "custom" else "peak"
         return self.peak_flops, f"bf16 peak (no sourced {dtype_class} rate for {self.name})"

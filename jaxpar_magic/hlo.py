@@ -314,9 +314,9 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
         count = counts.get(owner[index], 1) if owner[index] is not None else 1
         defined = _DEFINITION.match(line)
         low = (shadows or {}).get(defined.group("name")) if defined else None
-        if low:  # the program's own dtype: half the bytes XLA:CPU's f32 copy moves
-            shape, size = with_program_dtype(shape, low), size * _DTYPE_BYTES[low] // 4
-            operands = operands * _DTYPE_BYTES[low] // 4 if operands is not None else None
+        if low:  # the program's own dtypes: the bytes XLA:CPU's f32 copy moves, less the upcast
+            shape, size, operands = program_shape(shape, size, operands, low)
+            low = low if isinstance(low, str) else next(t for t in low if t)
         found.append(Collective(m.group("op"), shape, size, groups, pairs, user_line, operands, count, low))
     return found
 
@@ -343,6 +343,7 @@ class _Instruction:
     callee: str | None
     key: tuple | None  # (op_name, source frames): the same operation in the lowered and the compiled module
     computation: str | None
+    line: str = ""
 
 
 def _instructions(text: str) -> list[_Instruction]:
@@ -370,7 +371,7 @@ def _instructions(text: str) -> list[_Instruction]:
             chain = tuple(frames.get(int(frame.group(1)), [])) if frame else ()
             key = (op_name.group(1), chain)
         found.append(_Instruction(m.group("name"), m.group("type"), m.group("op"), operands,
-                                  callee.group(1) if callee else None, key, current))
+                                  callee.group(1) if callee else None, key, current, line))
     return found
 
 
@@ -378,11 +379,11 @@ def _float_dtypes(type_text: str) -> set[str]:
     return {d for d, _ in _ARRAY.findall(type_text) if d.startswith(("f", "bf")) and d != "f8"} or set()
 
 
-def program_types(lowered_text: str) -> dict[tuple, str]:
+def program_types(lowered_text: str, instructions: list | None = None) -> dict[tuple, str]:
     """(op_name, frames) -> the one floating dtype the program (before XLA's passes) gives the
     operations of that name and place; places with several are left out."""
     seen: dict[tuple, set[str]] = {}
-    for ins in _instructions(lowered_text):
+    for ins in instructions if instructions is not None else _instructions(lowered_text):
         if ins.key is not None:
             seen.setdefault(ins.key, set()).update(_float_dtypes(ins.type))
     return {key: next(iter(types)) for key, types in seen.items() if len(types) == 1}
@@ -446,10 +447,19 @@ def upcasts(compiled_text: str, types: dict[tuple, str]) -> Upcasts:
             continue
         program = types.get(ins.key) if ins.key is not None else None
         if ins.op in OPS or ins.op.endswith(("-start", "-done")):
-            operand_types = {shadows.get(o) for o in ins.operands if o in by_name}
-            if len(operand_types) == 1 and None not in operand_types:
-                shadows[ins.name] = operand_types.pop()
+            per = [shadows.get(o) for o in ins.operands if o in by_name]
+            if per and all(isinstance(t, str) for t in per) and len(set(per)) == 1:
+                shadows[ins.name] = per[0]
                 continue
+            if any(isinstance(t, str) for t in per) and len(per) == len(_ARRAY.findall(ins.type)):
+                shadows[ins.name] = tuple(t if isinstance(t, str) else None for t in per)  # a combined collective
+                continue
+        if ins.op == "get-tuple-element" and isinstance(shadows.get(ins.operands[0] if ins.operands else ""), tuple):
+            index = re.search(r"index=(\d+)", ins.line)
+            element = shadows[ins.operands[0]][int(index.group(1))] if index else None
+            if element:
+                shadows[ins.name] = element
+            continue
         if program in _LOW_FLOATS:
             shadows[ins.name] = program
     traffic = 0.0
@@ -460,10 +470,30 @@ def upcasts(compiled_text: str, types: dict[tuple, str]) -> Upcasts:
         if ins.name in artifacts:
             traffic += _type_bytes(ins.type) + sum(b for _, b in sizes)
             continue
-        traffic += sum(b / 2 for o, b in sizes if o in shadows)
+        traffic += sum(_saving(by_name[o].type, shadows[o]) for o, _ in sizes if o in shadows)
         if ins.name in shadows:
-            traffic += _type_bytes(ins.type) / 2
+            traffic += _saving(ins.type, shadows[ins.name])
     return Upcasts(shadows, artifacts, traffic)
+
+
+def _saving(type_text: str, shadow) -> float:
+    """Bytes an f32 value (or tuple of them) takes beyond the program's own 16-bit dtypes."""
+    arrays = _ARRAY.findall(type_text)
+    lows = shadow if isinstance(shadow, tuple) else (shadow,) * len(arrays)
+    return sum(_array_bytes(d, dims) * (1 - _DTYPE_BYTES[low] / 4) for (d, dims), low in zip(arrays, lows)
+               if low and d == "f32")
+
+
+def program_shape(shape: str, size: int, operands: int | None, shadow) -> tuple[str, int, int | None]:
+    """A collective's shape, bytes and operand bytes in the program's dtypes (`shadow`: one dtype, or
+    one per element of a combined collective, None where XLA:CPU's f32 is the program's too)."""
+    parts = _ARRAY.findall(shape)
+    lows = shadow if isinstance(shadow, tuple) else (shadow,) * len(parts)
+    saved = sum(_array_bytes(d, dims) * (1 - _DTYPE_BYTES[low] / 4) for (d, dims), low in zip(parts, lows)
+                if low and d == "f32")
+    text = ", ".join(f"{low if low and d == 'f32' else d}[{dims}]" for (d, dims), low in zip(parts, lows))
+    ratio = (size - saved) / size if size else 1.0
+    return text, int(size - saved), int(operands * ratio) if operands is not None else None
 
 
 def _narrowing_only(ins: _Instruction, bodies: dict) -> bool:
@@ -481,17 +511,17 @@ def _type_bytes(type_text: str) -> int:
     return sum(_array_bytes(d, s) for d, s in _ARRAY.findall(type_text))
 
 
-def with_program_dtype(shape: str, dtype: str) -> str:
-    """`f32[2048,8192]` as the program holds it: `bf16[2048,8192]`."""
-    return re.sub(r"\bf32\[", f"{dtype}[", shape)
+def program_facts(lowered_text: str) -> tuple[dict[tuple, str], dict[str, float]]:
+    """`program_types` and `matmul_flops` of the lowered (pre-XLA) program, read in one pass."""
+    instructions = _instructions(lowered_text)
+    return program_types(lowered_text, instructions), matmul_flops(lowered_text, instructions)
 
 
-def matmul_flops(lowered_text: str) -> dict[str, float]:
+def matmul_flops(lowered_text: str, instructions: list | None = None) -> dict[str, float]:
     """FLOPs of the program's matmuls by the rate class they run at: "bf16" (and f16), "f32" at
     JAX's default precision, "f32-high", "f32-highest", "int8" (and fp8); global, before partitioning."""
-    instructions = _instructions(lowered_text)
+    instructions = instructions if instructions is not None else _instructions(lowered_text)
     types = {i.name: i.type for i in instructions}
-    lines = {i.name: line for i, line in zip(instructions, _operation_lines(lowered_text))}
     flops: dict[str, float] = {}
     for ins in instructions:
         if ins.op != "dot" or len(ins.operands) < 2:
@@ -500,7 +530,7 @@ def matmul_flops(lowered_text: str) -> dict[str, float]:
         lhs = _ARRAY.findall(types.get(ins.operands[0], ""))
         if not result or not lhs:
             continue
-        line = lines.get(ins.name, "")
+        line = ins.line
         dims = _ints(lhs[0][1])
         contracting = _DOT_DIMS.search(line)
         k = int(np.prod([dims[i] for i in _ints(contracting.group(1))])) if contracting else 1
@@ -517,14 +547,3 @@ def matmul_flops(lowered_text: str) -> dict[str, float]:
             cls = dtype  # f64, c64: no matmul unit rate; the cost model says so
         flops[cls] = flops.get(cls, 0.0) + count
     return flops
-
-
-def _operation_lines(text: str) -> list[str]:
-    out, current = [], None
-    for line in text.splitlines():
-        if line and not line[0].isspace() and line.rstrip().endswith("{") and not line.startswith("HloModule"):
-            current = line
-            continue
-        if current is not None and _OPERATION.match(line):
-            out.append(line)
-    return out

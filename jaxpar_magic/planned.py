@@ -6,17 +6,39 @@ from __future__ import annotations
 from .errors import UsageError
 
 
+def engine_spec(spec):
+    """A PartitionSpec in the tuple form the engines take; anything else (a tuple, a pytree of
+    PartitionSpecs) as given."""
+    from jax.sharding import PartitionSpec
+
+    return tuple(spec) if isinstance(spec, PartitionSpec) else spec
+
+
 def plan_cell(source: str, namespace: dict, *, magic: str = "shard", mesh=None, in_specs=None, out_specs=None,
               axis_name: str = "i", devices=None, broadcast=(), split=(), merge=(), check_vma: bool = True,
-              hardware=None, device_memory=None, topology: str | None = None, bind: bool = True):
+              hardware=None, device_memory=None, topology: str | None = None, bind: bool = True,
+              status: bool = False):
     """Compile `source` as `magic`'s cell for its mesh without running it.
 
     `hardware` is a profile name ("tpu-v5e"), "custom:flops=...,hbm=...,bw=...,memory=..." or a
     `hardware.Hardware`; `device_memory` bytes or a size ("16GiB"); `topology` the physical slice
     ("4x8", see topology.py) the mesh is laid onto, by default as jax.make_mesh would. With `bind`, the names the cell
     assigns go into `namespace` as ShapeDtypeStructs (plain values as they are), so the next cell
-    can be planned from them.
+    can be planned from them. With `status`, a wait over a second shows a status line in the cell
+    (the magics, whose view then takes its place); the plain-Python twin shows none, since nothing
+    it returns would replace the line.
     """
+    import contextlib
+
+    from .progress import disabled
+
+    with contextlib.nullcontext() if status else disabled():
+        return _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, devices, broadcast, split,
+                          merge, check_vma, hardware, device_memory, topology, bind)
+
+
+def _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, devices, broadcast, split, merge,
+               check_vma, hardware, device_memory, topology, bind):
     from .hardware import parse_hardware, parse_memory_size, with_topology
     from .runner import analyse_cached
 
@@ -38,8 +60,6 @@ def plan_cell(source: str, namespace: dict, *, magic: str = "shard", mesh=None, 
                           split=tuple(split), merge=tuple(merge), hardware=hardware, device_memory=device_memory)
     elif magic in ("shard", "shard_map"):
         from .shard import is_mesh, resolve_mesh
-
-        from .compare import engine_spec
 
         in_specs = {n: engine_spec(s) for n, s in (in_specs or {}).items()}
         out_specs = {n: engine_spec(s) for n, s in (out_specs or {}).items()}

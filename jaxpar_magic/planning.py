@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from .errors import UsageError, explain_trace_error, user_line
 from .hardware import Hardware, parse_hardware, parse_memory_size
 from .costs import Roofline, estimate, ring_array_bytes
-from .hlo import Collective, collectives, matmul_flops, program_types, upcasts
+from .hlo import Collective, collectives, program_facts, upcasts
 from .topology import Topology, topology_for
 
 CPU_DEVICE_CEILING = 2048  # XLA's CPU backend: 4,096 devices fail with "Multiprocess computations aren't implemented"
@@ -92,7 +92,7 @@ class PlannedCollective:
     source: str | None = None
     seconds: float | None = None  # modelled time of all its calls (with hardware)
     bound: str | None = None  # what bounds it: "ici" | "dcn" | "latency"
-    parts: dict | None = None  # seconds of its near-network bandwidth, far-network bandwidth and latency
+    parts: dict | None = None  # its seconds by where they go: "ici", "dcn", "latency" (they add up to seconds)
     upcast_from: str | None = None  # the program's dtype, where XLA:CPU moves it as f32
     operand_bytes: int | None = None  # its operands on one device, in the program's dtypes
 
@@ -577,7 +577,8 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
     cost = _cost(compiled)
     text = compiled.as_text()
     program = lowered.as_text(dialect="hlo", debug_info=True)  # the program's own dtypes, before XLA:CPU's passes
-    upcast = upcasts(text, program_types(program))
+    types, matmuls = program_facts(program)
+    upcast = upcasts(text, types)
     planned = plan_collectives(collectives(text, None, filename, upcast.shadows), mesh, line_text, filename)
     flops, cpu_bytes = _figure(cost, "flops"), _figure(cost, "bytes accessed")
     bytes_accessed = max(0.0, cpu_bytes - upcast.traffic_bytes) if cpu_bytes is not None else None
@@ -588,7 +589,7 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         caveats.append(LOOP_CAVEAT)
     times = None
     if hardware is not None:
-        times, planned = estimate(flops, bytes_accessed, planned, hardware, laid_out, matmul_flops(program))
+        times, planned = estimate(flops, bytes_accessed, planned, hardware, laid_out, matmuls)
         caveats.append(ROOFLINE_CAVEAT)
         if hardware.kind == "gpu":
             caveats.append(GPU_CAVEAT)

@@ -214,6 +214,7 @@ class CollectiveTime:
     latency_s: float  # hops x per-hop latency on the near network
     bound: str  # "ici" | "dcn" | "latency": what bounds this collective
     how: str  # the formula, in words
+    split: dict  # its seconds by what they are spent on (they add up to `seconds`)
 
 
 def _ring(spans: list[Span], hardware: Hardware) -> tuple[float, int]:
@@ -303,8 +304,16 @@ def _flat(op, hardware, result_bytes, array_bytes, n) -> CollectiveTime:
 
 
 def _done(ici: float, dcn: float, latency: float, how: str, overlap: bool = False) -> CollectiveTime:
-    near = max(ici, latency)  # each hop takes at least the latency (sharding.md)
-    seconds = max(near, dcn) if overlap else near + dcn
+    """Near-network time is at least the hops' latency (sharding.md). On a torus the DCN stage
+    follows the ICI stage; on GPUs the levels of the tree overlap and the slower one counts (gpus.md)."""
+    near = max(ici, latency)
+    near_kind = "latency" if latency > ici else "ici"
     parts = {"ici": ici, "dcn": dcn, "latency": latency}
     bound = max(parts, key=parts.get)
-    return CollectiveTime(seconds, ici, dcn, latency, bound, how)
+    if overlap:
+        seconds = max(near, dcn)
+        split = {bound if bound != "latency" else near_kind: seconds}
+    else:
+        seconds = near + dcn
+        split = {near_kind: near, "dcn": dcn}
+    return CollectiveTime(seconds, ici, dcn, latency, bound, how, split)

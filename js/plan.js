@@ -291,7 +291,7 @@ function drawComparison(state) {
   const rows = state.rows || [];
   const timed = rows.some((/** @type {any} */ r) => r.estimate_s !== null && r.estimate_s !== undefined);
   const columns = COMPARE_COLUMNS.filter((c) => timed || !TIMED.includes(c));
-  const root = h("div", { class: "jpm-view jpm-plan jpm-compare" });
+  const root = h("div", { class: "jpm-view jpm-plan", data: { kind: "compare" } });
   root.append(h("div", { class: "jpm-head" }, h("span", { class: "jpm-title jpm-mono", text: state.title || "compare" }), h("span", { class: "jpm-badge", text: "planned, not run" })));
   const table = h("table", { class: "jpm-table jpm-plan-table" }, h("thead", {}, h("tr", {}, h("th", { text: "layout" }), ...columns.map((c) => h("th", { text: c })))));
   const body = h("tbody");

@@ -814,3 +814,20 @@ def test_bf16_is_counted_as_bf16_not_as_the_cpu_compilers_f32(grid):
     f32 = compile_plan(lambda a: lax.with_sharding_constraint(a, everywhere) * 2,
                        (plan((2048, 8192), "float32", grid, ("data", None)),), grid)
     assert f32.collectives[0].upcast_from is None and f32.bytes_accessed == f32.cpu_bytes_accessed
+
+
+def test_a_combined_all_reduce_keeps_each_arrays_own_dtype(grid):
+    # XLA combines the bf16 gradients and the f32 loss into one all-reduce; each keeps its dtype.
+    params = {"w1": plan((256, 512), "bfloat16", grid, (None, "model")),
+              "w2": plan((512, 256), "bfloat16", grid, ("model", None))}
+    batch = plan((64, 256), "bfloat16", grid, ("data", None))
+
+    def loss_fn(p, x):
+        return jnp.mean((jax.nn.relu(x @ p["w1"]) @ p["w2"]).astype(jnp.float32) ** 2)
+
+    result = compile_plan(lambda p, b: jax.value_and_grad(loss_fn)(p, b), (params, batch), grid)
+    combined = [c for c in result.collectives if c.shape.count("[") == 3]
+    assert combined, [c.shape for c in result.collectives]
+    (c,) = combined
+    assert sorted(c.shape.split(", ")) == ["bf16[256,256]", "bf16[256,256]", "f32[]"]
+    assert c.bytes == 2 * 256 * 256 * 2 + 4

@@ -79,6 +79,15 @@ pods = mesh_of((2, 16, 16), ("pod", "X", "Y"))
 out["dcn"] = per_device(pods, "y = jax.lax.psum(x, 'pod')", (2 * 1024, 8192), ("pod", None), "tpu-v5e")
 out["ici_same"] = per_device(pods, "y = jax.lax.psum(x, 'X')", (16 * 1024, 8192), ("X", None), "tpu-v5e")
 
+# An axis partly on DCN: data=64 on 512 v5e (2 pods) is 2 pods x 32 chips; its all-reduce has both stages.
+wide = mesh_of((64, 8), ("data", "model"))
+ns = {"x": abstract((64 * 16, 8192), wide, ("data", None)), "w": abstract((8192, 4096), wide, ()), "jax": jax,
+      "jnp": jnp}
+plan = jaxpar_magic.plan_cell("g = jax.grad(lambda w: jnp.sum((x @ w).astype(jnp.float32)))(w)", ns, magic="shard",
+                              mesh=wide, out_specs={"g": ()}, hardware="tpu-v5e")
+out["mixed"] = figures(plan)
+out["mixed"].update(ici_s=plan.roofline.ici_s, dcn_s=plan.roofline.dcn_s, latency_s=plan.roofline.latency_s)
+
 # 64 H100s, 8 nodes of 8: a gather over all of them, past the NVLink domain.
 gpus = mesh_of((8, 8), ("node", "gpu"))
 out["gpu64"] = gather(gpus, (4096, 8192), (("node", "gpu"), None), "h100")
@@ -191,3 +200,19 @@ def test_a_topology_option_lays_the_mesh_onto_that_slice(book):
     example = book["quiz_topology"]
     assert "2x16 ICI slice" in example["topology"]
     assert only(example)["seconds"] == pytest.approx(560e-6, rel=0.02)
+
+
+def test_an_axis_partly_across_pods_pays_both_stages(book):
+    """tpus.md / sharding.md, hierarchically: an all-reduce over data=64 spanning 2 pods of 32 chips runs a
+    ring stage on ICI (the array V over the pod's chips) and a DCN stage (V / 32 per chip between the
+    pods, at 2.5e10 / 8 per chip). Both show in the roofline, each with its own time. Tolerance: 1%."""
+    example = book["mixed"]
+    (c,) = [c for c in example["collectives"] if c["op"] == "all-reduce"]
+    v = 8192 * 4096 * 2  # bf16 gradient
+    assert c["bytes"] == v and c["shape"].startswith("bf16[")  # (XLA may transpose it)
+    dcn = 2 * (1 / 2) * v / 32 / (2.5e10 / 8)
+    ici = 2 * (31 / 32) * v / (9e10 + 4.5e10)  # one wrapped 16 axis (both ways) and a line of 2 (one way)
+    assert example["dcn_s"] == pytest.approx(dcn, rel=0.01)
+    assert example["ici_s"] + example["latency_s"] == pytest.approx(max(ici, 2 * (8 + 1) * 1e-6), rel=0.01)
+    assert c["seconds"] == pytest.approx(example["ici_s"] + example["latency_s"] + example["dcn_s"], rel=1e-6)
+    assert "DCN (2)" in example["topology"]

@@ -305,7 +305,7 @@ def compare_html(state: dict[str, Any]) -> str:
     rows = state.get("rows") or []
     timed = any(r.get("estimate_s") is not None for r in rows)
     columns = [c for c in COMPARE_COLUMNS if timed or c not in ("compute", "memory time", "collectives", "estimate", "bound")]
-    out = [style_block(), '<div class="jpm-view jpm-plan jpm-compare"><div class="jpm-head">'
+    out = [style_block(), '<div class="jpm-view jpm-plan" data-kind="compare"><div class="jpm-head">'
            f'<span class="jpm-title jpm-mono">{esc(str(state.get("title") or "compare"))}</span>'
            '<span class="jpm-badge">planned, not run</span></div>',
            '<div class="jpm-scroll"><table class="jpm-table jpm-plan-table"><thead><tr><th>layout</th>'
