@@ -1015,7 +1015,7 @@ class Cluster:
         if usable:
             raise ClusterError(
                 f"no answer from {_processes(pending)} within the {timeout:g} s timeout{finished}, so the cell was "
-                "interrupted. It was plain Python, not a collective, so the cluster is still usable; give a slow "
+                f"interrupted.{waits} It was plain Python, not a collective, so the cluster is still usable; give a slow "
                 "cell more time with `--timeout S` (or `%config JaxparMagics.cluster_timeout`)."
             )
         self._break(f"{what} ran past its {timeout:g} s timeout in {_processes(pending)}, and interrupting it "

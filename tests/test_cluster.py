@@ -349,8 +349,10 @@ def test_a_slow_plain_cell_past_its_timeout_keeps_the_cluster(cluster, ip):
     from jaxpar_magic.cluster import ClusterError
 
     started = time.monotonic()
-    with pytest.raises(ClusterError, match="within the 3 s timeout.*still usable"):
+    with pytest.raises(ClusterError, match="within the 3 s timeout.*still usable") as caught:
         run(ip, "slow_started = 1\nimport time\ntime.sleep(60)", "--timeout 3")
+    for rank in (0, 1):  # each process says where it was (the hang doctor), before the interrupt
+        assert f"Process {rank} waits at line 3 of the cell (`time.sleep(60)`)" in str(caught.value)
     assert 3 <= time.monotonic() - started < 15
     assert cluster.status().state == "running"
     with pytest.raises(UsageError, match="'slow_started' is not defined on the cluster"):
