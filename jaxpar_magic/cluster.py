@@ -923,6 +923,9 @@ class Cluster:
         silent = sorted({self.processes[rank].host for rank in others} - answering)
         return ", ".join(silent)
 
+    def _on_host(self, rank: int) -> str:
+        return f" (on {self.processes[rank].host})" if rank < len(self.processes) else ""
+
     def _recovery(self) -> str:
         """What brings a broken cluster back: a restart here, or fresh engines and a new connect."""
         if self._owned:
@@ -1071,7 +1074,8 @@ class Cluster:
                     if frames is not None:
                         reports[rank] = frames
             time.sleep(POLL_S)  # the reports arrive with the requests' output, not as replies
-        said = [f" Process {rank} waits {text}." for rank in pending
+        hosts = {p.host for p in self.processes}
+        said = [f" Process {rank}{self._on_host(rank) if len(hosts) > 1 else ''} waits {text}." for rank in pending
                 if (text := hang_doctor.describe(reports.get(rank, [])))]
         return "".join(said)
 
