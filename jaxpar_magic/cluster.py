@@ -51,6 +51,7 @@ STOP_WAIT_S = 1.0  # how long stop waits for a hard exit before it kills
 SILENT_S = 3.0  # after a death on a cluster over several hosts: how long the other hosts get to answer
 DOCTOR_S = 2.0  # how long a stuck process gets to say where it waits
 REACH_S = 3.0  # connect: how long a host gets to reach the coordinator's port
+ANSWER_S = 5.0  # connect: how long a registered engine gets to answer (a dead one never does)
 AXIS_NAME = "i"  # the mesh axis of scattered arrays
 
 SUBCOMMAND_HINT = "%cluster start -n 2 --simulate 4"
@@ -387,16 +388,10 @@ class Cluster:
                     "`%cluster connect --profile NAME`."
                 ) from None
             try:
-                engine_ids = self._await_registration(deadline, progress)
+                expected = self._expected_engines()
+                engine_ids, places = self._answering(self._await_registration(expected, deadline, progress),
+                                                     expected, deadline)
                 self._engine_ids = engine_ids
-                where, _ = self._wait(self._submit(range(len(engine_ids)), cluster_engine.whereami),
-                                      deadline - time.monotonic(), "connecting")
-                errors = {rank: value for rank, (kind, value) in where.items() if kind == "error"}
-                if errors:
-                    first = errors[min(errors)]
-                    raise ClusterError(f"%cluster connect: {_processes(errors)} failed to answer: "
-                                       f"{first.ename}: {first.evalue}")
-                places = [where[rank][1] for rank in range(len(engine_ids))]
                 coordinator, bind = self._choose_coordinator(places, deadline)
                 if len({place["host"] for place in places}) > 1:
                     progress.update("checking that every host reaches the coordinator")
@@ -407,11 +402,13 @@ class Cluster:
                 self._disconnect()
                 raise
 
-    def _await_registration(self, deadline: float, progress: Progress) -> list[int]:
-        """The engine ids, once as many engines as expected have registered (`ipcluster start --daemonize`
-        returns before they have): `n` when given, else the count in ipcluster's cluster file, else one."""
-        expected = self._options.get("n") or _launched_engine_count(self._options["profile"],
-                                                                   self._options["cluster_id"])
+    def _expected_engines(self) -> int | None:
+        """How many engines connect waits for: `n` when given, else the count in ipcluster's cluster file."""
+        return self._options.get("n") or _launched_engine_count(self._options["profile"], self._options["cluster_id"])
+
+    def _await_registration(self, expected: int | None, deadline: float, progress: Progress) -> list[int]:
+        """The engine ids, once as many engines as expected (else one) have registered
+        (`ipcluster start --daemonize` returns before they have)."""
         shown = None
         while True:
             have = len(self._client.ids)
@@ -427,6 +424,37 @@ class Cluster:
                 progress.update(f"waiting for engines {have}/{expected or '?'}")
                 shown = have
             time.sleep(0.1)  # library code polling a registration count
+
+    def _answering(self, engine_ids: list[int], expected: int | None, deadline: float) -> tuple[list[int], list]:
+        """The registered engines that answer, and where each runs (`whereami`). A controller lists a
+        dead engine until its heartbeat times out (half a minute), e.g. after a partition or when
+        engines were restarted by hand: connect must not wait on those. With `expected` known, the
+        first that many to answer will do; otherwise every engine gets ANSWER_S."""
+        asks = {}
+        for eid in engine_ids:
+            try:
+                asks[eid] = self._client[eid].apply_async(cluster_engine.whereami)
+            except IndexError:  # dropped by the controller since we listed it
+                continue
+        until = min(deadline, time.monotonic() + ANSWER_S)
+        while True:
+            answered = sorted(eid for eid, ar in asks.items() if ar.ready())
+            if len(answered) == len(asks) or (expected and len(answered) >= expected) or time.monotonic() > until:
+                break
+            next(ar for ar in asks.values() if not ar.ready()).wait(POLL_S)
+        failed = [eid for eid in answered if not asks[eid].successful()]
+        if failed:
+            error = asks[failed[0]].exception()
+            raise ClusterError(f"%cluster connect: engine {failed[0]} failed to answer: {type(error).__name__}: {error}")
+        silent = [eid for eid in engine_ids if eid not in answered]
+        if not answered or (expected and len(answered) < expected):
+            raise ClusterError(
+                f"%cluster connect: {len(engine_ids)} engines are registered, but only {len(answered)} answered within "
+                f"{ANSWER_S:g} s (silent: engine{'s' if len(silent) > 1 else ''} {', '.join(map(str, silent))}). The "
+                "controller still lists engines that died until their heartbeat times out, or they are busy. Start "
+                "the missing engines, or wait half a minute and connect again."
+            )
+        return answered, [asks[eid].get(0) for eid in answered]
 
     def _choose_coordinator(self, places: list[dict], deadline: float) -> tuple[str, str | None]:
         """Where rank 0 hosts the coordinator, and the address it binds (None: every interface)."""
@@ -895,6 +923,9 @@ class Cluster:
         silent = sorted({self.processes[rank].host for rank in others} - answering)
         return ", ".join(silent)
 
+    def _on_host(self, rank: int) -> str:
+        return f" (on {self.processes[rank].host})" if rank < len(self.processes) else ""
+
     def _recovery(self) -> str:
         """What brings a broken cluster back: a restart here, or fresh engines and a new connect."""
         if self._owned:
@@ -1015,7 +1046,7 @@ class Cluster:
         if usable:
             raise ClusterError(
                 f"no answer from {_processes(pending)} within the {timeout:g} s timeout{finished}, so the cell was "
-                "interrupted. It was plain Python, not a collective, so the cluster is still usable; give a slow "
+                f"interrupted.{waits} It was plain Python, not a collective, so the cluster is still usable; give a slow "
                 "cell more time with `--timeout S` (or `%config JaxparMagics.cluster_timeout`)."
             )
         self._break(f"{what} ran past its {timeout:g} s timeout in {_processes(pending)}, and interrupting it "
@@ -1043,7 +1074,8 @@ class Cluster:
                     if frames is not None:
                         reports[rank] = frames
             time.sleep(POLL_S)  # the reports arrive with the requests' output, not as replies
-        said = [f" Process {rank} waits {text}." for rank in pending
+        hosts = {p.host for p in self.processes}
+        said = [f" Process {rank}{self._on_host(rank) if len(hosts) > 1 else ''} waits {text}." for rank in pending
                 if (text := hang_doctor.describe(reports.get(rank, [])))]
         return "".join(said)
 

@@ -60,11 +60,14 @@ def _build_parsers() -> dict[str, _Parser]:
     _timeout_option(restart, "Seconds the start may take (default: as at the first start).")
 
     for name, description in (
-        ("push", "Copy kernel values to every process, as they are."),
+        ("push", "Copy kernel values to every process, as they are. Pytrees (dicts, registered dataclasses, "
+                 "Equinox modules, optax states) are rebuilt as the same type."),
         ("scatter", "Turn kernel arrays into global jax.Arrays of the same shape: the leading axis is split over "
-                    "all global devices (mesh axis 'i'), each process holding only its own devices' rows."),
+                    "all global devices (mesh axis 'i'), each process holding only its own devices' rows. In a "
+                    "pytree every array leaf is split so (0-d leaves are replicated), other leaves sent as they are."),
         ("gather", "Bring cluster values into the kernel: a global jax.Array as one numpy array of its global "
-                   "shape; any other value as a list with one value per process."),
+                   "shape (a pytree with such leaves as one value of the same type); any other value as a list "
+                   "with one value per process."),
     ):
         parser = parsers[name] = _Parser(prog=f"cluster {name}", description=description)
         parser.add_argument("names", nargs="+", metavar="NAME")

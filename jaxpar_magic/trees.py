@@ -1,11 +1,13 @@
 """Pytrees across the kernel/cluster boundary: `%cluster push`, `scatter` and `gather` of any pytree
 (dicts, registered dataclasses, Equinox modules, optax states), not only arrays.
 
-A value is flattened with `jax.tree_util.tree_flatten_with_path`: its structure (a PyTreeDef, which
-pickles by reference to its node types) travels once, pickled here so that the other side can say
-which type it lacks; its array leaves travel as NumPy (split by rows for scatter); other leaves
-travel as they are. The other side rebuilds the same type with `jax.tree.unflatten`. Mistakes are
-named by the leaf's path, as Python would spell it: `state[0].mu['w']`, `params.w`.
+A value is flattened with `jax.tree_util.tree_flatten_with_path`. Its structure travels once, as a
+skeleton: the value itself with every leaf replaced by a `Slot`, pickled here so that the other
+side can say which type it lacks. (A pickled PyTreeDef is not enough: Equinox's node data holds
+sentinels whose identity pickling loses.) Array leaves travel as NumPy (split by rows for
+scatter), other leaves as they are. The other side flattens the skeleton with its own pytree
+registry and puts the leaves in the slots: the same type again. Mistakes are named by the leaf's
+path, as Python would spell it: `state[0].mu['w']`, `params.w`.
 
 Runs on both sides: nothing here imports JAX at module level (engines configure JAX first).
 """
@@ -16,17 +18,22 @@ import pickle
 from .errors import UsageError
 
 
+class Slot:
+    """Where a leaf goes back: a leaf to JAX (it is no registered node)."""
+
+
 def flatten(name: str, value) -> tuple[bytes, list[tuple[str, object]]]:
-    """(pickled structure, [(path, leaf)]) of a kernel or cluster value; a value JAX cannot
-    flatten (a dict with keys that do not sort) is one leaf."""
+    """(pickled skeleton, [(path, leaf)]) of a kernel or cluster value; a value JAX cannot flatten
+    (a dict with keys that do not sort) is one leaf."""
     import jax
 
     try:
         pairs, structure = jax.tree_util.tree_flatten_with_path(value)
-    except Exception:  # not a pytree JAX can take apart: it travels whole
-        pairs, structure = [((), value)], jax.tree.structure(0)
+        skeleton = jax.tree.unflatten(structure, [Slot() for _ in pairs])
+    except Exception:  # not a pytree JAX can take apart (or put together again): it travels whole
+        pairs, skeleton = [((), value)], Slot()
     paths = [(name + jax.tree_util.keystr(path), leaf) for path, leaf in pairs]
-    return pickle.dumps(structure), paths
+    return pickle.dumps(skeleton), paths
 
 
 def is_array(leaf) -> bool:
@@ -41,18 +48,22 @@ def label(path: str, name: str) -> str:
     return repr(name) if path == name else f"`{path}`"
 
 
-def rebuild(name: str, structure: bytes, leaves: list):
-    """The value again, from its pickled structure and its leaves (on the other side)."""
+def rebuild(name: str, skeleton: bytes, leaves: list):
+    """The value again, from its pickled skeleton and its leaves (on the other side)."""
     import jax
 
     try:
-        treedef = pickle.loads(structure)
+        slots, treedef = jax.tree.flatten(pickle.loads(skeleton))
     except (AttributeError, ImportError) as error:
         raise UsageError(
             f"{name!r} is a pytree whose type is unknown here ({type(error).__name__}: {error}). A class defined in "
             "the kernel must be defined on the cluster too (run its definition in a %%cluster cell, registering it "
             "the same way), or imported from a module every process can import."
         ) from None
+    if len(slots) != len(leaves) or not all(isinstance(slot, Slot) for slot in slots):
+        raise UsageError(f"{name!r}: its pytree type is registered differently here than where it came from "
+                         f"({len(slots)} leaves here, {len(leaves)} there). Register it the same way in the kernel "
+                         "and on the cluster.")
     return jax.tree.unflatten(treedef, leaves)
 
 

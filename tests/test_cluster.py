@@ -202,6 +202,15 @@ def test_pytrees_travel_and_come_back_as_the_same_type(cluster, ip):
     assert type(opt[0]).__name__ == "ScaleByAdamState" and int(opt[0].count) == 0
     np.testing.assert_array_equal(opt[0].mu["w"], np.zeros((8, 2)))
 
+    # An Equinox module, pushed (a copy per process) and gathered back (one per process).
+    ip.run_cell("import equinox as eqx\nlinear = eqx.nn.Linear(3, 8, key=jax.random.key(0))")
+    cluster_magic.line(ip, "push linear", TIMEOUT)
+    run(ip, "import equinox as eqx\nlinear = eqx.tree_at(lambda m: m.bias, linear, linear.bias + jax.process_index())")
+    cluster_magic.line(ip, "gather linear", TIMEOUT)
+    copies = ip.user_ns["linear"]
+    assert [type(m).__name__ for m in copies] == ["Linear", "Linear"] and copies[0].in_features == 3
+    np.testing.assert_allclose(copies[1].bias - copies[0].bias, np.ones(8), rtol=1e-6)
+
     # A mistake on a leaf names the leaf.
     ip.run_cell("bad = Params(np.zeros((9, 2)), np.zeros(8))")
     with pytest.raises(UsageError, match=r"`bad\.w` has 9 rows, which do not split over the cluster's 8 devices"):
@@ -349,8 +358,10 @@ def test_a_slow_plain_cell_past_its_timeout_keeps_the_cluster(cluster, ip):
     from jaxpar_magic.cluster import ClusterError
 
     started = time.monotonic()
-    with pytest.raises(ClusterError, match="within the 3 s timeout.*still usable"):
+    with pytest.raises(ClusterError, match="within the 3 s timeout.*still usable") as caught:
         run(ip, "slow_started = 1\nimport time\ntime.sleep(60)", "--timeout 3")
+    for rank in (0, 1):  # each process says where it was (the hang doctor), before the interrupt
+        assert f"Process {rank} waits at line 3 of the cell (`time.sleep(60)`)" in str(caught.value)
     assert 3 <= time.monotonic() - started < 15
     assert cluster.status().state == "running"
     with pytest.raises(UsageError, match="'slow_started' is not defined on the cluster"):
