@@ -258,6 +258,7 @@ def test_shard_map_chapter_teaches_what_it_says():
     fsdp = plain(cell_with("--collectives"))
     assert "all_gather  f32[2,4] → f32[16,4]" in fsdp and "psum_scatter  f32[16,4] → f32[2,4]" in fsdp
     assert "compile" in plain(cell_with(" --report"))
+    assert stdout(cell_with("check(mv, m @ v")) == "✓ right\n"  # the exercise's solution
 
     # The printed plain JAX runs on its own and computes the layer, laid out as the cell's --out.
     code = stdout(cell_with("--as-code"))
