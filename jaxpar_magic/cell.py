@@ -69,15 +69,32 @@ class StatementNames(ast.NodeVisitor):
     def __init__(self):
         self.loads: list[str] = []
         self.stores: list[str] = []
+        self.events: list[tuple[bool, str]] = []  # (is_store, name) in the order they run
+
+    def _load(self, name: str) -> None:
+        self.loads.append(name)
+        self.events.append((False, name))
+
+    def _store(self, name: str) -> None:
+        self.stores.append(name)
+        self.events.append((True, name))
 
     def visit_Name(self, node: ast.Name):
-        (self.loads if isinstance(node.ctx, ast.Load) else self.stores).append(node.id)
+        (self._load if isinstance(node.ctx, ast.Load) else self._store)(node.id)
 
     def visit_AugAssign(self, node: ast.AugAssign):
         if isinstance(node.target, ast.Name):  # `x += 1` reads x first
-            self.loads.append(node.target.id)
+            self._load(node.target.id)
         self.visit(node.value)
         self.visit(node.target)
+
+    def visit_For(self, node: ast.For):  # the iterable runs first, then the target binds, then the body
+        self.visit(node.iter)
+        self.visit(node.target)
+        for stmt in node.body + node.orelse:
+            self.visit(stmt)
+
+    visit_AsyncFor = visit_For
 
     def visit_Assign(self, node: ast.Assign):  # the value runs before the targets bind
         self.visit(node.value)
@@ -89,7 +106,9 @@ class StatementNames(ast.NodeVisitor):
         for child in body_nodes:
             inner.visit(child)
         bound = bound | set(inner.stores)
-        self.loads.extend(n for n in inner.loads if n not in bound)
+        for n in inner.loads:
+            if n not in bound:
+                self._load(n)
 
     def _function(self, node, is_def: bool):
         args = node.args
@@ -102,7 +121,7 @@ class StatementNames(ast.NodeVisitor):
         body = node.body if is_def else [node.body]
         self._nested(params, body)
         if is_def:
-            self.stores.append(node.name)
+            self._store(node.name)
 
     def visit_FunctionDef(self, node):
         self._function(node, True)
@@ -116,7 +135,7 @@ class StatementNames(ast.NodeVisitor):
         for base in node.bases + node.decorator_list:
             self.visit(base)
         self._nested(set(), node.body)
-        self.stores.append(node.name)
+        self._store(node.name)
 
     def _comprehension(self, node, parts):
         first, *rest = node.generators
@@ -137,7 +156,7 @@ class StatementNames(ast.NodeVisitor):
 
     def visit_Import(self, node):
         for alias in node.names:
-            self.stores.append((alias.asname or alias.name).split(".")[0])
+            self._store((alias.asname or alias.name).split(".")[0])
 
     visit_ImportFrom = visit_Import
 
@@ -183,12 +202,13 @@ def analyse(source: str, label: str = "cell") -> Cell:
     for stmt in body:
         names = StatementNames()
         names.visit(stmt)
-        for n in names.loads:
-            if n not in writes and n not in reads:
+        # In the order they run: a loop's target is bound before its body reads it.
+        for is_store, n in names.events:
+            if is_store:
+                if n not in writes:
+                    writes.append(n)
+            elif n not in writes and n not in reads:
                 reads.append(n)
-        for n in names.stores:
-            if n not in writes:
-                writes.append(n)
     final = isinstance(body[-1], ast.Expr) if body else False
     return Cell(source, filename, tuple(reads), tuple(writes), final, (), tree)
 

@@ -44,6 +44,14 @@ def test_augmented_assignment_reads_then_writes():
     assert c.writes == ("x",)
 
 
+def test_a_loop_target_is_bound_before_its_body_reads_it():
+    c = analyse("acc = 0\nfor t in range(n):\n    if t >= 1:\n        acc = acc + t * step\n")
+    assert c.reads == ("range", "n", "step")  # not `t`: the loop binds it before the body runs
+    assert c.writes == ("acc", "t")
+    # The iterable runs before the target binds: `for x in x` reads the outer x.
+    assert analyse("for x in x:\n    y = x\n").reads == ("x",)
+
+
 def test_tuple_unpacking_writes_every_target():
     c = analyse("a, (b, c) = x, (1, 2)\n")
     assert c.writes == ("a", "b", "c")

@@ -28,6 +28,7 @@ ORIGIN = "http://export.test"
 NOTEBOOKS = example_notebooks()
 # What each notebook's views must say on the exported page (besides one view per expected view).
 SAYS = {
+    "index.ipynb": ["8 cpu devices", "cpu:7"],  # the setup check's device view
     "pmap_chapter.ipynb": [
         "8 cpu devices", "cpu:7",  # the device view
         "%%pmap over 8 devices", "collective-permute",  # result views
@@ -50,6 +51,10 @@ SAYS = {
         "pshuffle", "axis_index",  # a card for every supported collective
         "f32[8] → f32[8,8]", "f32[8] → f32[64]",  # all_gather, plain and tiled
         "2 groups of 4", "RAN 3×", "collectives of share_of_total()",  # badges are drawn in capitals
+    ],
+    "training_chapter.ipynb": [
+        "8 cpu devices",  # the device view
+        "%%shard program", "%%shard_map program", "reduce-scatter", "collective-permute",  # the --report views
     ],
     "cluster_chapter.ipynb": [
         "2 processes", "process 1", "cpu:2048",  # the device view, grouped by process

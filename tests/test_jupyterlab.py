@@ -362,7 +362,24 @@ def check_cluster_chapter(page, shots: Path) -> None:
     shot_in_viewport(page, held.first, shots.with_name(shots.name + ".png"))
 
 
+def check_index(page, shots: Path) -> None:
+    devices = live_view(page, "devices")
+    assert devices.count() == 1 and "8 cpu devices" in devices.first.text_content(), "the setup check shows no devices"
+    shoot_view(page, devices.first, shots.with_name(shots.name + ".png"))
+
+
+def check_training_chapter(page, shots: Path) -> None:
+    reports = live_view(page, "results", "program")
+    assert reports.count() == 6, f"the training chapter shows {reports.count()} --report views, not 6"
+    scatter = live_view(page, "results", "reduce-scatter")
+    assert scatter.count() == 1, "the exercise's report does not list its reduce-scatter"
+    assert live_view(page, "results", "collective-permute").count() == 1, "the pipeline's report lists no permutes"
+    shot_in_viewport(page, scatter.first, shots.with_name(shots.name + ".png"))
+
+
 CHECKS: dict[str, Callable] = {
+    "training_chapter.ipynb": check_training_chapter,
+    "index.ipynb": check_index,
     "pmap_chapter.ipynb": check_pmap_chapter,
     "sharding_chapter.ipynb": check_sharding_chapter,
     "shard_map_chapter.ipynb": check_shard_map_chapter,

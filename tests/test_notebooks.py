@@ -9,7 +9,7 @@ import re
 import nbformat
 import pytest
 from jaxpar_magic.views.base import read_asset
-from notebooks import WIDGET_STATE, WIDGET_VIEW, example_notebooks, executed, expected_views, rich_outputs
+from notebooks import EXAMPLES, WIDGET_STATE, WIDGET_VIEW, example_notebooks, executed, expected_views, rich_outputs
 
 NOTEBOOKS = example_notebooks()
 IDS = [p.name for p in NOTEBOOKS]
@@ -33,6 +33,20 @@ def views_of(cell) -> list[str]:
 
 def test_examples_exist():
     assert [p.name for p in NOTEBOOKS] and "pmap_chapter.ipynb" in IDS
+
+
+def markdown_links(path) -> set[str]:
+    """The notebooks a notebook's markdown links to (`[text](name.ipynb)`)."""
+    nb = nbformat.read(path, as_version=4)
+    return set(re.findall(r"\]\(([\w.-]+\.ipynb)\)", "".join(c.source for c in nb.cells if c.cell_type == "markdown")))
+
+
+def test_the_course_map_lists_every_chapter_and_no_link_is_dead():
+    chapters = {p.name for p in NOTEBOOKS} - {"index.ipynb"}
+    assert markdown_links(EXAMPLES / "index.ipynb") == chapters, "examples/index.ipynb must list every chapter"
+    for path in NOTEBOOKS:
+        dead = markdown_links(path) - set(IDS)
+        assert not dead, f"{path.name} links to missing notebooks {sorted(dead)}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
@@ -210,6 +224,28 @@ def test_sharding_chapter_teaches_what_it_says():
     assert stdout(cell_with('print("b2:"')) == "b2: float32[8@data,8] | same values: True\n"
 
 
+@pytest.mark.slow
+def test_training_chapter_shows_what_it_says():
+    cells = chapter_cells("training_chapter.ipynb")
+
+    def cell_with(text):
+        return find(cells, text)
+
+    free, pinned = plain(cell_with("y = jnp.tanh(x @ w1) @ w2")), plain(cell_with("lax.with_sharding_constraint("))
+    assert "Collectives (1)" in free and "all-gather" not in free
+    assert "all-gather · f32[4,32] · 512 B" in pinned  # what the constraint cost, as the prose says
+    fsdp = plain(cell_with("--out grads=data,None"))
+    assert "all-gather · f32[64,32]" in fsdp and "all-reduce · f32[32,64] · 8.0 KiB" in fsdp  # CPU: no rewrite
+    assert "reduce-scatter · f32[2,4] · 32 B" in plain(cell_with("grad_w = grad_rows(xs, dy)"))
+    assert stdout(cell_with("check(grad_w")) == "✓ right\n✓ right\n"
+    donation = stdout(cell_with("donate_argnums=0"))
+    assert "without donation: 0 | with donation: 1024" in donation and "old_w deleted after the step: True" in donation
+    assert "gradient: bfloat16[64,32] 4096 bytes | float32 would be 8192" in stdout(cell_with('print("gradient:"'))
+    pipeline = plain(cell_with("out = pipeline(layers, micro)"))
+    assert pipeline.count("collective-permute · f32[2,16]") == 4 and "0→4, 1→5, 2→6, 3→7" in pipeline
+    assert stdout(cell_with("check(out,")) == "✓ right\n"
+
+
 def card_rows(text: str) -> list[tuple[str, dict[int, tuple[str, float]]]]:
     """The cards of a collectives view's text form, in order: (header line, {device: (before,
     after)}) from the rows whose *after* is a single number (before as shown, after as a float)."""
@@ -260,6 +296,7 @@ def test_shard_map_chapter_teaches_what_it_says():
     fsdp = plain(cell_with("--collectives"))
     assert "all_gather  f32[2,4] → f32[16,4]" in fsdp and "psum_scatter  f32[16,4] → f32[2,4]" in fsdp
     assert "compile" in plain(cell_with(" --report"))
+    assert stdout(cell_with("check(mv, m @ v")) == "✓ right\n"  # the exercise's solution
 
     # The printed plain JAX runs on its own and computes the layer, laid out as the cell's --out.
     code = stdout(cell_with("--as-code"))
