@@ -42,6 +42,8 @@ _PMAP_WHY = [
 def as_code(magic: str, options, source: str, namespace: dict, *, axis_name: str | None = None) -> str:
     """The snippet for a `%%magic` cell with the parsed line `options` (jaxpar_magic.lines);
     `axis_name` is %%pmap's axis name with the configured default already applied."""
+    if magic in ("pmap", "shard", "shard_map"):
+        _plain_jax_inputs(analyse_cached(source, f"{magic}-cell"), namespace, magic)
     if magic == "pmap":
         return _pmap_code(options, source, namespace, axis_name or options.axis_name or "i")
     if magic == "shard":
@@ -49,6 +51,30 @@ def as_code(magic: str, options, source: str, namespace: dict, *, axis_name: str
     if magic == "shard_map":
         return _shard_map_code(options, source, namespace)
     raise UsageError(f"--as-code: there is no %%{magic} magic; it works on %%pmap, %%shard and %%shard_map cells.")
+
+
+def _plain_jax_inputs(cell: cells.Cell, namespace: dict, magic: str) -> None:
+    """The snippet calls plain `jax.jit`, which takes arrays and pytrees of arrays: an input with
+    other leaves (an Equinox module's activation) or a Flax NNX object is said before it fails."""
+    from .inputs import TreeInput
+
+    for name in cell.reads:
+        tree = TreeInput.of(name, namespace[name], abstract=True) if name in namespace else None
+        if tree is None:
+            continue
+        if tree.graphdef is not None:
+            raise UsageError(
+                f"--as-code: {name!r} is a Flax NNX object. The snippet would be plain `jax.jit`, which cannot "
+                f"update it in place the way %%{magic} does; in a script use `nnx.jit` (or `nnx.split` before and "
+                f"`nnx.merge` inside the jitted function). Run the cell without --as-code to train it here."
+            )
+        if tree.statics:
+            kinds = sorted({type(leaf).__name__ for _, leaf in tree.statics})
+            raise UsageError(
+                f"--as-code: {name!r} ({type(namespace[name]).__name__}) has leaves that are not arrays "
+                f"({', '.join(kinds)}), which plain `jax.jit` cannot take as arguments. In a script, use "
+                f"`eqx.filter_jit` (Equinox) or mark those fields static; %%{magic} itself treats them as static."
+            )
 
 
 # --- the snippet's own names -----------------------------------------------------------------------

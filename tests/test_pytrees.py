@@ -395,3 +395,25 @@ def test_a_leaf_that_can_be_neither_traced_nor_static_is_named(tree_ns):
         with pytest.raises(UsageError, match=r"`cfg\['names'\]` is a NumPy array of <U1 .*line 1 of the cell"):
             cell(tree_ns, magic, line, "y = cfg['w'].sum()")
     assert snapshot(tree_ns.user_ns) == before
+
+
+def test_as_code_of_a_shard_cell_with_a_dataclass_runs_alone(tree_ns):
+    from IPython.utils.capture import capture_output
+
+    p = Params(w=jnp.arange(64.0).reshape(8, 8), b=jnp.ones(8))
+    tree_ns.push({"p": p, "x": jnp.ones((8, 8))})
+    with capture_output() as captured:
+        cell(tree_ns, "shard", "--mesh data=8 --in p=data --as-code", "y = x @ p.w + p.b")
+    scope = {"Params": Params, "p": p, "x": jnp.ones((8, 8))}
+    exec(compile(captured.stdout, "<as-code>", "exec"), scope)
+    np.testing.assert_allclose(scope["y"], jnp.ones((8, 8)) @ p.w + p.b)
+    assert scope["p"].w.sharding.spec == jax.sharding.PartitionSpec("data")
+
+
+def test_as_code_says_why_it_cannot_write_plain_jit_for_nnx_and_equinox(tree_ns):
+    tree_ns.push({"model": _Model(nnx.Rngs(0)), "mlp": eqx.nn.MLP(2, 2, 4, 1, key=jax.random.key(0)),
+                  "x": jnp.ones((8, 3))})
+    with pytest.raises(UsageError, match="'model' is a Flax NNX object.*nnx.jit"):
+        cell(tree_ns, "shard", "--mesh data=8 --as-code", "y = model(x)")
+    with pytest.raises(UsageError, match=r"'mlp' \(MLP\) has leaves that are not arrays.*eqx.filter_jit"):
+        cell(tree_ns, "pmap", "--as-code", "y = mlp(x[:2])")
