@@ -254,7 +254,7 @@ def _check_traceable(tree: TreeInput, value, cell) -> None:
     """A NumPy leaf of strings or objects can be neither traced (JAX computes on numbers) nor kept
     as a static leaf (it is an array): say which leaf, before JAX says "not a valid JAX type"."""
     for index, (_, dtype) in enumerate(tree.signature):
-        if getattr(dtype, "kind", "f") in "OSUV":
+        if getattr(dtype, "kind", "f") in "OSU":  # not "V": bfloat16 and the float8s are kind "V" too
             label = tree.label(index)
             lineno = cell.first_read(tree.name)
             raise UsageError(
