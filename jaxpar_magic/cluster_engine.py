@@ -226,11 +226,6 @@ def discard(token: str) -> None:
     _pending.pop(token, None)
 
 
-def echo_bindings(namespace: dict, values: dict) -> tuple[dict, dict]:
-    """A `call`-able function that binds `values` as they are (what `Cluster.push` runs)."""
-    return {"names": sorted(values)}, dict(values)
-
-
 # --- %%cluster cells: snapshot, then keep or roll back --------------------------------------------
 def snapshot() -> None:
     """Remember every name's object before a cell runs (a shallow copy: objects are not copied)."""
@@ -258,26 +253,6 @@ def forget_snapshot() -> None:
 
 
 # --- moving data --------------------------------------------------------------------------------
-def import_rows(namespace: dict, rows: dict, global_shapes: dict, axis_name: str) -> tuple[dict, dict]:
-    """Scatter's engine side: this process's rows -> a global jax.Array split over all devices.
-
-    `rows[name]` holds the rows of this process's devices, in global device order; the global
-    array's leading axis is split over `jax.devices()` along a 1-D mesh axis `axis_name`. No
-    collective runs: each process only places its own rows.
-    """
-    import jax
-    import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-    sharding = NamedSharding(Mesh(np.array(jax.devices()), (axis_name,)), PartitionSpec(axis_name))
-    bindings = {
-        name: jax.make_array_from_process_local_data(sharding, local, tuple(global_shapes[name]))
-        for name, local in rows.items()
-    }
-    reply = {name: (tuple(value.shape), str(value.dtype)) for name, value in bindings.items()}
-    return reply, bindings
-
-
 def import_trees(namespace: dict, packed: dict, axis_name: str) -> tuple[dict, dict]:
     """Push's and scatter's engine side: `packed[name]` is (pickled structure, leaf entries), each
     entry as `trees.unpack_leaf` reads it; every value is rebuilt as the same type. No collective

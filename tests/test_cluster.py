@@ -286,15 +286,19 @@ def test_a_cell_failing_in_one_process_restores_every_namespace(cluster, ip):
 
 
 def test_two_phase_call_binds_only_when_every_process_succeeded(cluster):
-    replies = cluster.call("jaxpar_magic.cluster_engine:echo_bindings", {"seven": 7}, timeout=TIMEOUT)
-    assert replies == [{"names": ["seven"]}, {"names": ["seven"]}]
+    from jaxpar_magic import trees
+
+    seven, _ = trees.flatten("seven", 7)
+    replies = cluster.call("jaxpar_magic.cluster_engine:import_trees", {"seven": (seven, [("value", 7)])}, "i",
+                           timeout=TIMEOUT)
+    assert replies == [{"seven": "int"}, {"seven": "int"}]
     assert gather(["seven"])["seven"] == [7, 7]
     # Process 0 succeeds and process 1 fails (rows that do not fit its devices): nobody binds.
-    good = {"half": np.zeros(4, np.float32)}
-    bad = {"half": np.zeros(3, np.float32)}
+    half, _ = trees.flatten("half", np.zeros(8, np.float32))
+    good = {"half": (half, [("rows", np.zeros(4, np.float32), (8,))])}
+    bad = {"half": (half, [("rows", np.zeros(3, np.float32), (8,))])}
     with pytest.raises(ClusterCellError) as caught:
-        cluster._call("jaxpar_magic.cluster_engine:import_rows",
-                      {0: (good, {"half": (8,)}, "i"), 1: (bad, {"half": (8,)}, "i")}, TIMEOUT)
+        cluster._call("jaxpar_magic.cluster_engine:import_trees", {0: (good, "i"), 1: (bad, "i")}, TIMEOUT)
     assert caught.value.processes == [1]
     with pytest.raises(UsageError, match="'half' is not defined on the cluster"):
         gather(["half"])

@@ -59,4 +59,6 @@ def test_the_executed_chapter_keeps_no_empty_output():
     assert not empty, f"cells {empty} keep an empty output (a status line blanked instead of replaced)"
     said = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
     assert "right: the mean crossed the process boundary" in said
+    # Fresh engines connect Gloo at their first collective; its chatter is filtered at their descriptors.
+    assert "Gloo" not in said and "peer ranks" not in said
     assert re.search(r"final loss, averaged over the 8 devices: \d", said)

@@ -58,8 +58,9 @@ def hosts(tmp_path_factory):
         if os.environ.get("CI") == "true":
             pytest.fail(f"the two-host test must run in CI, but it {why}")
         pytest.skip(why)
+    _remove_leftovers()
     # A prefix of our own: several runs on one machine never share namespaces (veth names: <= 15 chars).
-    env = dict(os.environ, JPM_NS_PREFIX=f"jt{os.getpid() % 100000}")
+    env = dict(os.environ, JPM_NS_PREFIX=f"jt{os.getpid()}")
     made = subprocess.run([str(TWO_HOSTS), "up"], env=env, capture_output=True, text=True, timeout=30)
     machine = Machine(env, tmp_path_factory.mktemp("two-hosts"))
     try:
@@ -70,6 +71,15 @@ def hosts(tmp_path_factory):
         subprocess.run([str(TWO_HOSTS), "down"], env=env, capture_output=True, timeout=30)
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
         assert env["JPM_NS_PREFIX"] + "-host" not in names, names
+
+
+def _remove_leftovers() -> None:
+    """Namespaces of an earlier run that was killed before its teardown (its pid is gone)."""
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+    for pid in sorted(set(re.findall(r"^jt(\d+)-host[ab]\b", names, re.M))):
+        if not psutil.pid_exists(int(pid)):
+            subprocess.run([str(TWO_HOSTS), "down"], env=dict(os.environ, JPM_NS_PREFIX=f"jt{pid}"),
+                           capture_output=True, timeout=30)
 
 
 class Machine:
@@ -165,20 +175,24 @@ class Kernel:
         self.proc = machine.on("hosta", [sys.executable, str(KERNEL)], "kernel.log",
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.machine = machine
-        ready = self._answer(60)
+        ready = self.answer(60)
         assert ready.get("ready"), ready
 
-    def _answer(self, timeout: float) -> dict:
+    def answer(self, timeout: float) -> dict:
+        """The next cell's answer, within `timeout` seconds."""
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         assert ready, f"the kernel gave no answer within {timeout:g} s:\n{self.machine.log('kernel.log')}"
         line = self.proc.stdout.readline()
         assert line, f"the kernel died:\n{self.machine.log('kernel.log')}"
         return json.loads(line)
 
-    def run(self, cell: str, timeout: float = CELL_S) -> dict:
+    def send(self, cell: str) -> None:
         self.proc.stdin.write(json.dumps({"cell": cell}) + "\n")
         self.proc.stdin.flush()
-        return self._answer(timeout)
+
+    def run(self, cell: str, timeout: float = CELL_S) -> dict:
+        self.send(cell)
+        return self.answer(timeout)
 
     def ok(self, cell: str) -> dict:
         answer = self.run(cell)
@@ -226,18 +240,15 @@ def test_two_hosts_connect_partition_and_connect_again(hosts):
 
     # A partition in the middle of a loop of collectives: hosta's link goes down.
     marker = machine.folder / "looping"
-    loop = kernel.proc
-    kernel.proc.stdin.write(json.dumps({"cell": (
-        f"%%cluster --timeout 80\npathlib.Path({str(marker)!r}).touch()\n"
-        "for step in range(100000):\n    total = psum(x).block_until_ready()\n")}) + "\n")
-    kernel.proc.stdin.flush()
+    kernel.send(f"%%cluster --timeout 80\npathlib.Path({str(marker)!r}).touch()\n"
+                "for step in range(100000):\n    total = psum(x).block_until_ready()\n")
     until = time.monotonic() + 30
     while not marker.exists():
-        assert time.monotonic() < until and loop.poll() is None, "the loop never started"
+        assert time.monotonic() < until and kernel.proc.poll() is None, "the loop never started"
         time.sleep(0.05)  # waiting for the cell to reach its loop, with a deadline
     subprocess.run([str(TWO_HOSTS), "cut"], env=machine.env, check=True, timeout=10)
     cut_at = time.monotonic()
-    failed = kernel._answer(60)
+    failed = kernel.answer(60)
     failed_after = time.monotonic() - cut_at
     assert not failed["success"] and failed["error_type"] == "ClusterError", failed
     assert failed_after < 45, failed_after
@@ -251,8 +262,7 @@ def test_two_hosts_connect_partition_and_connect_again(hosts):
 
     # The network back, fresh engines under the same controller, the same kernel. The controller may
     # still list a dead engine (until its heartbeat times out): connect must not wait on it.
-    controller, *engines = first
-    machine.end(engines)
+    machine.end(first[1:])  # the engines (and their nannies)
     subprocess.run([str(TWO_HOSTS), "mend"], env=machine.env, check=True, timeout=10)
     machine.engine("hosta", "engine-a2.log")
     machine.engine("hostb", "engine-b2.log")
