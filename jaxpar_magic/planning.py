@@ -19,11 +19,11 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from .errors import UsageError, explain_trace_error, user_line
 from .hardware import Hardware, parse_hardware, parse_memory_size
-from .costs import Roofline, estimate, ring_array_bytes
+from .costs import Roofline, estimate
 from .hlo import Collective, collectives, program_facts, upcasts
 from .topology import Topology, topology_for
 
@@ -461,8 +461,7 @@ def plan_collectives(found: list[Collective], mesh, line_text: Callable[[int], s
         else:
             groups = c.groups or [list(range(total))]
             axes, size, text = _describe_groups(groups, shape, names)
-        ring = c.bytes if c.op != "reduce-scatter" else c.operand_bytes if c.operand_bytes is not None else c.bytes * size
-        traffic = RING_FACTORS[c.op](size) * ring if size > 1 else 0.0
+        traffic = RING_FACTORS[c.op](size) * _ring_array_bytes(c, size) if size > 1 else 0.0
         if c.count is None:
             text += ", in a loop of unknown length (counted once)"
         elif c.count > 1:
