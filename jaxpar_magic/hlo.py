@@ -54,6 +54,7 @@ class Collective:
     operand_bytes: int | None = None  # size of its operands on one device (a reduce-scatter's input), when known
     count: int | None = 1  # times one run of the program issues it (inside loops); None: a loop of unknown length
     upcast_from: str | None = None  # the program's dtype where XLA:CPU moves it as f32 (shape and bytes are the program's)
+    origin: tuple | None = None  # (file, line, function): the innermost user frame, where it is not the cell's own line
 
 
 def _ints(text: str) -> list[int]:
@@ -153,9 +154,10 @@ def parse_replica_groups(line: str) -> list[list[int]]:
     return []
 
 
-def _frames(text: str) -> dict[int, list[tuple[str, int]]]:
-    """stack_frame_id -> its (file name, line) frames, innermost first, from the module's frame tables."""
-    files, locations, frames = {}, {}, {}
+def _frames(text: str) -> dict[int, list[tuple[str, int, str]]]:
+    """stack_frame_id -> its (file name, line, function) frames, innermost first, from the module's
+    frame tables."""
+    files, functions, locations, frames = {}, {}, {}, {}
     section = None
     for raw in text.splitlines():
         line = raw.strip()
@@ -169,11 +171,14 @@ def _frames(text: str) -> dict[int, list[tuple[str, int]]]:
         key, _, rest = line.partition(" ")
         if section == "FileNames":
             files[int(key)] = rest.strip().strip('"')
+        elif section == "FunctionNames":
+            functions[int(key)] = rest.strip().strip('"')
         elif section == "FileLocations":
             fid = re.search(r"file_name_id=(\d+)", rest)
             ln = re.search(r"\bline=(\d+)", rest)
+            fn = re.search(r"function_name_id=(\d+)", rest)
             if fid and ln:
-                locations[int(key)] = (int(fid.group(1)), int(ln.group(1)))
+                locations[int(key)] = (int(fid.group(1)), int(ln.group(1)), int(fn.group(1)) if fn else None)
         elif section == "StackFrames":
             loc = re.search(r"file_location_id=(\d+)", rest)
             parent = re.search(r"parent_frame_id=(\d+)", rest)
@@ -183,14 +188,14 @@ def _frames(text: str) -> dict[int, list[tuple[str, int]]]:
     # reads as its own parent: frame 1 always does. Where no frame does, the ids are taken as printed.
     if any(parent == key for key, (_, parent) in frames.items()):
         frames = {key: (loc, parent - 1) for key, (loc, parent) in frames.items()}
-    chains: dict[int, list[tuple[str, int]]] = {}
+    chains: dict[int, list[tuple[str, int, str]]] = {}
     for start in frames:
         chain, fid, seen = [], start, set()
         while fid in frames and fid not in seen:  # innermost frame first, then its callers
             seen.add(fid)
             loc, fid = frames[fid]
-            file_id, lineno = locations.get(loc, (None, None))
-            chain.append((files.get(file_id, ""), lineno))
+            file_id, lineno, function_id = locations.get(loc, (None, None, None))
+            chain.append((files.get(file_id, ""), lineno, functions.get(function_id, "")))
         chains[start] = chain
     return chains
 
@@ -271,11 +276,13 @@ def _computation_counts(text: str) -> tuple[list[str | None], dict[str, int | No
 
 
 def collectives(text: str, device_ids: list[int] | None = None, filename: str | None = None,
-                shadows: dict[str, str] | None = None) -> list[Collective]:
+                shadows: dict[str, str] | None = None, is_user=None) -> list[Collective]:
     """Every collective in the compiled program, in program order, with device ids and bytes.
 
     `shadows` (`upcasts(...).shadows`): instructions XLA:CPU computes in f32 whose values the
-    program holds in bf16/f16; those collectives get the program's dtype, shape and bytes."""
+    program holds in bf16/f16; those collectives get the program's dtype, shape and bytes.
+    `is_user(file)`: whether a frame's file is the user's code (not a library's); the innermost
+    such frame is the collective's `origin` (the line inside a function that needs it)."""
     def to_device(i: int) -> int:
         return device_ids[i] if device_ids is not None and i < len(device_ids) else i
 
@@ -300,13 +307,18 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
         pairs = []
         if pairs_m:
             pairs = [(to_device(int(a)), to_device(int(b))) for a, b in re.findall(r"\{(\d+),(\d+)\}", pairs_m.group(1))]
-        user_line = None
+        user_line, origin = None, None
         frame = _FRAME.search(line)
         if frame and filename:
-            for file, lineno in frames.get(int(frame.group(1)), []):
+            chain = frames.get(int(frame.group(1)), [])
+            for file, lineno, _ in chain:
                 if file == filename:
                     user_line = lineno
                     break
+            if is_user is not None:
+                inner = next((f for f in chain if f[0] and is_user(f[0])), None)
+                if inner is not None and inner[0] != filename:
+                    origin = inner
         if types is None:
             types = _types(text)
             owner, counts = _computation_counts(text)
@@ -317,7 +329,7 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
         if low:  # the program's own dtypes: the bytes XLA:CPU's f32 copy moves, less the upcast
             shape, size, operands = program_shape(shape, size, operands, low)
             low = low if isinstance(low, str) else next(t for t in low if t)
-        found.append(Collective(m.group("op"), shape, size, groups, pairs, user_line, operands, count, low))
+        found.append(Collective(m.group("op"), shape, size, groups, pairs, user_line, operands, count, low, origin))
     return found
 
 

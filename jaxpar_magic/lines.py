@@ -110,6 +110,10 @@ def plan_options(args, magic: str) -> PlanOptions | None:
             )
     from .hardware import with_topology
 
+    if (compare is not None or search is not None) and magic == "%%pmap":
+        flag = "--compare" if compare is not None else "--search"
+        raise UsageError(f"%%pmap --plan {flag}: layouts are PartitionSpecs per input, which %%pmap does not take; "
+                         f"compare layouts with `%%shard --plan {flag} ...` (or %%shard_map).")
     if compare is not None and search is not None:
         raise UsageError(f"{magic} --plan --compare --search: compare your own layouts or let --search propose "
                          f"them; use one of them.")

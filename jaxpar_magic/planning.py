@@ -19,11 +19,11 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from .errors import UsageError, explain_trace_error, user_line
 from .hardware import Hardware, parse_hardware, parse_memory_size
-from .costs import Roofline, estimate, ring_array_bytes
+from .costs import Roofline, estimate
 from .hlo import Collective, collectives, program_facts, upcasts
 from .topology import Topology, topology_for
 
@@ -95,12 +95,14 @@ class PlannedCollective:
     parts: dict | None = None  # its seconds by where they go: "ici", "dcn", "latency" (they add up to seconds)
     upcast_from: str | None = None  # the program's dtype, where XLA:CPU moves it as f32
     operand_bytes: int | None = None  # its operands on one device, in the program's dtypes
+    # The line that needs it, inside a function the cell calls: {"function", "line", "source", "cell"}.
+    origin: dict | None = None
 
     def state(self) -> dict:
         return {
             "op": self.op, "shape": self.shape, "bytes": self.bytes, "axes": list(self.axes),
             "groups_text": self.groups_text, "group_size": self.group_size, "line": self.line,
-            "source": self.source, "seconds": self.seconds, "bound": self.bound,
+            "source": self.source, "seconds": self.seconds, "bound": self.bound, "origin": self.origin,
         }
 
 
@@ -396,6 +398,57 @@ def _ring_array_bytes(c: Collective, size: int) -> int:
     return c.operand_bytes if c.operand_bytes is not None else c.bytes * size
 
 
+def _library_dirs() -> tuple[str, ...]:
+    """Directories whose frames are not the user's: JAX, jaxlib, this package, Python's own."""
+    import sysconfig
+
+    import jax
+    import jaxlib
+
+    dirs = {os.path.dirname(jax.__file__), os.path.dirname(jaxlib.__file__), os.path.dirname(__file__)}
+    dirs.update(p for p in (sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")) if p)
+    return tuple(os.path.join(d, "") for d in dirs)
+
+
+def is_user_file(file: str) -> bool:
+    """A frame in the user's code: a notebook cell (registered in linecache) or a file outside the
+    libraries (`_library_dirs`)."""
+    if file.startswith("<"):
+        return file in linecache.cache
+    return not file.startswith(_LIBRARIES or _libraries())
+
+
+_LIBRARIES: tuple[str, ...] = ()
+
+
+def _libraries() -> tuple[str, ...]:
+    global _LIBRARIES
+    _LIBRARIES = _library_dirs()
+    return _LIBRARIES
+
+
+def cell_label(file: str) -> str:
+    """`In[3]` for a notebook cell (IPython's own name for it), the file's name otherwise."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        named = shell.compile.format_code_name(file) if shell is not None else None
+    except Exception:  # no IPython, or one without format_code_name
+        named = None
+    if named:
+        return named[1]
+    return file if file.startswith("<") else os.path.basename(file)
+
+
+def _origin(frame: tuple | None) -> dict | None:
+    if frame is None:
+        return None
+    file, line, function = frame
+    return {"function": function or None, "line": line, "source": linecache.getline(file, line).strip() or None,
+            "cell": cell_label(file)}
+
+
 def plan_collectives(found: list[Collective], mesh, line_text: Callable[[int], str] | None = None,
                      filename: str | None = None) -> list[PlannedCollective]:
     """The compiled program's collectives with their groups mapped to mesh axes and device ids.
@@ -411,8 +464,7 @@ def plan_collectives(found: list[Collective], mesh, line_text: Callable[[int], s
         else:
             groups = c.groups or [list(range(total))]
             axes, size, text = _describe_groups(groups, shape, names)
-        ring = c.bytes if c.op != "reduce-scatter" else c.operand_bytes if c.operand_bytes is not None else c.bytes * size
-        traffic = RING_FACTORS[c.op](size) * ring if size > 1 else 0.0
+        traffic = RING_FACTORS[c.op](size) * _ring_array_bytes(c, size) if size > 1 else 0.0
         if c.count is None:
             text += ", in a loop of unknown length (counted once)"
         elif c.count > 1:
@@ -424,6 +476,7 @@ def plan_collectives(found: list[Collective], mesh, line_text: Callable[[int], s
             op=c.op, shape=c.shape, bytes=c.bytes, traffic_bytes=traffic, count=c.count, group_size=size,
             groups=[[ids[p] for p in g] for g in groups], axes=axes, groups_text=text, line=c.line,
             source=source or None, upcast_from=c.upcast_from, operand_bytes=c.operand_bytes,
+            origin=_origin(c.origin),
         ))
     return planned
 
@@ -579,7 +632,8 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
     program = lowered.as_text(dialect="hlo", debug_info=True)  # the program's own dtypes, before XLA:CPU's passes
     types, matmuls = program_facts(program)
     upcast = upcasts(text, types)
-    planned = plan_collectives(collectives(text, None, filename, upcast.shadows), mesh, line_text, filename)
+    planned = plan_collectives(collectives(text, None, filename, upcast.shadows, is_user_file), mesh, line_text,
+                               filename)
     flops, cpu_bytes = _figure(cost, "flops"), _figure(cost, "bytes accessed")
     bytes_accessed = max(0.0, cpu_bytes - upcast.traffic_bytes) if cpu_bytes is not None else None
     caveats = list(CAVEATS)

@@ -175,11 +175,16 @@ function roofline(r, hw, topology) {
 
 /**
  * The source of a collective: `line 3: loss, grads = …`.
- * @param {{line?: number | null, source?: string | null}} c
+ * @param {{line?: number | null, source?: string | null, origin?: any}} c
  */
 function where(c) {
   const line = c.line !== null && c.line !== undefined ? `line ${c.line}` : "";
-  return [line, c.source || ""].filter(Boolean).join(": ");
+  const here = [line, c.source || ""].filter(Boolean).join(": ");
+  const o = /** @type {any} */ (c).origin;
+  if (!o) return here;
+  const inside = o.function ? `, in ${o.function}()` : "";
+  const text = `line ${o.line} of ${o.cell}${inside}${o.source ? `: ${o.source}` : ""}`;
+  return text + (line ? ` (called from ${line})` : "");
 }
 
 /** @param {any} state */

@@ -35,9 +35,9 @@ def layouts(jx):
     return jx
 
 
-def compare(ip, line: str, source: str = STEP):
+def compare(ip, line: str, source: str = STEP, magic: str = "shard"):
     with capture_output() as captured:
-        ip.run_cell_magic("shard", line, source)
+        ip.run_cell_magic(magic, line, source)
     (widget,) = [w for w in shown_widgets(captured) if type(w).__name__ == "PlanView"]
     text = next(o.data["text/plain"] for o in captured.outputs if "text/plain" in o.data)
     return widget.state, text
@@ -149,6 +149,20 @@ def test_search_proposes_the_standard_layouts(layouts):
     alone = jaxpar_magic.plan_cell(STEP, dict(layouts.user_ns), magic="shard", mesh=layouts.user_ns["flat"],
                                    in_specs={"x": P("data", None), "w": P(None, None)}, hardware="tpu-v5p", bind=False)
     assert dp["estimate_s"] == pytest.approx(alone.roofline.estimate_s)
+
+
+def test_pmap_has_no_layouts_to_compare(layouts):
+    with pytest.raises(UsageError, match="compare layouts with `%%shard --plan --compare"):
+        layouts.run_cell_magic("pmap", "--plan --compare layouts", "y = x * 2\n")
+
+
+def test_shard_map_compares_layouts_too(layouts):
+    layouts.user_ns["per_device"] = {"a": {"mesh": layouts.user_ns["flat"], "in": {"x": P("data", None)},
+                                           "out": {"y": P("data", None)}}}
+    state, text = compare(layouts, "--plan --compare per_device --hardware tpu-v5e",
+                          "y = jax.lax.psum(x, 'data')\n", magic="shard_map")
+    assert [r["label"] for r in state["rows"]] == ["a"]
+    assert state["rows"][0]["error"] is None and state["rows"][0]["collectives"] == 1
 
 
 def test_search_needs_its_batch_inputs_defined(layouts):

@@ -222,3 +222,30 @@ def test_no_show_prints_one_line_and_still_binds(step):
     assert captured.stdout.startswith("planned: ") and "per device (fits in 16.0 GiB)" in captured.stdout
     assert "estimate" in captured.stdout and "bound by" in captured.stdout
     assert isinstance(step.user_ns["grads"]["w1"], jax.ShapeDtypeStruct)
+
+
+def test_a_collective_points_at_the_line_inside_the_function_that_needs_it(jx, mesh):
+    # train-step style: the functions live in an earlier cell; the all-gather is for `x @ w` inside
+    # layer(), not the planned cell's call line (the HLO metadata's innermost user frame).
+    jx.push({"jaxpar_magic": jaxpar_magic})
+    jx.run_cell(textwrap.dedent("""
+        w = jaxpar_magic.plan((256, 512), "float32", mesh, ("data", "model"))
+        x = jaxpar_magic.plan((64, 256), "float32", mesh, ("data", None))
+    """), store_history=True).raise_error()
+    jx.run_cell("def layer(w, x):\n    h = x @ w\n    return jnp.tanh(h)\n\ndef step(w, x):\n"
+                "    return jnp.sum(layer(w, x))\n", store_history=True).raise_error()
+    _, (state,) = run(jx, "shard", "--plan --mesh mesh", "loss = step(w, x)\n")
+    gather = next(c for c in state["collectives"] if c["op"] == "all-gather")
+    assert gather["line"] == 1 and gather["source"] == "loss = step(w, x)"  # the cell's line, still there
+    origin = gather["origin"]
+    assert (origin["function"], origin["line"], origin["source"]) == ("layer", 2, "h = x @ w")
+    assert origin["cell"].startswith("In[") or origin["cell"].startswith("<ipython-input-")
+    text = jaxpar_magic.views.plan.to_text(state)
+    assert f"at line 2 of {origin['cell']}, in layer(): h = x @ w (called from line 1)" in text
+
+
+def test_a_collective_of_the_cell_itself_has_no_origin(jx, mesh):
+    jx.push({"jaxpar_magic": jaxpar_magic})
+    jx.run_cell('x = jaxpar_magic.plan((64, 256), "float32", mesh, ("data", None))', store_history=False).raise_error()
+    _, (state,) = run(jx, "shard", "--plan --mesh mesh", "total = x.sum()\n")
+    assert state["collectives"] and all(c["origin"] is None for c in state["collectives"])

@@ -714,7 +714,8 @@ def test_concrete_inputs_that_fit_are_not_warned_about(grid):
 TOP = {"title", "axes", "total_devices", "hardware", "memory", "cost", "collectives", "collectives_omitted",
        "roofline", "outputs", "compile_ms", "caveats", "topology"}
 MEMORY = {"argument", "output", "temp", "alias", "total", "capacity", "capacity_source", "fits", "overshoot", "note"}
-COLLECTIVE = {"op", "shape", "bytes", "axes", "groups_text", "group_size", "line", "source", "seconds", "bound"}
+COLLECTIVE = {"op", "shape", "bytes", "axes", "groups_text", "group_size", "line", "source", "seconds", "bound",
+              "origin"}
 ROOFLINE = {"compute_s", "memory_s", "collective_s", "estimate_s", "bound", "ici_s", "dcn_s", "latency_s",
             "serial_s", "rates", "labels", "bound_text"}
 

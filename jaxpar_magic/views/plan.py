@@ -177,8 +177,16 @@ def _roofline_html(r: dict[str, Any], hw: dict[str, Any] | None, topology: dict[
 
 
 def _where(c: dict[str, Any]) -> str:
+    """`line 2 of In[3], in layer(): h = x @ w (called from line 1)`, or the cell's own line (the
+    twin of `where` in js/plan.js)."""
     line = f"line {c['line']}" if c.get("line") is not None else ""
-    return ": ".join(p for p in (line, str(c.get("source") or "")) if p)
+    here = ": ".join(p for p in (line, str(c.get("source") or "")) if p)
+    o = c.get("origin")
+    if not o:
+        return here
+    inside = f", in {o['function']}()" if o.get("function") else ""
+    text = f"line {o.get('line')} of {o.get('cell')}{inside}" + (f": {o['source']}" if o.get("source") else "")
+    return text + (f" (called from {line})" if line else "")
 
 
 def _collectives(state: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:

@@ -29,6 +29,7 @@ def modelled() -> dict[str, Any]:
     state["memory"]["note"] = "JAX preallocates 75% of a GPU's memory by default"
     state["outputs"] = [{"name": f"p{i}", "shape": [8], "dtype": "float32", "spec": ["data"]} for i in range(12)]
     state["caveats"] = [f"caveat {i}" for i in range(5)]
+    state["collectives"][0]["origin"] = {"function": "block", "line": 18, "source": 'x @ p["w1"]', "cell": "In[3]"}
     return state
 
 
@@ -54,6 +55,8 @@ def test_the_modelled_roofline_names_each_term_and_both_bounds(view_page: Any) -
     assert "JAX preallocates 75%" in host.locator(".jpm-section").first.inner_text()
     caveats = host.locator("details.jpm-caveats")
     assert caveats.get_attribute("open") is None and "(5 notes)" in caveats.locator("summary").text_content()
+    source = host.locator("td.jpm-srccell").first.inner_text()
+    assert source == plan._where(state["collectives"][0]) == 'line 18 of In[3], in block(): x @ p["w1"] (called from line 3)'
     outputs = host.locator("details.jpm-section")
     assert outputs.count() == 1 and "(12)" in outputs.locator("summary").text_content()
     view_page.shot(host, "plan-modelled")
