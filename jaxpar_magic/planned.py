@@ -7,11 +7,11 @@ from .errors import UsageError
 
 
 def engine_spec(spec):
-    """A PartitionSpec in the tuple form the engines take; anything else (a tuple, a pytree of
-    PartitionSpecs) as given."""
-    from jax.sharding import PartitionSpec
+    """A spec in the form the engines take: a PartitionSpec as our tuple form, a pytree of
+    PartitionSpecs as one spec per leaf (treespecs.normalize)."""
+    from .treespecs import normalize
 
-    return tuple(spec) if isinstance(spec, PartitionSpec) else spec
+    return normalize(spec)
 
 
 def plan_cell(source: str, namespace: dict, *, magic: str = "shard", mesh=None, in_specs=None, out_specs=None,

@@ -170,8 +170,33 @@ def test_search_needs_its_batch_inputs_defined(layouts):
         layouts.run_cell_magic("shard", "--plan --search batch --hardware tpu-v5e", STEP)
 
 
-def test_engine_spec_converts_partition_specs_and_passes_pytrees_through():
+def test_engine_spec_converts_partition_specs_and_carries_pytrees_whole():
     assert engine_spec(P("data", None)) == ("data", None)
     assert engine_spec(("data",)) == ("data",)
     tree = {"w": P("model"), "b": P()}
-    assert engine_spec(tree) is tree
+    assert engine_spec(tree).tree is tree  # one spec per leaf, matched against the input by the engine
+
+
+def test_pytree_layouts_one_spec_per_leaf_or_one_for_all(jx):
+    """A layout's `in` value is one PartitionSpec for every leaf of a pytree input, or a pytree of
+    them; each row agrees with planning that layout alone."""
+    jx.push({"jaxpar_magic": jaxpar_magic, "P": P})
+    jx.run_cell(textwrap.dedent("""
+        flat = jaxpar_magic.make_mesh("data=8")
+        params = {"w1": jaxpar_magic.plan((1024, 2048), "float32", flat, ()),
+                  "w2": jaxpar_magic.plan((2048, 1024), "float32", flat, ())}
+        x = jaxpar_magic.plan((256, 1024), "float32", flat, ("data", None))
+        layouts = {"dp": {"mesh": flat, "in": {"x": P("data", None), "params": P()}},
+                   "fsdp": {"mesh": flat, "in": {"x": P("data", None),
+                                                 "params": {"w1": P("data", None), "w2": P("data", None)}}}}
+    """), store_history=False).raise_error()
+    step = "g = jax.grad(lambda p: jnp.sum(jnp.tanh(x @ p['w1']) @ p['w2']))(params)\n"
+    state, text = compare(jx, "--plan --compare layouts --hardware tpu-v5p", step)
+    rows = {r["label"]: r for r in state["rows"]}
+    assert set(rows) == {"dp", "fsdp"} and not any(r["error"] for r in rows.values())
+    alone = jaxpar_magic.plan_cell(step, jx.user_ns, magic="shard", mesh=jx.user_ns["flat"],
+                                   in_specs={"x": P("data", None), "params": {"w1": P("data", None),
+                                                                            "w2": P("data", None)}},
+                                   hardware="tpu-v5p", bind=False)
+    assert rows["fsdp"]["memory"] == alone.total_bytes and rows["fsdp"]["estimate_s"] == alone.roofline.estimate_s
+    assert rows["fsdp"]["memory"] < rows["dp"]["memory"]  # FSDP holds an eighth of the weights
