@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import ViewBase, bundle_esm, chip, esc, format_bytes, style_block, swatch_style
+from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ids, style_block, swatch_style
 
 
 def describe(d: dict[str, Any]) -> str:
@@ -119,6 +119,36 @@ def to_html(state: dict[str, Any]) -> str:
     return "".join(out)
 
 
+#: Past this many lines for one process, the text keeps the first ones and counts the rest.
+TEXT_LINES_MAX = 16
+
+
+def _runs(mine: list[dict[str, Any]]) -> list[str]:
+    """One line per run of consecutive devices that differ only in their id ("devices 0–63 · cpu ·
+    process 0"), so 64 simulated devices take one line, not 64; devices with coordinates, cores
+    or memory figures stay one line each."""
+    lines: list[str] = []
+    run: list[int] = []
+    rest = ""
+
+    def flush() -> None:
+        if run:
+            lines.append(("device " if len(run) == 1 else "devices ") + format_ids(run, limit=4) + rest)
+
+    for d in mine:
+        own = describe(d)[len(f"device {d['id']}"):]
+        if run and own == rest and int(d["id"]) == run[-1] + 1:
+            run.append(int(d["id"]))
+            continue
+        flush()
+        run, rest = [int(d["id"])], own
+    flush()
+    if len(lines) > TEXT_LINES_MAX:
+        hidden = len(lines) - (TEXT_LINES_MAX - 1)
+        lines = lines[: TEXT_LINES_MAX - 1] + [f"… {hidden} more lines like these"]
+    return lines
+
+
 def to_text(state: dict[str, Any]) -> str:
     """A terminal rendering of a devices state."""
     devices = state.get("devices") or []
@@ -130,8 +160,7 @@ def to_text(state: dict[str, Any]) -> str:
         if proc is not None:
             where = host_text(state, proc["process"])
             lines.append(f"process {proc['process']} ({proc['count']} devices)" + (f" · {where}" if where else ""))
-        for d in mine:
-            lines.append("  " + describe(d))
+        lines += ["  " + line for line in _runs(mine)]
     if state.get("omitted"):
         lines.append(f"  … {int(state['omitted'])} more devices not listed ({len(devices)} of {total} shown)")
     return "\n".join(lines)

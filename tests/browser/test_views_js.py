@@ -177,6 +177,16 @@ def test_mesh_4096(view_page: Any, samples: Any) -> None:
     view_page.shot(host, "mesh-16x16x16")
 
 
+def test_mesh_tall_is_compact(view_page: Any, samples: Any) -> None:
+    """data=32 × model=8: 32 rows of small cells (ids on hover), not 32 rows of 40 px squares."""
+    host = view_page.mount("mesh", samples.mesh([32, 8]))
+    cells = host.locator(".jpm-cell")
+    assert cells.count() == 256 and cells.nth(0).bounding_box()["height"] == 11
+    assert cells.nth(255).get_attribute("title") == "device 255 · data=31, model=7"
+    assert host.bounding_box()["height"] < 500
+    view_page.shot(host, "mesh-32x8")
+
+
 def test_mesh_1d_and_abstract(view_page: Any, samples: Any) -> None:
     host = view_page.mount("mesh", samples.mesh([8], ["i"]))
     assert host.locator(".jpm-cell").count() == 8
