@@ -59,6 +59,17 @@ def _groups(state: dict[str, Any]) -> list[tuple[dict[str, Any] | None, list[dic
     return [(p, [d for d in devices if d.get("process") == p["process"]]) for p in procs]
 
 
+#: Past this many devices whose cards would show only their name, the cards shrink to chips.
+COMPACT_AFTER = 16
+
+
+def compact_cards(mine: list[dict[str, Any]], kinds: int) -> bool:
+    """Whether a group's cards are drawn as small chips (the twin of ``compactCards``)."""
+    return len(mine) > COMPACT_AFTER and kinds <= 1 and all(
+        not d.get("coords") and d.get("core") is None and d.get("mem_used") is None for d in mine
+    )
+
+
 def to_html(state: dict[str, Any]) -> str:
     """Static HTML of a devices state (no script; every string escaped)."""
     devices = state.get("devices") or []
@@ -84,7 +95,7 @@ def to_html(state: dict[str, Any]) -> str:
             s = "" if proc["count"] == 1 else "s"
             at = f'<span class="jpm-mono"> · {esc(where)}</span>' if where else ""
             out.append(f'<div class="jpm-h">process {esc(str(proc["process"]))} · {proc["count"]} device{s}{listed}{at}</div>')
-        out.append('<div class="jpm-cards">')
+        out.append('<div class="jpm-cards jpm-compact">' if compact_cards(mine, len(kinds)) else '<div class="jpm-cards">')
         for d in mine:
             rows = [str(d.get("kind"))] if len(kinds) > 1 else []
             place = []

@@ -138,6 +138,12 @@ def test_devices_view(view_page: Any, samples: Any) -> None:
     assert host.locator(".jpm-chip.jpm-zero").count() == 2  # gpu 0, tpu 0
     assert "simulated" in host.inner_text().lower()
     view_page.shot(host, "devices-8")
+    # 64 simulated devices with nothing but a name: small chips, a few rows, not 13 rows of cards.
+    many = view_page.mount("devices", samples.devices(64))
+    assert many.locator(".jpm-cards.jpm-compact .jpm-card").count() == 64
+    assert many.bounding_box()["height"] < 260
+    view_page.shot(many, "devices-64")
+    assert view_page.mount("devices", samples.devices(16)).locator(".jpm-compact").count() == 0
     multi = view_page.mount("devices", samples.devices(128, processes=2, platform="tpu", kind="TPU v5 lite"))
     assert multi.locator(".jpm-card").count() == 64
     assert multi.locator(".jpm-h").count() == 2
