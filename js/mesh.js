@@ -21,13 +21,19 @@ const WRAP_1D = 64;
  *   abstract?: boolean, kinds?: string[]}} MeshState
  */
 
+/** Past this many rows a facet is drawn with small unlabelled cells (ids on hover), so a tall
+ * mesh such as data=32 × model=8 stays a compact picture; the twin of views/mesh.py's. */
+const COMPACT_ROWS = 16;
+
 /**
- * Cell size for a facet of `cols` columns when the mesh has `total` cells.
+ * Cell size for a facet of `rows` × `cols` cells when the mesh has `total` cells.
+ * @param {number} rows
  * @param {number} cols
  * @param {number} total
  * @param {number} maxId
  */
-function cellSize(cols, total, maxId) {
+function cellSize(rows, cols, total, maxId) {
+  if (rows > COMPACT_ROWS) return cols <= 64 ? { px: 11, font: 0, label: false } : { px: 6, font: 0, label: false };
   if (cols <= 16 && total <= 256) return { px: 40, font: 13, label: true };
   if (cols <= 32 && total <= 1024) return { px: 26, font: 10, label: maxId < 1000 };
   if (cols <= 64) return { px: 11, font: 0, label: false };
@@ -136,7 +142,7 @@ export function draw(state) {
     const n = ids.length;
     const wrapped = n > WRAP_1D;
     const cols = wrapped ? WRAP_1D : n;
-    const size = cellSize(cols, n, maxId);
+    const size = cellSize(Math.ceil(n / cols), cols, n, maxId);
     const where = whereFn([]);
     body.append(
       grid({
@@ -156,7 +162,7 @@ export function draw(state) {
     const [rows, cols] = sizes.slice(-2);
     const facets = product(lead);
     const per = rows * cols;
-    const size = cellSize(cols, total, maxId);
+    const size = cellSize(rows, cols, total, maxId);
     const titled = facets <= MAX_FACET_TITLES;
     const wrap = h("div", { class: "jpm-facets" });
     for (let f = 0; f < facets; f++) {

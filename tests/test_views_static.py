@@ -181,10 +181,24 @@ def test_text_renderings() -> None:
     assert text.splitlines()[:3] == [
         "Devices: 8 cpu devices · backend cpu [simulated]",
         "cpu: 8  gpu: 0  tpu: 0",
-        "  device 0 · cpu · process 0",
+        "  devices 0–7 · cpu · process 0",  # devices that differ only in their id: one line
     ]
     two = devices.to_text(devices_state(8, processes=2))
-    assert "process 1 (4 devices)" in two
+    assert "process 1 (4 devices)" in two and "  devices 4–7 · cpu · process 1" in two
+    # Devices that differ (coordinates, memory) keep a line each, up to 16 per process.
+    tpus = devices_state(64, kind="TPU v5e")
+    for k, d in enumerate(tpus["devices"]):
+        d["coords"] = [k % 8, k // 8, 0]
+    lines = devices.to_text(tpus).splitlines()
+    assert lines[2] == "  device 0 · cpu · TPU v5e · process 0 · coords [0, 0, 0]"
+    assert len(lines) == 2 + 16 and lines[-1] == "  … 49 more lines like these"
+
+    assert 'class="jpm-cards jpm-compact"' in devices.to_html(devices_state(64))  # chips, as js/devices.js
+    assert '"jpm-cards jpm-compact"' not in devices.to_html(devices_state(16)) + devices.to_html(tpus)
+    tall = mesh.to_text(mesh_state([32, 8])).splitlines()
+    assert len(tall) == 1 + 2 + 6 + 1 + 2  # title, axis lines, 6 rows, the elision, the last 2 rows
+    assert "… rows 6–29 (devices 48…239) not shown" in tall[9] and tall[-1].split()[:2] == ["31", "248"]
+    assert "width:11px;height:11px" in mesh.to_html(mesh_state([32, 8]))  # small cells, not 32 rows of 40 px
 
 
 def test_formatting_twins() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import ViewBase, bundle_esm, chip, esc, format_bytes, style_block, swatch_style
+from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ids, style_block, swatch_style
 
 
 def describe(d: dict[str, Any]) -> str:
@@ -59,6 +59,17 @@ def _groups(state: dict[str, Any]) -> list[tuple[dict[str, Any] | None, list[dic
     return [(p, [d for d in devices if d.get("process") == p["process"]]) for p in procs]
 
 
+#: Past this many devices whose cards would show only their name, the cards shrink to chips.
+COMPACT_AFTER = 16
+
+
+def compact_cards(mine: list[dict[str, Any]], kinds: int) -> bool:
+    """Whether a group's cards are drawn as small chips (the twin of ``compactCards``)."""
+    return len(mine) > COMPACT_AFTER and kinds <= 1 and all(
+        not d.get("coords") and d.get("core") is None and d.get("mem_used") is None for d in mine
+    )
+
+
 def to_html(state: dict[str, Any]) -> str:
     """Static HTML of a devices state (no script; every string escaped)."""
     devices = state.get("devices") or []
@@ -84,7 +95,7 @@ def to_html(state: dict[str, Any]) -> str:
             s = "" if proc["count"] == 1 else "s"
             at = f'<span class="jpm-mono"> · {esc(where)}</span>' if where else ""
             out.append(f'<div class="jpm-h">process {esc(str(proc["process"]))} · {proc["count"]} device{s}{listed}{at}</div>')
-        out.append('<div class="jpm-cards">')
+        out.append('<div class="jpm-cards jpm-compact">' if compact_cards(mine, len(kinds)) else '<div class="jpm-cards">')
         for d in mine:
             rows = [str(d.get("kind"))] if len(kinds) > 1 else []
             place = []
@@ -119,6 +130,36 @@ def to_html(state: dict[str, Any]) -> str:
     return "".join(out)
 
 
+#: Past this many lines for one process, the text keeps the first ones and counts the rest.
+TEXT_LINES_MAX = 16
+
+
+def _runs(mine: list[dict[str, Any]]) -> list[str]:
+    """One line per run of consecutive devices that differ only in their id ("devices 0–63 · cpu ·
+    process 0"), so 64 simulated devices take one line, not 64; devices with coordinates, cores
+    or memory figures stay one line each."""
+    lines: list[str] = []
+    run: list[int] = []
+    rest = ""
+
+    def flush() -> None:
+        if run:
+            lines.append(("device " if len(run) == 1 else "devices ") + format_ids(run, limit=4) + rest)
+
+    for d in mine:
+        own = describe(d)[len(f"device {d['id']}"):]
+        if run and own == rest and int(d["id"]) == run[-1] + 1:
+            run.append(int(d["id"]))
+            continue
+        flush()
+        run, rest = [int(d["id"])], own
+    flush()
+    if len(lines) > TEXT_LINES_MAX:
+        hidden = len(lines) - (TEXT_LINES_MAX - 1)
+        lines = lines[: TEXT_LINES_MAX - 1] + [f"… {hidden} more lines like these"]
+    return lines
+
+
 def to_text(state: dict[str, Any]) -> str:
     """A terminal rendering of a devices state."""
     devices = state.get("devices") or []
@@ -130,8 +171,7 @@ def to_text(state: dict[str, Any]) -> str:
         if proc is not None:
             where = host_text(state, proc["process"])
             lines.append(f"process {proc['process']} ({proc['count']} devices)" + (f" · {where}" if where else ""))
-        for d in mine:
-            lines.append("  " + describe(d))
+        lines += ["  " + line for line in _runs(mine)]
     if state.get("omitted"):
         lines.append(f"  … {int(state['omitted'])} more devices not listed ({len(devices)} of {total} shown)")
     return "\n".join(lines)

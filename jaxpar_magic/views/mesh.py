@@ -24,6 +24,10 @@ HTML_CELL_LIMIT = 1024
 #: Past this many cells the text rendering prints only the first facet.
 TEXT_CELL_LIMIT = 512
 WRAP_1D = 64
+#: Past this many rows a facet is drawn with small unlabelled cells, and its text keeps the first
+#: and last rows: a tall mesh (data=32 × model=8) stays a compact picture. Twin of js/mesh.js's.
+COMPACT_ROWS = 16
+TEXT_HEAD_ROWS, TEXT_TAIL_ROWS = 6, 2
 _NEUTRAL_RGB = (201, 206, 212)
 
 
@@ -100,7 +104,7 @@ def to_html(state: dict[str, Any]) -> str:
                 f" · {row_axis['size']} →</span></div>"
             )
         if big:
-            px = 40 if cols <= 16 and total <= 256 else 26 if cols <= 32 else 11
+            px = 11 if rows > COMPACT_ROWS else 40 if cols <= 16 and total <= 256 else 26 if cols <= 32 else 11
             label_ids = px >= 26 and (px == 40 or max(ids, default=0) < 1000)
             font = 13 if px == 40 else 10
             out.append(
@@ -146,7 +150,14 @@ def _text_grid(ids: list[int], rows: int, cols: int, row_name: str | None, col_n
     lead = f"{row_name} " if row_name else ""
     pad = " " * (len(lead) + rlabel + 2)
     lines = [pad + col_name + " →", pad + " ".join(str(c).rjust(width) for c in range(cols))]
-    for r in range(rows):
+    shown = list(range(rows))
+    if rows > COMPACT_ROWS:
+        shown = shown[:TEXT_HEAD_ROWS] + shown[-TEXT_TAIL_ROWS:]
+    for r in shown:
+        if r == rows - TEXT_TAIL_ROWS and len(shown) < rows:
+            hidden = ids[TEXT_HEAD_ROWS * cols : (rows - TEXT_TAIL_ROWS) * cols]
+            lines.append(f"{' ' * len(lead)}{'⋮'.rjust(rlabel)}  … rows {TEXT_HEAD_ROWS}–{rows - TEXT_TAIL_ROWS - 1} "
+                         f"(devices {hidden[0]}…{hidden[-1]}) not shown")
         cells = " ".join(str(i).rjust(width) for i in ids[r * cols : (r + 1) * cols])
         name = lead if r == 0 else " " * len(lead)
         lines.append(f"{name}{str(r).rjust(rlabel)}  {cells}")

@@ -138,6 +138,12 @@ def test_devices_view(view_page: Any, samples: Any) -> None:
     assert host.locator(".jpm-chip.jpm-zero").count() == 2  # gpu 0, tpu 0
     assert "simulated" in host.inner_text().lower()
     view_page.shot(host, "devices-8")
+    # 64 simulated devices with nothing but a name: small chips, a few rows, not 13 rows of cards.
+    many = view_page.mount("devices", samples.devices(64))
+    assert many.locator(".jpm-cards.jpm-compact .jpm-card").count() == 64
+    assert many.bounding_box()["height"] < 260
+    view_page.shot(many, "devices-64")
+    assert view_page.mount("devices", samples.devices(16)).locator(".jpm-compact").count() == 0
     multi = view_page.mount("devices", samples.devices(128, processes=2, platform="tpu", kind="TPU v5 lite"))
     assert multi.locator(".jpm-card").count() == 64
     assert multi.locator(".jpm-h").count() == 2
@@ -175,6 +181,16 @@ def test_mesh_4096(view_page: Any, samples: Any) -> None:
     box = host.bounding_box()
     assert box["width"] <= 1000 and box["height"] <= 1400
     view_page.shot(host, "mesh-16x16x16")
+
+
+def test_mesh_tall_is_compact(view_page: Any, samples: Any) -> None:
+    """data=32 × model=8: 32 rows of small cells (ids on hover), not 32 rows of 40 px squares."""
+    host = view_page.mount("mesh", samples.mesh([32, 8]))
+    cells = host.locator(".jpm-cell")
+    assert cells.count() == 256 and cells.nth(0).bounding_box()["height"] == 11
+    assert cells.nth(255).get_attribute("title") == "device 255 · data=31, model=7"
+    assert host.bounding_box()["height"] < 500
+    view_page.shot(host, "mesh-32x8")
 
 
 def test_mesh_1d_and_abstract(view_page: Any, samples: Any) -> None:
