@@ -52,6 +52,12 @@ SAYS = {
         "f32[8] → f32[8,8]", "f32[8] → f32[64]",  # all_gather, plain and tiled
         "2 groups of 4", "RAN 3×", "collectives of share_of_total()",  # badges are drawn in capitals
     ],
+    "ecosystem_chapter.ipynb": [
+        "64 cpu devices",  # the device view
+        "4 array leaves in 4 layouts", "P(None, 'model')",  # tree views: the gradients, the split model
+        "%%shard program", "all-reduce",  # the --report view
+        "%%shard --plan over 64 devices",  # the plan of the larger model
+    ],
     "training_chapter.ipynb": [
         "8 cpu devices",  # the device view
         "%%shard program", "%%shard_map program", "reduce-scatter", "collective-permute",  # the --report views

@@ -377,7 +377,17 @@ def check_training_chapter(page, shots: Path) -> None:
     shot_in_viewport(page, scatter.first, shots.with_name(shots.name + ".png"))
 
 
+def check_ecosystem_chapter(page, shots: Path) -> None:
+    trees = live_view(page, "tree")
+    assert trees.count() == 2, f"the ecosystem chapter shows {trees.count()} live tree views, not 2 (grads, the split model)"
+    split = live_view(page, "tree", "P(None, 'model')")
+    assert split.count() == 1, "the split model's tree view does not show its kernel's spec"
+    assert live_view(page, "plan").count() == 1, "the chapter's --plan view is not drawn"
+    shot_in_viewport(page, split.first, shots.with_name(shots.name + ".png"))
+
+
 CHECKS: dict[str, Callable] = {
+    "ecosystem_chapter.ipynb": check_ecosystem_chapter,
     "training_chapter.ipynb": check_training_chapter,
     "index.ipynb": check_index,
     "pmap_chapter.ipynb": check_pmap_chapter,

@@ -294,7 +294,8 @@ def test_shard_map_chapter_teaches_what_it_says():
     assert "`--out row_sums=x`" in stream(no_out, "stderr")
 
     fsdp = plain(cell_with("--collectives"))
-    assert "all_gather  f32[2,4] → f32[16,4]" in fsdp and "psum_scatter  f32[16,4] → f32[2,4]" in fsdp
+    # Each card names what it moves: the input `w` gathered, the output `grad_w` scattered.
+    assert "all_gather w  f32[2,4] → f32[16,4]" in fsdp and "psum_scatter grad_w  f32[16,4] → f32[2,4]" in fsdp
     assert "compile" in plain(cell_with(" --report"))
     assert stdout(cell_with("check(mv, m @ v")) == "✓ right\n"  # the exercise's solution
 
