@@ -133,6 +133,10 @@ def shut_down_kernels(lab: Lab) -> None:
         urllib.request.urlopen(request, timeout=30).close()
 
 
+# A view's root, not a picture another view draws inside itself (a tree view's layouts).
+TOP_VIEW = ".jpm-view:not(.jpm-view .jpm-view)"
+
+
 def live_view(page, kind: str, has_text: str | None = None):
     views = page.locator(f"{WIDGET_OUTPUT} .jpm-view.jpm-{kind}")
     return views.filter(has_text=has_text) if has_text else views
@@ -179,12 +183,13 @@ def run_all_and_check(page, lab: Lab, notebook: Path, expected: list[tuple[int, 
         timeout=RUN_ALL_S * 1000,
     )
 
-    page.locator(f"{WIDGET_OUTPUT} .jpm-view").nth(len(expected) - 1).wait_for(state="attached", timeout=60_000)
+    page.locator(f"{WIDGET_OUTPUT} {TOP_VIEW}").nth(len(expected) - 1).wait_for(state="attached", timeout=60_000)
     kinds = page.evaluate(
         """sel => [...document.querySelectorAll(sel)].map(
                el => [...el.classList].find(c => c.startsWith('jpm-') && c !== 'jpm-view'))""",
-        f"{WIDGET_OUTPUT} .jpm-view",
+        f"{WIDGET_OUTPUT} {TOP_VIEW}",
     )
+    kinds = ["jpm-sharding" if k == "jpm-tree" else k for k in kinds]  # a pytree's one view per name
     assert kinds == [f"jpm-{k}" for _, k in expected], f"live views {kinds}, expected {expected}"
     assert page.locator(f"{STATIC_OUTPUT} .jpm-view").count() == 0, "JupyterLab fell back to static HTML"
     widget_errors = page.locator(WIDGET_OUTPUT).filter(has_text="Error displaying widget").count()
@@ -193,7 +198,7 @@ def run_all_and_check(page, lab: Lab, notebook: Path, expected: list[tuple[int, 
     # Every view, one at a time in the viewport, is a visible box with text in it. (Off-screen
     # cells skip rendering (content-visibility): their innerText is empty and their size a
     # placeholder until they are painted, hence the waits.)
-    views = page.locator(f"{WIDGET_OUTPUT} .jpm-view")
+    views = page.locator(f"{WIDGET_OUTPUT} {TOP_VIEW}")
     for i, (cell, kind) in enumerate(expected):
         view = views.nth(i)
         view.scroll_into_view_if_needed()
@@ -332,16 +337,21 @@ def check_planning_chapter(page, shots: Path) -> None:
     assert "256" in devices_text, devices_text[:200]
     plans = live_view(page, "plan")
     verdicts = plans.locator(".jpm-fit").all_text_contents()
-    assert len(verdicts) == 5 and verdicts[0].startswith("does not fit"), verdicts
+    # Four plans with a verdict (data parallel, FSDP, tensor parallel, the chained update), then the
+    # --compare view; the repeated gradient plan runs with --no-show.
+    assert len(verdicts) == 4 and verdicts[0].startswith("does not fit"), verdicts
     assert all(v.startswith("fits:") for v in verdicts[1:]), verdicts
     expect(plans.first.locator(".jpm-fit.jpm-bad")).to_be_visible()
     fsdp = plans.nth(1)
     assert fsdp.locator("td.jpm-op").all_text_contents().count("all-gather") == 6
     assert "tpu-v5e" in fsdp.text_content()
-    assert "Collectives the compiler inserted (0)" in plans.nth(4).text_content()  # the chained update
+    assert "Collectives the compiler inserted (0)" in plans.nth(3).text_content()  # the chained update
+    compared = page.locator(f"{WIDGET_OUTPUT} .jpm-view.jpm-plan[data-kind='compare']")
+    assert compared.count() == 1 and all(label in compared.first.text_content() for label in ("dp", "fsdp", "fsdp_tp"))
     assert live_view(page, "sharding", "8 distinct blocks on 256 devices").count() == 1
     shoot_view(page, plans.first, shots.with_name(shots.name + "-data-parallel.png"))
     shoot_view(page, fsdp, shots.with_name(shots.name + "-fsdp.png"))
+    shoot_view(page, compared.first, shots.with_name(shots.name + "-compare.png"))
     shoot_view(page, live_view(page, "mesh", "tp").first, shots.with_name(shots.name + "-mesh.png"))
 
 
