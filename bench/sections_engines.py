@@ -73,7 +73,7 @@ def bench_shard_map(jax, sh, args) -> dict:
         ns["out"] = hand(lhs, rhs)
         jax.block_until_ready(ns["out"])
 
-    program, _ = shard_map_engine._cache[next(key for key in shard_map_engine._cache if key[0] == SHARD_MAP_SRC)]
+    program = shard_map_engine._cache[next(key for key in shard_map_engine._cache if key[0] == SHARD_MAP_SRC)]
 
     def program_call():  # the engine enters the mesh inside its traced function, so a plain call
         jax.block_until_ready(program.jitted([lhs], [rhs]))  # one flat list of leaves per input
@@ -106,7 +106,7 @@ def profile_shard_map_rerun(jax, sh, calls: int = 2000):
     import jaxpar_magic.runner as runner
     import jaxpar_magic.shardmap as engine
 
-    program, _ = engine._cache[next(key for key in engine._cache if key[0] == SHARD_MAP_SRC)]
+    program = engine._cache[next(key for key in engine._cache if key[0] == SHARD_MAP_SRC)]
     owners = ipython_steps(sh, "shard_map") + under_action([
         (engine, "shard_map_cell", "    jaxpar_magic/shardmap.py:shard_map_cell"),
         (engine, "resolve_mesh", "      jaxpar_magic/shard.py:resolve_mesh"),
