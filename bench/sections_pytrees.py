@@ -22,11 +22,12 @@ def loss_fn(params, x, y):
         h = jnp.tanh(h @ params[f"w{i}"] + params[f"b{i}"])
     return ((h - y) ** 2).mean()
 """
+# Names of their own: the shell is shared with the other sections (and their profiles run later).
 SHARD_STEP = """\
-loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-params = jax.tree.map(lambda p, g: p - 0.01 * g, params, grads)
+mlp_loss, mlp_grads = jax.value_and_grad(loss_fn)(mlp_params, mlp_x, mlp_y)
+mlp_params = jax.tree.map(lambda p, g: p - 0.01 * g, mlp_params, mlp_grads)
 """
-SHARD_LINE = "--mesh data=8 --in x=data y=data --no-show"
+SHARD_LINE = "--mesh data=8 --in mlp_x=data mlp_y=data --no-show"
 PMAP_STEP = """\
 def pstep(params, x, y):
     loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
@@ -49,7 +50,7 @@ def bench_pytrees(jax, sh, args) -> dict:
     x = jax.random.normal(jax.random.key(1), (batch, width))
     y = jnp.tanh(x)
     ns = sh.user_ns
-    ns.update(jax=jax, jnp=jnp, lax=lax, LAYERS=LAYERS, params=params, x=x, y=y)
+    ns.update(jax=jax, jnp=jnp, lax=lax, LAYERS=LAYERS, mlp_params=params, mlp_x=x, mlp_y=y)
     sh.run_cell(STEP_HELPERS)
     loss_fn = ns["loss_fn"]
     detail(f"13. workload: a {LAYERS}-layer tanh MLP, params a dict of {2 * LAYERS} leaves ({width}x{width} and "
@@ -60,7 +61,7 @@ def bench_pytrees(jax, sh, args) -> dict:
     log("13: %%shard re-run of a 64-leaf training step")
     sh.run_cell_magic("shard", SHARD_LINE, SHARD_STEP)  # the first run places x, y and compiles
     sh.run_cell_magic("shard", SHARD_LINE, SHARD_STEP)  # params now carries the program's own sharding
-    mesh = ns["x"].sharding.mesh
+    mesh = ns["mlp_x"].sharding.mesh
     placed_x = jax.device_put(x, NamedSharding(mesh, P("data")))
     placed_y = jax.device_put(y, NamedSharding(mesh, P("data")))
 
