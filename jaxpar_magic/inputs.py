@@ -36,15 +36,6 @@ def is_abstract(value) -> bool:
     return isinstance(value, jax.ShapeDtypeStruct)
 
 
-def leaf_paths(value) -> list[str]:
-    """`['w1']`, `.mu['b']`, ...: each leaf's path, as `jax.tree_util.keystr` writes it."""
-    import jax
-
-    if nnx_graphs.holds_graph_nodes(value):
-        value = nnx_graphs.split(value)[1]
-    return [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(value)[0]]
-
-
 class TreeInput:
     """One named input: its structure, where its array leaves sit, and its static leaves."""
 
@@ -131,14 +122,12 @@ class TreeInput:
     def paths(self) -> list[str]:
         """Each traced leaf's path (`['w1']`, `.mu['b']`), for messages and views."""
         if self._paths is None:
-            import jax
-
             placeholder = self.rebuild([_Leaf(i) for i in range(len(self.positions))])
             tree = nnx_graphs.split(placeholder)[1] if self.graphdef is not None else placeholder
             found = {}
-            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            for where, leaf in nnx_graphs.leaves_with_paths(tree):
                 if isinstance(leaf, _Leaf):
-                    found[leaf.index] = jax.tree_util.keystr(path)
+                    found[leaf.index] = where
             self._paths = [found.get(i, f"[{i}]") for i in range(len(self.positions))]
         return self._paths
 

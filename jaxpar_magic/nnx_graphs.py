@@ -42,6 +42,32 @@ def holds_graph_nodes(value) -> bool:
     return False
 
 
+def is_variable(value) -> bool:
+    nnx = _nnx()
+    return nnx is not None and isinstance(value, nnx.Variable)
+
+
+def leaves_with_paths(tree, is_leaf=None) -> list[tuple[str, object]]:
+    """(path text, leaf) of every leaf, as `jax.tree_util.keystr` writes paths, except that an NNX
+    Variable's own `.value` step is left out: `['hidden']['kernel']`, not `['hidden']['kernel'].value`."""
+    import jax
+
+    def stop(x):
+        return is_variable(x) or (is_leaf is not None and is_leaf(x))
+
+    found = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree, is_leaf=stop)[0]:
+        where = jax.tree_util.keystr(path)
+        if not is_variable(leaf):
+            found.append((where, leaf))
+            continue
+        inner = jax.tree_util.tree_flatten_with_path(leaf, is_leaf=is_leaf)[0]
+        for inner_path, inner_leaf in inner:
+            rest = jax.tree_util.keystr(inner_path)
+            found.append((where + ("" if len(inner) == 1 else rest), inner_leaf))
+    return found
+
+
 def split(values: tuple):
     """(graphdef, state) of several values at once, so references they share stay shared."""
     return _nnx().split(values)

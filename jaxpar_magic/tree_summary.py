@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from .nnx_graphs import leaves_with_paths
 from .summaries import dtype_of, sharding_state
 
 #: Rows (distinct layouts) listed; past this the rest are counted.
@@ -51,11 +52,10 @@ def tree_state(name: str, value) -> dict:
     static leaves: counted by kind, with a few paths, never shipped)."""
     import jax
 
-    flat, _ = jax.tree_util.tree_flatten_with_path(value, is_leaf=lambda x: x is None)
+    flat = leaves_with_paths(value, is_leaf=lambda x: x is None)  # NNX Variables without their `.value`
     layouts: dict = {}  # layout key -> [first leaf, paths]
     statics: dict[str, list[str]] = {}
-    for path, leaf in flat:
-        where = jax.tree_util.keystr(path)
+    for where, leaf in flat:
         if is_array_leaf(leaf):
             layouts.setdefault(_layout_key(leaf), [leaf, []])[1].append(where)
         else:
