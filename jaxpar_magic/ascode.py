@@ -468,7 +468,8 @@ def _pmap_mesh_intro(mesh, options) -> list[str]:
 def _pmap_block_code(cell: cells.Cell, options, mesh, namespace: dict) -> str:
     import jax
 
-    from .pmapping import per_device_note, prepare
+    from .pmap_inputs import per_device_note
+    from .pmapping import prepare
 
     broadcast, split, merge = tuple(options.broadcast), tuple(options.split), tuple(options.merge)
     # The run's own checks, in its order; the mapped inputs are checked and reshaped abstractly

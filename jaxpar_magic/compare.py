@@ -94,7 +94,8 @@ def compare_cell(source: str, namespace: dict, layouts: dict, *, magic: str = "s
     """Plan `source` once per layout (label -> (mesh, in specs, out specs)); rows best first: by
     estimated step time with a profile (else by memory per device), layouts that fail last. With
     `status` (the magic, whose view replaces it), one status line says which layout is planning."""
-    from .hardware import parse_hardware, with_topology
+    from .hardware import parse_hardware
+    from .topology import with_topology
     from .planned import plan_cell
     from .topology import topology_for
 

@@ -210,19 +210,6 @@ def parse_hardware(text: str) -> Hardware:
     return profile
 
 
-def with_topology(hardware: Hardware | None, topology: str) -> Hardware:
-    """The profile with `--topology` attached (the engines pass the profile through to the plan)."""
-    from dataclasses import replace
-
-    if hardware is None:
-        raise UsageError(f"--topology {topology}: a topology belongs to a device profile; add --hardware "
-                         f"(e.g. `--hardware tpu-v5e --topology {topology}`).")
-    from .topology import check_shape
-
-    check_shape(hardware, str(topology).strip())
-    return replace(hardware, topology=str(topology).strip())
-
-
 def _parse_custom(spec: str) -> Hardware:
     body = spec.split(":", 1)[1]
     keys = "; ".join(f"{k}: {what}" for k, what in _CUSTOM_KEYS.items())

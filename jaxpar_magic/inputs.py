@@ -119,6 +119,10 @@ class TreeInput:
         """The value the cell sees, inside the trace: traced leaves where the arrays were."""
         return _rebuild(self.treedef, self.positions, self.statics, arrays, self.graphdef)
 
+    def tree_of(self, arrays):
+        """The pytree around `arrays` before any NNX merge: for an NNX input, its state."""
+        return _unflatten(self.treedef, self.positions, self.statics, arrays)
+
     def paths(self) -> list[str]:
         """Each traced leaf's path (`['w1']`, `.mu['b']`), for messages and views."""
         if self._paths is None:
@@ -145,7 +149,7 @@ class _Leaf:
         self.index = index
 
 
-def _rebuild(treedef, positions, statics, arrays, graphdef=None):
+def _unflatten(treedef, positions, statics, arrays):
     import jax
 
     leaves = [None] * treedef.num_leaves
@@ -153,7 +157,11 @@ def _rebuild(treedef, positions, statics, arrays, graphdef=None):
         leaves[i] = leaf
     for i, array in zip(positions, arrays):
         leaves[i] = array
-    tree = jax.tree.unflatten(treedef, leaves)
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def _rebuild(treedef, positions, statics, arrays, graphdef=None):
+    tree = _unflatten(treedef, positions, statics, arrays)
     return nnx_graphs.merge(graphdef, tree) if graphdef is not None else tree
 
 

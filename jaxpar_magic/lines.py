@@ -108,7 +108,7 @@ def plan_options(args, magic: str) -> PlanOptions | None:
                 + ("and --as-code prints its code instead; use one of them." if flag == "--as-code" else
                    "so no collective runs to be watched; plan first, then run with --collectives.")
             )
-    from .hardware import with_topology
+    from .topology import with_topology
 
     if (compare is not None or search is not None) and magic == "%%pmap":
         flag = "--compare" if compare is not None else "--search"

@@ -39,7 +39,8 @@ def plan_cell(source: str, namespace: dict, *, magic: str = "shard", mesh=None, 
 
 def _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, devices, broadcast, split, merge,
                check_vma, hardware, device_memory, topology, bind):
-    from .hardware import parse_hardware, parse_memory_size, with_topology
+    from .hardware import parse_hardware, parse_memory_size
+    from .topology import with_topology
     from .runner import analyse_cached
 
     if isinstance(hardware, str):

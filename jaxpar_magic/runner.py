@@ -14,7 +14,7 @@ from . import cell as cells
 from .errors import UsageError, explain_trace_error
 from .fingerprints import Ref, fingerprint
 from .hlo import Collective, collectives
-from .inputs import OutputTree, TreeInput, is_abstract, is_array, rebuilt  # noqa: F401  (is_*: re-exported)
+from .inputs import OutputTree, TreeInput, rebuilt
 from .progress import Progress
 
 CACHE_SIZE = 64

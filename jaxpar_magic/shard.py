@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 from . import cell as cells
 from .errors import UsageError
-from .fingerprints import fingerprint
 from .layout import spec_axes
 from .inputs import TreeInput, absent_builtins, classify
 from .prepared import PreparedCell
@@ -162,40 +161,22 @@ def place(value, mesh, spec, name: str = "value", namespace: dict | None = None,
     pytree (each array leaf gets `spec`; or give a pytree of specs, one per leaf). Leaves already laid
     out so are not moved; the value comes back with its own type (a Flax NNX object is laid out in
     place, as `nnx.update` does, and returned)."""
+    from .inputs import TreeInput
     from .treespecs import normalize
 
     spec = normalize(spec)
-    from .inputs import TreeInput
-
     tree = TreeInput.of(name, value)
     if tree is None:
         raise UsageError(
             f"place({name}): {name!r} is a {type(value).__name__} with no array leaves; there is nothing to lay out."
         )
-    return _rebuilt_placed(tree, value, mesh, spec, namespace or {}, option)
-
-
-def _rebuilt_placed(tree, value, mesh, spec, namespace, option):
-    placed = place_leaves(tree, tree.arrays(value), value, mesh, spec, namespace, option)
+    placed = place_leaves(tree, tree.arrays(value), value, mesh, spec, namespace or {}, option)
     if tree.graphdef is None:
         return tree.rebuild(placed)
-    # NNX: lay out the user's own objects' state, as `nnx.update(model, placed_state)` would.
-    import jax
-
     from . import nnx_graphs
 
-    state = jax.tree.unflatten(tree.treedef, _full_leaves(tree, placed))
-    nnx_graphs.update(value, state)
+    nnx_graphs.update(value, tree.tree_of(placed))  # the user's own object, as `nnx.update` lays it out
     return value
-
-
-def _full_leaves(tree, arrays):
-    leaves = [None] * tree.treedef.num_leaves
-    for i, leaf in tree.statics:
-        leaves[i] = leaf
-    for i, array in zip(tree.positions, arrays):
-        leaves[i] = array
-    return leaves
 
 
 def place_leaves(tree, arrays, value, mesh, spec, namespace, option: str = "--in") -> list:
@@ -309,11 +290,9 @@ def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs
             continue
         if tree.graphdef is None:
             placed[tree.name] = tree.rebuild(arrays)
-        elif tree.name not in write_backs:  # an NNX object laid out, not changed: its placed state
+        else:  # an NNX object stays the user's own; if the cell did not change it, it gets its placed state
             placed[tree.name] = namespace[tree.name]
-            write_backs[tree.name] = nnx_state(tree, arrays)
-        else:
-            placed[tree.name] = namespace[tree.name]
+            write_backs.setdefault(tree.name, tree.tree_of(arrays))
     outputs = dict(program.static_outputs)
     outputs.update(computed)
     final, final_is_array = program.final_of(final)
@@ -330,13 +309,6 @@ def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs
         cell=cell,
         write_backs=write_backs,
     )
-
-
-def nnx_state(tree, arrays):
-    """An NNX input's state around `arrays` (its placed leaves)."""
-    import jax
-
-    return jax.tree.unflatten(tree.treedef, _full_leaves(tree, arrays))
 
 
 def _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 
 from . import cell as cells
 from .errors import UsageError, explaining
-from .fingerprints import fingerprint
-from .layout import spec_axes
 from .inputs import absent_builtins, classify
 from .prepared import PreparedCell
 from .runner import (

@@ -112,6 +112,17 @@ def check_shape(hardware: Hardware, text: str) -> tuple[int, ...]:
     return shape
 
 
+def with_topology(hardware: Hardware | None, topology: str) -> Hardware:
+    """The profile with `--topology` attached (the engines pass the profile through to the plan)."""
+    from dataclasses import replace
+
+    if hardware is None:
+        raise UsageError(f"--topology {topology}: a topology belongs to a device profile; add --hardware "
+                         f"(e.g. `--hardware tpu-v5e --topology {topology}`).")
+    check_shape(hardware, str(topology).strip())
+    return replace(hardware, topology=str(topology).strip())
+
+
 def slice_shape_for(hardware: Hardware, total: int, text: str | None = None) -> tuple[tuple[int, ...], int]:
     """(one slice's physical shape, number of slices) for `total` devices."""
     kind = hardware.kind
