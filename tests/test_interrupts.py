@@ -47,21 +47,16 @@ class Kernel:
         return reply["content"]
 
     def value(self, expression: str) -> str:
-        """The text/plain repr of an expression in the kernel."""
-        msg_id = self.kc.execute(expression, silent=False)
-        deadline = time.monotonic() + 60
-        found = None
-        while time.monotonic() < deadline:
-            msg = self.kc.get_iopub_msg(timeout=60)
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
-            if msg["msg_type"] == "execute_result":
-                found = msg["content"]["data"]["text/plain"]
-            if msg["msg_type"] == "error":
-                raise AssertionError("".join(msg["content"]["traceback"]))
-            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
-                return found
-        raise AssertionError(f"no value for {expression!r} within 60 s")
+        """The text/plain repr of an expression in the kernel, read from the execute reply's
+        user_expressions: the reply comes on the shell channel, so it cannot be missed the way an
+        iopub execute_result can when it arrives after the kernel has gone idle again (seen under load)."""
+        msg_id = self.kc.execute("", silent=True, user_expressions={"value": expression})
+        reply = self._reply(msg_id, 60)
+        assert reply["status"] == "ok", reply
+        result = reply["user_expressions"]["value"]
+        if result["status"] != "ok":
+            raise AssertionError(f"{expression!r} raised {result.get('ename')}: {result.get('evalue')}")
+        return result["data"]["text/plain"]
 
     def interrupt_when_shown(self, code: str, phase: str, timeout: float = 180) -> dict:
         """Run `code`; once its status line says `phase`, interrupt the kernel; return the reply."""
