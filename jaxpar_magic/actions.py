@@ -75,7 +75,7 @@ def mesh(options, source, namespace, defaults) -> Outcome:
 
 
 def sharding(options, source, namespace, defaults) -> Outcome:
-    from .runner import is_array_tree
+    from .programs import is_array_tree
 
     for name in options.names:
         if name not in namespace:
@@ -91,7 +91,8 @@ def sharding(options, source, namespace, defaults) -> Outcome:
 # --- cell magics -------------------------------------------------------------------------------
 
 def pmap(options, source, namespace, defaults) -> Outcome:
-    from .pmapping import ParallelFunction, pmap_cell
+    from .pmap_function import ParallelFunction
+    from .run_pmap import pmap_cell
     from .summaries import report_figures, result_state
 
     axis_name = options.axis_name or defaults.axis_name
@@ -117,7 +118,7 @@ def pmap(options, source, namespace, defaults) -> Outcome:
         return Outcome(text="\n".join(lines), bindings=result)
     outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final)
     if not (show or options.report or options.collectives):
-        from .pmapping import run_block
+        from .run_pmap import run_block
 
         cell, mesh = result.cell, result.mesh  # never the result: it holds the user's arrays
         outcome.replay = _replaying(lambda ns: run_block(
@@ -142,7 +143,7 @@ def pmap(options, source, namespace, defaults) -> Outcome:
 
 
 def shard(options, source, namespace, defaults) -> Outcome:
-    from .shard import shard_cell
+    from .run_shard import shard_cell
 
     if options.as_code:
         return _as_code("shard", options, source, namespace)
@@ -154,7 +155,7 @@ def shard(options, source, namespace, defaults) -> Outcome:
                         out_specs=options.out_specs, want_facts=options.report, bind=False)
     outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, commit=result.commit)
     if not (show or options.report):
-        from .shard import run_shard
+        from .run_shard import run_shard
 
         cell, mesh = result.cell, result.mesh  # never the result: it holds the user's arrays
         outcome.replay = _replaying(lambda ns: run_shard(cell, ns, mesh, options.in_specs, options.out_specs),
@@ -172,7 +173,7 @@ def shard(options, source, namespace, defaults) -> Outcome:
 
 
 def shard_map(options, source, namespace, defaults) -> Outcome:
-    from .shardmap import shard_map_cell
+    from .run_shard_map import shard_map_cell
     from .summaries import report_figures, result_state
 
     if options.as_code:
@@ -186,7 +187,7 @@ def shard_map(options, source, namespace, defaults) -> Outcome:
                             want_facts=show or options.report, bind=False, collectives=options.collectives)
     outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final)
     if not (show or options.report or options.collectives):
-        from .shardmap import run_shard_map
+        from .run_shard_map import run_shard_map
 
         cell, mesh = result.cell, result.mesh  # never the result: it holds the user's arrays
         outcome.replay = _replaying(lambda ns: run_shard_map(
@@ -278,7 +279,7 @@ def _plan(magic: str, options, source, namespace, **engine_options) -> Outcome:
 def _compare(magic: str, options, source, namespace, **engine_options) -> Outcome:
     """--plan --compare NAME / --search BATCH: one plan per layout, ranked; nothing is bound."""
     from .compare import compare_cell, comparison_state, devices_of, read_layouts, search_layouts, search_note
-    from .runner import analyse_cached, is_array_tree
+    from .programs import analyse_cached, is_array_tree
 
     for key in ("mesh", "in_specs", "out_specs"):  # each layout brings its own
         engine_options.pop(key, None)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from . import cell as cells
 from .errors import UsageError, explaining
 from .inputs import classify
-from .runner import analyse_cached
+from .programs import analyse_cached
 
 INDENT = "    "
 WIDTH = 120  # a call longer than this is written one argument per line

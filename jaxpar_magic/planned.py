@@ -1,6 +1,8 @@
-"""The plain-Python twin of `--plan`: `plan_cell(source, namespace, magic="shard", ...)` plans a cell
-the way `%%shard --plan`, `%%pmap --plan` or `%%shard_map --plan` does and returns the `Plan`
-(planning.py), whose numbers are attributes to assert on in a script or a test."""
+"""The plan stage's entry: each engine's prepared cell compiled over abstract inputs, never run
+(`plan_block`, `plan_shard`, `plan_shard_map`), and their plain-Python twin
+`plan_cell(source, namespace, magic="shard", ...)`, which plans a cell the way `%%shard --plan`,
+`%%pmap --plan` or `%%shard_map --plan` does and returns the `Plan` (planning.py), whose numbers are
+attributes to assert on in a script or a test."""
 from __future__ import annotations
 
 from .errors import UsageError
@@ -41,7 +43,7 @@ def _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, d
                check_vma, hardware, device_memory, topology, bind):
     from .hardware import parse_hardware, parse_memory_size
     from .topology import with_topology
-    from .runner import analyse_cached
+    from .programs import analyse_cached
 
     if isinstance(hardware, str):
         hardware = parse_hardware(hardware)
@@ -55,7 +57,7 @@ def _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, d
             "--plan compiles a cell's computation; this cell only defines functions. Plan a cell that calls them."
         )
     if magic == "pmap":
-        from .pmapping import mesh_for, plan_block
+        from .pmapping import mesh_for
 
         plan = plan_block(cell, namespace, mesh_for(axis_name, devices, mesh), broadcast=tuple(broadcast),
                           split=tuple(split), merge=tuple(merge), hardware=hardware, device_memory=device_memory)
@@ -67,15 +69,73 @@ def _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, d
         if not is_mesh(mesh):
             mesh = resolve_mesh(mesh, namespace, [in_specs, out_specs])
         if magic == "shard":
-            from .shard import plan_shard
-
             plan = plan_shard(cell, namespace, mesh, in_specs, out_specs, hardware, device_memory)
         else:
-            from .shardmap import plan_shard_map
-
             plan = plan_shard_map(cell, namespace, mesh, in_specs, out_specs, check_vma, hardware, device_memory)
     else:
         raise UsageError(f"plan_cell(magic={magic!r}): plan a 'shard', 'pmap' or 'shard_map' cell.")
     if bind:
         namespace.update(plan.bindings)  # one step
     return plan
+
+
+def plan_block(cell, namespace: dict, mesh, *, broadcast=(), split=(), merge=(), hardware=None,
+               device_memory=None):
+    """The --plan stage of a block-mode cell: its program compiled over abstract inputs (each mapped
+    input one slice per device, as a global array split over the mesh), never run."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from .planning import plan_program
+    from .pmapping import prepare
+
+    prepared = prepare(cell, namespace, mesh, broadcast=broadcast, split=split, merge=merge, abstract=True)
+    per_device = NamedSharding(mesh, P(*mesh.axis_names))
+    prepared.arguments = [
+        a if t.name in broadcast else [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=per_device) for leaf in a]
+        for t, a in zip(prepared.inputs, prepared.arguments)]
+    k = len(mesh.axis_names)
+    merged = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+
+    def merge_output(name, leaf):
+        """--merge: the device and block axes flattened into one, split over all mesh axes."""
+        if name not in merge:
+            return leaf
+        rows = _product(leaf.shape[:k + 1])
+        return jax.ShapeDtypeStruct((rows,) + tuple(leaf.shape[k + 1:]), leaf.dtype, sharding=merged)
+
+    return plan_program(prepared, hardware=hardware, device_memory=device_memory, set_mesh=False,
+                        reshape=merge_output)
+
+
+
+def _product(sizes) -> int:
+    total = 1
+    for s in sizes:
+        total *= int(s)
+    return total
+
+
+def plan_shard(cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, hardware=None,
+               device_memory=None):
+    """The --plan stage: the same program, compiled over abstract inputs laid out by --in, never run.
+    Inputs named in --in are described by their spec, not placed: nothing is allocated."""
+    from .planning import plan_program
+    from .shard import prepare
+
+    prepared = prepare(cell, namespace, mesh, in_specs, out_specs, describe=True)
+    return plan_program(prepared, hardware=hardware, device_memory=device_memory, set_mesh=False)
+
+
+def plan_shard_map(cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True,
+                   hardware=None, device_memory=None):
+    """The --plan stage: the same jit(shard_map), compiled over abstract inputs, never run."""
+    from .errors import explaining
+    from .planning import plan_program
+    from .shardmap import prepare
+
+    prepared = prepare(cell, namespace, mesh, in_specs, out_specs, check_vma=check_vma, abstract=True)
+    with explaining(cell.filename, mesh.axis_names):  # discovering the outputs traces the cell
+        program = prepared.program()
+    prepared.compile = lambda record=None: program
+    return plan_program(prepared, hardware=hardware, device_memory=device_memory, set_mesh=False)

@@ -25,15 +25,17 @@ class PreparedCell:
     leaf_specs: tuple  # per input, per leaf: the spec tuple it is laid out by (None: as the leaf is)
     out_specs: dict = field(default_factory=dict)  # name -> spec tuple from --out
     options: dict = field(default_factory=dict)  # the engine's own options (broadcast, split, merge, check_vma)
-    compile: Callable = field(default=None, repr=False)  # (collectives: bool) -> runner.CellProgram
+    compile: Callable = field(default=None, repr=False)  # (record=None) -> programs.CellProgram
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(tree.name for tree in self.inputs)
 
-    def program(self, collectives: bool = False):
-        """The engine's traced program for this cell (jit-wrapped; nothing compiled until called)."""
-        return self.compile(collectives)
+    def program(self, record=None):
+        """The engine's traced program for this cell (jit-wrapped; nothing compiled until called).
+        `record` (the record stage's `cell_recording.recording`) makes it also record what each
+        collective did; the engine never imports a stage, it is handed one."""
+        return self.compile(record)
 
     def fingerprints(self, namespace: dict) -> tuple:
         """(name, fingerprint) of each constant: the part of the compile key the inputs don't give."""

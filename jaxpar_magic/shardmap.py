@@ -8,49 +8,23 @@
 - An assigned array without `--out` gets `P()` when JAX's varying-axes typing proves it is the same
   on every device; otherwise the cell is refused with the axes it varies over and the spec to write.
 
-Plain Python, no IPython: `shard_map_cell(source, namespace, mesh=..., in_specs=..., out_specs=...)`.
+Plain Python, no IPython. `prepare(...)` hands the stages a PreparedCell: run_shard_map.py runs it
+(and is the twin `shard_map_cell(source, namespace, mesh=..., in_specs=..., out_specs=...)`),
+planned.py plans it, ascode.py writes it out.
 """
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 
 from . import cell as cells
-from .errors import UsageError, explaining
-from .inputs import absent_builtins, classify
+from .errors import UsageError
+from .inputs import classify
 from .prepared import PreparedCell
-from .runner import (
-    BoundedCache, CellProgram, ProgramFacts, Rerun, analyse_cached, capture_outputs, cell_function,
-    collectives_view_state, facts_for, recording, run_program, traced, within_mesh,
-)
-from .treespecs import normalize, spec_names
-from .shard import check_spec, is_mesh, resolve_mesh, spec_mesh_axes
+from .programs import CellProgram, capture_outputs, cell_function, traced, within_mesh
+from .treespecs import spec_names
+from .shard import check_spec, spec_mesh_axes
 
 FINAL = "(result)"  # the final expression's name in messages and views
-
-_cache = BoundedCache()
-_reruns = BoundedCache()  # (source, mesh, specs, check_vma) -> Rerun of the last successful run
-
-
-@dataclass
-class ShardMapResult:
-    outputs: dict  # name -> global jax.Array assembled by its out spec (or a plain Python value)
-    device_outputs: tuple[str, ...]
-    out_specs: dict  # name -> the spec each device output was assembled with (given or proven P())
-    in_specs: dict
-    final: object
-    final_is_array: bool
-    has_final: bool
-    mesh: object
-    facts: ProgramFacts | None
-    run_ms: float
-    cell: cells.Cell
-    collectives: dict | None = None  # the collective cards' view state (--collectives)
-
-    @property
-    def bindings(self) -> dict:
-        """What a successful cell binds: its outputs (inputs stay as they were, as with jax.shard_map)."""
-        return dict(self.outputs)
 
 
 def varying_axes(value) -> frozenset:
@@ -137,14 +111,14 @@ def _spec_text(spec) -> str:
     return "P(" + ", ".join(one(e) for e in spec) + ")"
 
 
-def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, collectives=False) -> CellProgram:
+def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, record=None) -> CellProgram:
     """Discover what the cell returns (a trace without running), then build jit(shard_map)."""
     import jax
     from jax.sharding import PartitionSpec as P
 
     fn = cell_function(cell, inputs, namespace)
     program = CellProgram(jitted=None)
-    program.recording = recording(fn, inputs, mesh.axis_names) if collectives else None
+    program.recording = record(fn, inputs, mesh.axis_names) if record is not None else None  # --collectives
     found: dict = {}  # name -> (varying axes, per-leaf ndims) of every value computed on the devices
 
     def probe(*blocks):
@@ -279,72 +253,9 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: 
     specs = tuple(specs)
     prepared = PreparedCell("shard_map", cell, mesh, inputs, constants + spec_names(in_specs), args, specs,
                             dict(out_specs), {"check_vma": check_vma})
-    prepared.compile = lambda collectives=False: _compile(cell, inputs, specs, out_specs, namespace, mesh,
-                                                              check_vma, collectives)
+    prepared.compile = lambda record=None: _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma,
+                                                    record)
     return prepared
-
-
-def plan_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True,
-                   hardware=None, device_memory=None):
-    """The --plan stage: the same jit(shard_map), compiled over abstract inputs, never run."""
-    from .planning import plan_program
-
-    prepared = prepare(cell, namespace, mesh, in_specs, out_specs, check_vma=check_vma, abstract=True)
-    with explaining(cell.filename, mesh.axis_names):  # discovering the outputs traces the cell
-        program = prepared.program()
-    prepared.compile = lambda collectives=False: program
-    return plan_program(prepared, hardware=hardware, device_memory=device_memory, set_mesh=False)
-
-
-def _plan(cell, namespace, mesh, in_specs, out_specs, check_vma, collectives=False):
-    """The full path: prepare, find or build the program, remember what was checked."""
-    prepared = prepare(cell, namespace, mesh, in_specs, out_specs, check_vma=check_vma)
-    fingerprints = prepared.fingerprints(namespace)
-    shapes = tuple(tree.signature for tree in prepared.inputs)
-    key = (cell.source, tuple(t.key for t in prepared.inputs), mesh, prepared.leaf_specs,
-           tuple(sorted(out_specs.items())), check_vma, collectives, shapes, fingerprints)
-    program = _cache.lookup(key, lambda: prepared.program(collectives), family=key[:-2])
-    rerun = Rerun(prepared.inputs, (None,) * len(prepared.inputs), fingerprints, absent_builtins(cell, namespace),
-                  program, key)
-    return rerun, prepared.arguments
-
-
-def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True,
-                  want_facts: bool = False, collectives: bool = False) -> ShardMapResult:
-    """Run the cell as the body of jit(shard_map); the namespace is read, never written."""
-    rerun_key = (cell.source, mesh, tuple(sorted(in_specs.items())), tuple(sorted(out_specs.items())), check_vma,
-                 collectives)
-    rerun = _reruns.get(rerun_key)
-    args = rerun.args(namespace) if rerun is not None else None
-    if args is None:
-        with explaining(cell.filename, mesh.axis_names):  # discovering the outputs traces the cell
-            rerun, args = _plan(cell, namespace, mesh, in_specs, out_specs, check_vma, collectives)
-    program = rerun.program
-    chosen = program.assembled
-    results, run_ms, signature = run_program(
-        _cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
-    rerun.remember(_reruns, rerun_key, signature)
-    device, final = results[0], results[1]
-    facts = facts_for(program, signature, args, mesh, cell) if want_facts or collectives else None
-    cards = (collectives_view_state(program, results[2], "collectives of the %%shard_map cell", mesh, cell, facts)
-             if collectives else None)
-    outputs = dict(program.static_outputs)
-    outputs.update(program.outputs_of(device))
-    final, final_is_array = program.final_of(final)
-    return ShardMapResult(
-        outputs=outputs,
-        device_outputs=tuple(program.device_outputs),
-        out_specs=chosen,
-        in_specs=dict(in_specs),
-        final=final,
-        final_is_array=final_is_array,
-        has_final=cell.has_final_expression,
-        mesh=mesh,
-        facts=facts if want_facts else None,
-        run_ms=run_ms,
-        cell=cell,
-        collectives=cards,
-    )
 
 
 def check_cell(cell: cells.Cell, in_specs: dict, out_specs: dict) -> None:
@@ -363,18 +274,3 @@ def check_cell(cell: cells.Cell, in_specs: dict, out_specs: dict) -> None:
             )
 
 
-def shard_map_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None, check_vma: bool = True,
-                   want_facts: bool = False, bind: bool = True, collectives: bool = False) -> ShardMapResult:
-    """Plain-Python twin of `%%shard_map`: specs as dicts of tuples, e.g.
-    `shard_map_cell("c = lax.psum(a @ b, 'y')", ns, mesh=mesh, in_specs={'a': ('x', 'y'), 'b': ('y', None)},
-    out_specs={'c': ('x', None)})`. With `bind`, the outputs go into `namespace` once the cell succeeded."""
-    in_specs = {n: normalize(s) for n, s in (in_specs or {}).items()}
-    out_specs = {n: normalize(s) for n, s in (out_specs or {}).items()}
-    cell = analyse_cached(source, "shard_map-cell")
-    check_cell(cell, in_specs, out_specs)
-    if not is_mesh(mesh):
-        mesh = resolve_mesh(mesh, namespace, [in_specs, out_specs])
-    result = run_shard_map(cell, namespace, mesh, in_specs, out_specs, check_vma, want_facts, collectives)
-    if bind:
-        namespace.update(result.bindings)  # one step: an interrupt leaves all or nothing
-    return result

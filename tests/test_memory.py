@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxpar_magic import lines, magics, pmapping, runner, shard
+from jaxpar_magic import lines, magics, programs, run_pmap, run_shard, runner
 from shell_helpers import N_DEVICES
 
 
@@ -94,19 +94,19 @@ def test_a_global_array_read_by_a_helper_is_freed_once_rebound(jx):
 
 def test_every_cache_is_bounded(jx):
     jx.push({"x": jnp.arange(float(N_DEVICES)), "v": jnp.arange(8.0)})
-    for k in range(runner.CACHE_SIZE + 12):
+    for k in range(programs.CACHE_SIZE + 12):
         pmap_cell(jx, f"y = x + {k}")
         shard_cell(jx, f"--mesh data=8 --in v=data --out w=data", f"w = v * {k}")
-    for cache in (pmapping._block_cache, pmapping._reruns, shard._cache, shard._reruns):
-        assert len(cache) <= runner.CACHE_SIZE
+    for cache in (run_pmap._block_cache, run_pmap._reruns, run_shard._cache, run_shard._reruns):
+        assert len(cache) <= programs.CACHE_SIZE
     assert len(magics._replays) <= magics.REPLAYS
-    for cached in (magics.parse_line, magics._transformed, lines._parsed, runner.analyse_cached):
+    for cached in (magics.parse_line, magics._transformed, lines._parsed, programs.analyse_cached):
         info = cached.cache_info()
         assert info.maxsize is not None and info.currsize <= info.maxsize
 
 
 def test_cache_families_keep_one_variant_per_cell():
-    cache = runner.BoundedCache(size=8)
+    cache = programs.BoundedCache(size=8)
     cache.lookup(("cell", 1), lambda: "first", family="cell")
     cache.lookup(("cell", 2), lambda: "second", family="cell")
     assert list(cache) == [("cell", 2)]
@@ -119,7 +119,7 @@ def test_an_interrupted_run_leaves_no_cache_entry(jx, kind, monkeypatch):
     """A KeyboardInterrupt inside the compiled call (a stand-in for Kernel -> Interrupt; the real
     signal is tested against a kernel in tests/test_interrupts.py) removes the half-built entry."""
     jx.push({"x": jnp.arange(float(N_DEVICES))})
-    cache = pmapping._block_cache if kind == "pmap" else shard._cache
+    cache = run_pmap._block_cache if kind == "pmap" else run_shard._cache
     original = runner.compile_progress
 
     def interrupting():

@@ -18,8 +18,9 @@ import jaxpar_magic
 from shell_helpers import N_DEVICES, pmap, shown_state
 from jaxpar_magic import summaries
 
-# The engine module, found through its class: `jaxpar_magic.pmap` names the plain-Python twin.
-engine = importlib.import_module(jaxpar_magic.ParallelFunction.__module__)
+# The run stage's module, found through its twin: `jaxpar_magic.pmap` names function mode's twin.
+engine = importlib.import_module(jaxpar_magic.pmap_cell.__module__)
+from jaxpar_magic.programs import CACHE_SIZE  # noqa: E402
 
 RING = [(j, (j + 1) % N_DEVICES) for j in range(N_DEVICES)]
 
@@ -344,11 +345,11 @@ def test_a_changed_shape_or_cell_compiles_again(jx, x, compiles):
 def test_the_cache_is_bounded_and_drops_the_least_recently_used(jx, x, compiles):
     engine.clear_cache()
     cache = engine._block_cache
-    cells = [f"y = x + {k}" for k in range(engine.CACHE_SIZE + 2)]
+    cells = [f"y = x + {k}" for k in range(CACHE_SIZE + 2)]
     for source in cells:
         pmap(jx, "--no-show", source)
-        assert len(cache) <= engine.CACHE_SIZE
-    assert len(cache) == engine.CACHE_SIZE
+        assert len(cache) <= CACHE_SIZE
+    assert len(cache) == CACHE_SIZE
     compiles.count = 0
     pmap(jx, "--no-show", cells[-1])  # still cached
     assert compiles.count == 0

@@ -20,6 +20,7 @@ from shell_helpers import N_DEVICES, pmap, snapshot
 
 # The engine module, found through its class: `jaxpar_magic.pmap` names the plain-Python twin.
 engine = importlib.import_module(jaxpar_magic.ParallelFunction.__module__)
+from jaxpar_magic.pmapping import mesh_for  # noqa: E402
 
 
 # The seed's train step (`params @ x` there has mismatched shapes for its own data; `x @ params`
@@ -181,7 +182,7 @@ def test_plain_python_twin_is_callable_after_a_cell_ran(ip):
 def test_parallel_function_twin_over_a_given_mesh():
     from jax import lax
 
-    mesh = engine.mesh_for(mesh="a=2,b=4")
+    mesh = mesh_for(mesh="a=2,b=4")
     f = jaxpar_magic.ParallelFunction(lambda v: lax.psum(v, ("a", "b")), mesh)
     np.testing.assert_array_equal(f(np.ones((2, 4), np.float32)), np.full((2, 4), 8.0))
 
