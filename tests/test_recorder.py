@@ -15,9 +15,10 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from jaxpar_magic.hlo import collectives as compiled_collectives
-from jaxpar_magic.recorder import (
-    HEAD, HEAT, MAX_CARDS, collective_cards, collectives_state, record_collectives,
-)
+from jaxpar_magic.collective_cards import collective_cards, collectives_state
+from jaxpar_magic.collective_previews import HEAD, HEAT
+from jaxpar_magic.collective_sites import MAX_CARDS
+from jaxpar_magic.recorder import record_collectives
 
 FAST = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOW = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -208,10 +209,10 @@ def test_dtypes_other_than_float32(dtype):
 
 @pytest.mark.parametrize("length", [1, 15, 17, 1000, 2**27 + 3, 3 * 10**9 + 7])
 def test_heat_bins_cover_every_row_once(length):
-    from jaxpar_magic.recorder import _bin_counts
+    from jaxpar_magic.collective_previews import bin_counts
 
     bins = min(HEAT, length)
-    counts = _bin_counts(length, bins)
+    counts = bin_counts(length, bins)
     assert sum(counts) == length and len(counts) == bins and min(counts) >= 1
 
 

@@ -18,8 +18,8 @@ from html_tags import parse
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxpar_magic.views import CollectivesView, base, collectives
-from jaxpar_magic.views.collectives import hubs, movement_model, slot_text
+from jaxpar_magic.views import CollectivesView, base, collectives, collectives_model
+from jaxpar_magic.views.collectives_model import hubs, movement_model, slot_text
 from jaxpar_magic.views.palette import device_color
 from sample_states import collective_card, collectives_state, unrecorded_card
 
@@ -111,45 +111,45 @@ def test_sub_groups_are_separate_groups_of_columns() -> None:
     for d, bar in zip(pic["columns"], pic["bottom"]):
         assert bar == [[[e, 0] for e in _group(card, d)]]
     assert len(hubs(pic["links"])[0]) == 2
-    width, left, total = collectives.stage_geometry(pic["groups"])
-    assert left[4] - left[3] == width + collectives.GROUP_GAP and total == 8 * width + collectives.GROUP_GAP
+    width, left, total = collectives_model.stage_geometry(pic["groups"])
+    assert left[4] - left[3] == width + collectives_model.GROUP_GAP and total == 8 * width + collectives_model.GROUP_GAP
 
 
 @pytest.mark.parametrize("groups", [[list(range(8))], [[0, 2, 4, 6], [1, 3, 5, 7]], [list(range(16))], [[0, 1]]])
 def test_stage_layout_shrinks_in_proportion_between_bounds(groups: list[list[int]]) -> None:
-    width, left, total = collectives.stage_geometry(groups)
-    layout = collectives.stage_layout(groups)
+    width, left, total = collectives_model.stage_geometry(groups)
+    layout = collectives_model.stage_layout(groups)
     tracks = layout["template"].split(" minmax")
-    assert tracks[0] == f"{collectives.LABEL_W}px"  # the row names keep their width
+    assert tracks[0] == f"{collectives_model.LABEL_W}px"  # the row names keep their width
     fr = [float(re.fullmatch(r"\(0, ([\d.]+)fr\)", t).group(1)) for t in tracks[1:]]
     # One track per device and per gap between groups, in proportion to the design widths, so
     # the picture (design units, stretched over all of them) stays under its columns.
     n = sum(len(g) for g in groups)
     assert len(fr) == n + len(groups) - 1 and sum(fr) == total
-    assert sorted(set(fr)) == sorted({width} | ({collectives.GROUP_GAP} if len(groups) > 1 else set()))
-    assert layout["max_width"] == collectives.LABEL_W + total
+    assert sorted(set(fr)) == sorted({width} | ({collectives_model.GROUP_GAP} if len(groups) > 1 else set()))
+    assert layout["max_width"] == collectives_model.LABEL_W + total
     # At the minimum width a device column is MIN_COL_W wide (rounded up to a whole pixel).
-    scale = (layout["min_width"] - collectives.LABEL_W) / total
-    assert collectives.MIN_COL_W <= width * scale < collectives.MIN_COL_W + width / total
+    scale = (layout["min_width"] - collectives_model.LABEL_W) / total
+    assert collectives_model.MIN_COL_W <= width * scale < collectives_model.MIN_COL_W + width / total
     assert layout["min_width"] < layout["max_width"]
 
 
 def test_label_need_is_the_width_where_the_label_fits_its_block() -> None:
     card = collective_card("psum", 8, groups=[[0, 2, 4, 6], [1, 3, 5, 7]])
-    width, _, total = collectives.stage_geometry(movement_model(card, 0)["groups"])
+    width, _, total = collectives_model.stage_geometry(movement_model(card, 0)["groups"])
     w = width - 6
     text = slot_text(movement_model(card, 0)["bottom"][0][0], False, "Σ")
-    need = collectives.label_need(text, w, total)
+    need = collectives_model.label_need(text, w, total)
     room = len(text) * 6 + 2  # what a label takes, at 6 px a character
     assert w * need / total >= room > w * (need - 1) / total
-    assert collectives.label_need("0", w, total) < need
+    assert collectives_model.label_need("0", w, total) < need
 
 
 def test_static_picture_stretches_and_its_labels_say_what_they_need() -> None:
     card = collective_card("psum", 8)
     out = collectives.to_html(collectives_state([card], 8))
-    layout = collectives.stage_layout(movement_model(card, 0)["groups"])
-    _, _, total = collectives.stage_geometry(movement_model(card, 0)["groups"])
+    layout = collectives_model.stage_layout(movement_model(card, 0)["groups"])
+    _, _, total = collectives_model.stage_geometry(movement_model(card, 0)["groups"])
     assert (f'<div class="jpm-stage-scroll"><div class="jpm-stage" style="grid-template-columns:{layout["template"]};'
             f'min-width:{layout["min_width"]}px;max-width:{layout["max_width"]}px">') in out
     # No fixed pixel width on the picture: the outer SVG fills its columns; the inner one is
@@ -206,8 +206,8 @@ def test_all_to_all_and_permute_steps_end_with_the_whole_movement(n: int) -> Non
 def test_model_caps_devices_and_links() -> None:
     card = collective_card("all_to_all", 64, shape=(64,))
     pic = movement_model(card, 0)
-    assert len(pic["columns"]) == collectives.MAX_DEVICES_DRAWN == 16
-    assert len(pic["links"]) <= collectives.MAX_LINKS and pic["links_omitted"] == 0
+    assert len(pic["columns"]) == collectives_model.MAX_DEVICES_DRAWN == 16
+    assert len(pic["links"]) <= collectives_model.MAX_LINKS and pic["links_omitted"] == 0
     assert all(t["src"] in pic["columns"] and t["dst"] in pic["columns"] for t in pic["links"])
     assert card["devices_omitted"] == 48
     # The drawn devices' group goes on past them: their blocks say so.

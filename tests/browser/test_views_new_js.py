@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from jaxpar_magic.views import collectives, plan
+from jaxpar_magic.views import collectives, collectives_model, plan
 from jaxpar_magic.views.palette import device_color
 from sample_states import collective_card, collectives_state, plan_state, unrecorded_card
 
@@ -105,7 +105,7 @@ def test_collective_cards_8_devices(view_page: Any, artifacts: Any) -> None:
 
 
 def test_movement_model_js_matches_python(view_page: Any) -> None:
-    """js/collectives.js and views/collectives.py compute the same picture data for every card
+    """js/collectives_model.js and views/collectives_model.py compute the same picture data for every card
     and every step, and lay the columns out identically."""
     state = every_op_state(8)
     state["cards"].append(collective_card("all_to_all", 16, shape=(16,)))
@@ -115,7 +115,7 @@ def test_movement_model_js_matches_python(view_page: Any) -> None:
         n_steps = len(card["movement"]["steps"])
         js = view_page.page.evaluate(
             """async ([card, n]) => {
-                const mod = await import('/js/collectives.js');
+                const mod = await import('/js/collectives_model.js');
                 const pics = Array.from({length: n + 1}, (_, k) => mod.movementModel(card, k));
                 const labels = pics[0].bottom.map((bar) => bar.map((o) => mod.labelNeed(mod.slotText(o, true, 'Σ'), 97 / bar.length, 824)));
                 return {pics, geo: mod.stageGeometry(pics[0].groups), layout: mod.stageLayout(pics[0].groups), labels,
@@ -124,18 +124,18 @@ def test_movement_model_js_matches_python(view_page: Any) -> None:
             [card, n_steps],
         )
         for k in range(n_steps + 1):
-            py = collectives.movement_model(card, k)
+            py = collectives_model.movement_model(card, k)
             assert js["pics"][k] == py, (card["op"], k)
-            blocked = collectives.picture_blocked(py)
-            sym = collectives.reduce_symbol(card["op"])
+            blocked = collectives_model.picture_blocked(py)
+            sym = collectives_model.reduce_symbol(card["op"])
             part = bool(py["partial"]) and py["partial"][0]
-            assert js["texts"][k] == [[collectives.slot_text(o, blocked, sym, part) for o in bar] for bar in py["bottom"]]
-        groups = collectives.movement_model(card, 0)["groups"]
-        width, left, total = collectives.stage_geometry(groups)
+            assert js["texts"][k] == [[collectives_model.slot_text(o, blocked, sym, part) for o in bar] for bar in py["bottom"]]
+        groups = collectives_model.movement_model(card, 0)["groups"]
+        width, left, total = collectives_model.stage_geometry(groups)
         assert js["geo"] == {"width": width, "left": left, "total": total}
-        assert js["layout"] == collectives.stage_layout(groups)
-        bottom = collectives.movement_model(card, 0)["bottom"]
-        assert js["labels"] == [[collectives.label_need(collectives.slot_text(o, True, "Σ"), 97 / len(bar), 824) for o in bar] for bar in bottom]
+        assert js["layout"] == collectives_model.stage_layout(groups)
+        bottom = collectives_model.movement_model(card, 0)["bottom"]
+        assert js["labels"] == [[collectives_model.label_need(collectives_model.slot_text(o, True, "Σ"), 97 / len(bar), 824) for o in bar] for bar in bottom]
 
 
 def test_step_control_by_mouse(view_page: Any) -> None:
