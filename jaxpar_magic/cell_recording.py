@@ -36,7 +36,7 @@ def collectives_view_state(program: CellProgram, records, title: str, mesh, cell
     """The collective cards of a run compiled with --collectives (records: its extra outputs)."""
     import jax
 
-    from .recorder import collectives_state
+    from .collective_cards import collectives_state
     from .summaries import to_host
 
     return collectives_state(title, program.recording.sites, jax.tree.map(to_host, records), mesh,

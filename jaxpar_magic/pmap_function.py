@@ -202,7 +202,8 @@ class ParallelFunction:
         import jax
         from IPython.display import display
 
-        from .recorder import collectives_state, record_collectives
+        from .collective_cards import collectives_state
+        from .recorder import record_collectives
         from .summaries import to_host
         from .views.collectives import CollectivesView
 

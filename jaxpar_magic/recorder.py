@@ -20,14 +20,12 @@ user's source and `jax.lax` are left alone.
 
 The static facts of each call (`Site`, collective_sites.py) are collected at trace time into
 `Recording.sites`. The host turns the sites and the records into the view's cards with
-`collective_cards` / `collectives_state` (collective_cards.py; the latter is also importable from
-here, where the engines take it).
+`collective_cards` / `collectives_state` (collective_cards.py).
 """
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from .collective_cards import collectives_state  # noqa: F401  (runner.py and pmapping.py import it from here)
 from .collective_previews import empty_record, value_preview, varying_over
 from .collective_sites import INLINE_CALLS, MAX_CARDS, PSUMS, Planner, Site, open_jaxpr
 
