@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import PACKAGE_DIR
+
 MAX_CARDS = 64  # collective calls recorded per program; later ones are counted, not recorded
 MAX_FRAMES = 4  # user frames kept per call (innermost first)
 
@@ -90,7 +92,7 @@ def _is_collective(eqn) -> bool:
 def _package_dirs() -> tuple[str, ...]:
     import jax
 
-    dirs = [os.path.dirname(jax.__file__), os.path.dirname(__file__)]
+    dirs = [os.path.dirname(jax.__file__), PACKAGE_DIR]
     try:
         import jaxlib
 

@@ -6,11 +6,15 @@ decide *that* something went wrong and this module decides *how to say it*.
 from __future__ import annotations
 
 import linecache
+import os
 import traceback
 
 from IPython.core.error import UsageError
 
-__all__ = ["UsageError", "user_line", "explain_trace_error", "explaining"]
+__all__ = ["UsageError", "user_line", "explain_trace_error", "explaining", "PACKAGE_DIR"]
+
+# The package's own folder, whichever subpackage a module sits in: frames under it are ours, not the user's.
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def user_line(exc: BaseException, filename: str) -> tuple[int, str] | None:

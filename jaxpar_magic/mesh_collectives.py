@@ -7,6 +7,7 @@ import linecache
 import os
 from collections.abc import Callable
 
+from .errors import PACKAGE_DIR
 from .hlo import Collective
 from .plan_record import PlannedCollective
 
@@ -96,7 +97,7 @@ def _library_dirs() -> tuple[str, ...]:
     import jax
     import jaxlib
 
-    dirs = {os.path.dirname(jax.__file__), os.path.dirname(jaxlib.__file__), os.path.dirname(__file__)}
+    dirs = {os.path.dirname(jax.__file__), os.path.dirname(jaxlib.__file__), PACKAGE_DIR}
     dirs.update(p for p in (sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")) if p)
     return tuple(os.path.join(d, "") for d in dirs)
 
