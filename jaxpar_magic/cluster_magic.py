@@ -147,7 +147,7 @@ def line(shell, line: str, default_timeout: float):
 
 def cell(shell, line: str, cell: str, default_timeout: float) -> None:
     """`%%cluster [--timeout S] [--targets RANKS]`: the cell in every process (or the targets)."""
-    from .cluster import ClusterCellError, explain_missing_name
+    from .cluster_status import ClusterCellError, explain_missing_name
 
     args = parse_cell(line)
     timeout = _timeout(args.timeout, default_timeout, "%%cluster")
@@ -222,7 +222,8 @@ def _connect(shell, args, default_timeout):
 
 
 def _status(shell, args, default_timeout):
-    from .cluster import ClusterStatus, current, last
+    from .cluster import current, last
+    from .cluster_status import ClusterStatus
 
     cluster = current() or last()
     if cluster is None:
@@ -283,7 +284,8 @@ _HANDLERS = {"start": _start, "connect": _connect, "status": _status, "stop": _s
 
 
 def _running(magic: str):
-    from .cluster import SUBCOMMAND_HINT, current
+    from .cluster import current
+    from .cluster_status import SUBCOMMAND_HINT
 
     cluster = current()
     if cluster is None:

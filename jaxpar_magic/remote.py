@@ -30,7 +30,7 @@ class RemoteValue:
 def on_cluster(cluster, magic: str, line: str, source: str | None, defaults: Defaults, timeout: float | None,
                kernel_namespace: dict) -> Outcome:
     """In the kernel: run the magic in every process of `cluster` and merge what they return."""
-    from .cluster import explain_missing_name
+    from .cluster_status import explain_missing_name
     from .progress import Progress
 
     try:

@@ -17,7 +17,8 @@ import pytest
 from IPython.utils.capture import capture_output
 
 from jaxpar_magic import cluster_magic
-from jaxpar_magic.cluster import Cluster, ClusterCellError, current
+from jaxpar_magic.cluster import Cluster, current
+from jaxpar_magic.cluster_status import ClusterCellError
 from jaxpar_magic.errors import UsageError
 from jaxpar_magic.reaper import gone, reaper
 
@@ -359,7 +360,7 @@ def test_interrupting_a_plain_cell_keeps_the_cluster(cluster, ip, tmp_path):
 
 
 def test_a_slow_plain_cell_past_its_timeout_keeps_the_cluster(cluster, ip):
-    from jaxpar_magic.cluster import ClusterError
+    from jaxpar_magic.cluster_status import ClusterError
 
     started = time.monotonic()
     with pytest.raises(ClusterError, match="within the 3 s timeout.*still usable") as caught:

@@ -24,7 +24,8 @@ import pytest
 from IPython.utils.capture import capture_output
 
 from jaxpar_magic import cluster_magic
-from jaxpar_magic.cluster import Cluster, ClusterCellError, ClusterError
+from jaxpar_magic.cluster import Cluster
+from jaxpar_magic.cluster_status import ClusterCellError, ClusterError
 from jaxpar_magic.reaper import gone, processes_of
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import pytest
 
 from jaxpar_magic import cluster as cluster_module
 from jaxpar_magic import cluster_magic
-from jaxpar_magic.cluster import ClusterCellError, ClusterStatus, ProcessInfo, explain_missing_name
+from jaxpar_magic.cluster_status import ClusterCellError, ClusterStatus, ProcessInfo, explain_missing_name
 from jaxpar_magic.errors import UsageError
 
 TIMEOUT = 120.0
