@@ -226,11 +226,11 @@ def ipython_steps(sh, magic: str) -> list:
     from IPython.core.displayhook import DisplayHook
     from IPython.core.interactiveshell import InteractiveShell
 
-    import jaxpar_magic.lines as lines
-    import jaxpar_magic.magics as magics
+    import jaxpar_magic.face.lines as lines
+    import jaxpar_magic.face.magics as magics
 
     try:
-        import jaxpar_magic.actions as actions
+        import jaxpar_magic.face.actions as actions
     except ImportError:  # before the magic layer had an actions module
         actions = None
     steps = [

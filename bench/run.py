@@ -335,8 +335,8 @@ def bench_shard(jax, sh, args):
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    import jaxpar_magic.shard as shard_engine
-    from jaxpar_magic.hlo import collectives
+    import jaxpar_magic.engines.shard as shard_engine
+    from jaxpar_magic.cell.hlo import collectives
 
     sh.run_line_magic("mesh", "data=8 --no-show")
     mesh = sh.user_ns["mesh"]
@@ -422,9 +422,9 @@ def view_sizes(view) -> dict:
 def bench_views(jax, sh, n_pmap):
     import jax.numpy as jnp
 
-    from jaxpar_magic.magics import show_mesh, show_sharding
-    from jaxpar_magic.shard import make_mesh, place, plan
-    from jaxpar_magic.summaries import per_device_summary
+    from jaxpar_magic.face.magics import show_mesh, show_sharding
+    from jaxpar_magic.engines.shard import make_mesh, place, plan
+    from jaxpar_magic.views.summaries import per_device_summary
     from jaxpar_magic.views import ResultView
 
     mesh8 = make_mesh("data=8")
@@ -553,8 +553,8 @@ def bench_chromium(args):
         return
     from playwright.sync_api import sync_playwright
 
-    from jaxpar_magic.shard import make_mesh
-    from jaxpar_magic.summaries import mesh_state
+    from jaxpar_magic.engines.shard import make_mesh
+    from jaxpar_magic.views.summaries import mesh_state
     from jaxpar_magic.views import MeshView
 
     def serve(route):
@@ -612,8 +612,8 @@ def bench_chromium(args):
 # --- where the time goes (when a ratio misses its target) ---------------------------------------------
 
 def profile_pmap_rerun(jax, sh, calls: int = 2000):
-    import jaxpar_magic.cell as cells
-    import jaxpar_magic.runner as runner
+    import jaxpar_magic.cell.analysis as cells
+    import jaxpar_magic.stages.run.program as runner
 
     engine = engine_module()
     eng = "jaxpar_magic/" + Path(engine.__file__).name
@@ -640,9 +640,9 @@ def profile_pmap_view(jax, sh, calls: int = 300):
     """Where a re-run that shows the per-device result view (the default) spends its time."""
     from IPython.utils.capture import capture_output
 
-    import jaxpar_magic.actions as actions
-    import jaxpar_magic.magics as magics
-    import jaxpar_magic.summaries as summaries
+    import jaxpar_magic.face.actions as actions
+    import jaxpar_magic.face.magics as magics
+    import jaxpar_magic.views.summaries as summaries
     from jaxpar_magic.views.base import ViewBase
 
     engine = engine_module()
@@ -682,8 +682,8 @@ def profile_function_call(jax, step, x, calls: int = 2000):
 
 
 def profile_shard_rerun(jax, sh, calls: int = 2000):
-    import jaxpar_magic.runner as runner
-    import jaxpar_magic.shard as shard_engine
+    import jaxpar_magic.stages.run.program as runner
+    import jaxpar_magic.engines.shard as shard_engine
 
     line = "--mesh mesh --in a=None,data b=data,None --no-show"
     program = shard_engine._cache[next(k for k in shard_engine._cache if k[0] == SHARD_SRC)]

@@ -76,7 +76,7 @@ def child_cluster(n: int, reps: int, gathers: int) -> dict:
     sh.run_line_magic("load_ext", "jaxpar_magic")
     if "cluster" not in sh.magics_manager.magics["line"]:
         return {"skipped": "`%load_ext jaxpar_magic` registers no `%cluster` magic in this version of the package"}
-    from jaxpar_magic import cluster as cluster_module
+    from jaxpar_magic.cluster import lifecycle as cluster_module
 
     sh.run_line_magic("config", f"JaxparMagics.cluster_timeout = {WAIT_S:g}")  # every cluster cell's own limit
     result: dict = {}

@@ -40,7 +40,7 @@ def bench_shard_map(jax, sh, args) -> dict:
     from jax import lax
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    import jaxpar_magic.shardmap as shard_map_engine
+    import jaxpar_magic.engines.shard_map as shard_map_engine
 
     with capture_output():
         sh.run_line_magic("mesh", "x=4 y=2 --name mesh42 --no-show")
@@ -103,8 +103,8 @@ def bench_shard_map(jax, sh, args) -> dict:
 
 
 def profile_shard_map_rerun(jax, sh, calls: int = 2000):
-    import jaxpar_magic.runner as runner
-    import jaxpar_magic.shardmap as engine
+    import jaxpar_magic.stages.run.program as runner
+    import jaxpar_magic.engines.shard_map as engine
 
     program = engine._cache[next(key for key in engine._cache if key[0] == SHARD_MAP_SRC)]
     owners = ipython_steps(sh, "shard_map") + under_action([

@@ -12,23 +12,23 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 _TWINS = {
-    "pmap": ("pmap_function", "pmap"),
-    "pmap_cell": ("run_pmap", "pmap_cell"),
-    "ParallelFunction": ("pmap_function", "ParallelFunction"),
-    "simulate": ("devices", "simulate"),
-    "show_devices": ("magics", "show_devices"),
-    "show_mesh": ("magics", "show_mesh"),
-    "show_sharding": ("magics", "show_sharding"),
-    "make_mesh": ("shard", "make_mesh"),
-    "shard_cell": ("run_shard", "shard_cell"),
-    "place": ("shard", "place"),
-    "plan": ("shard", "plan"),
-    "split": ("shard", "split"),
-    "shard_map_cell": ("run_shard_map", "shard_map_cell"),
-    "compile_plan": ("planning", "compile_plan"),
-    "plan_cell": ("planned", "plan_cell"),
-    "Cluster": ("cluster", "Cluster"),
-    "check": ("exercises", "check"),
+    "pmap": ("stages.run.pmap_function", "pmap"),
+    "pmap_cell": ("stages.run.pmap", "pmap_cell"),
+    "ParallelFunction": ("stages.run.pmap_function", "ParallelFunction"),
+    "simulate": ("cell.devices", "simulate"),
+    "show_devices": ("face.magics", "show_devices"),
+    "show_mesh": ("face.magics", "show_mesh"),
+    "show_sharding": ("face.magics", "show_sharding"),
+    "make_mesh": ("engines.shard", "make_mesh"),
+    "shard_cell": ("stages.run.shard", "shard_cell"),
+    "place": ("engines.shard", "place"),
+    "plan": ("engines.shard", "plan"),
+    "split": ("engines.shard", "split"),
+    "shard_map_cell": ("stages.run.shard_map", "shard_map_cell"),
+    "compile_plan": ("stages.plan.plan_program", "compile_plan"),
+    "plan_cell": ("stages.plan.plan_cell", "plan_cell"),
+    "Cluster": ("cluster.lifecycle", "Cluster"),
+    "check": ("face.exercises", "check"),
 }
 
 
@@ -43,13 +43,13 @@ def __getattr__(name: str):
 
 
 def load_ipython_extension(ipython) -> None:
-    from .magics import JaxparMagics
+    from .face.magics import JaxparMagics
 
     ipython.register_magics(JaxparMagics)  # registering again replaces: loading twice is harmless
 
 
 def unload_ipython_extension(ipython) -> None:
-    from .magics import JaxparMagics
+    from .face.magics import JaxparMagics
 
     manager = ipython.magics_manager
     for kind, names in JaxparMagics.magics.items():

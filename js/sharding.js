@@ -133,7 +133,7 @@ function block(tile, dtype, wpx, hpx, procOf = () => null) {
 }
 
 /**
- * The state's blocks, decoded: the twin of `expand_sharding_tiles` in summaries.py.
+ * The state's blocks, decoded: the twin of `expand_sharding_tiles` in views/summaries.py.
  *
  * `bounds[d]` holds the grid[d] + 1 cut points of dimension d; `blocks[k]` says who holds the
  * k-th block in row-major order over `grid`: a device id, or a list of ids (several: replicas;

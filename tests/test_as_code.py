@@ -20,7 +20,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 from jax import lax
 
-from jaxpar_magic.cell import analyse
+from jaxpar_magic.cell.analysis import analyse
 from shell_helpers import N_DEVICES, snapshot
 
 
@@ -496,7 +496,7 @@ def test_an_abstract_mesh_has_no_snippet(jx):
 
 
 def test_as_code_names_the_magics_it_knows():
-    from jaxpar_magic.ascode import as_code
+    from jaxpar_magic.stages.ascode.as_code import as_code
 
     with pytest.raises(UsageError, match="%%pmap, %%shard and %%shard_map"):
         as_code("mesh", None, "y = 1", {})

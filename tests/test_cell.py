@@ -1,4 +1,4 @@
-"""cell.py: what a cell reads, writes and returns, its mode, and the code built from it.
+"""cell/analysis.py: what a cell reads, writes and returns, its mode, and the code built from it.
 
 Pure Python: nothing here touches JAX or IPython's shell.
 """
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from IPython.core.error import UsageError
 
-from jaxpar_magic import cell as cells
+from jaxpar_magic.cell import analysis as cells
 
 
 def analyse(source: str) -> cells.Cell:

@@ -16,11 +16,11 @@ import psutil
 import pytest
 from IPython.utils.capture import capture_output
 
-from jaxpar_magic import cluster_magic
-from jaxpar_magic.cluster import Cluster, current
-from jaxpar_magic.cluster_status import ClusterCellError
+from jaxpar_magic.face import cluster_magic
+from jaxpar_magic.cluster.lifecycle import Cluster, current
+from jaxpar_magic.cluster.status import ClusterCellError
 from jaxpar_magic.errors import UsageError
-from jaxpar_magic.reaper import gone, reaper
+from jaxpar_magic.cluster.reaper import gone, reaper
 
 pytestmark = pytest.mark.slow
 
@@ -287,10 +287,10 @@ def test_a_cell_failing_in_one_process_restores_every_namespace(cluster, ip):
 
 
 def test_two_phase_call_binds_only_when_every_process_succeeded(cluster):
-    from jaxpar_magic import trees
+    from jaxpar_magic.cluster import trees
 
     seven, _ = trees.flatten("seven", 7)
-    replies = cluster.call("jaxpar_magic.cluster_engine:import_trees", {"seven": (seven, [("value", 7)])}, "i",
+    replies = cluster.call("jaxpar_magic.cluster.engine:import_trees", {"seven": (seven, [("value", 7)])}, "i",
                            timeout=TIMEOUT)
     assert replies == [{"seven": "int"}, {"seven": "int"}]
     assert gather(["seven"])["seven"] == [7, 7]
@@ -299,7 +299,7 @@ def test_two_phase_call_binds_only_when_every_process_succeeded(cluster):
     good = {"half": (half, [("rows", np.zeros(4, np.float32), (8,))])}
     bad = {"half": (half, [("rows", np.zeros(3, np.float32), (8,))])}
     with pytest.raises(ClusterCellError) as caught:
-        cluster._call("jaxpar_magic.cluster_engine:import_trees", {0: (good, "i"), 1: (bad, "i")}, TIMEOUT)
+        cluster._call("jaxpar_magic.cluster.engine:import_trees", {0: (good, "i"), 1: (bad, "i")}, TIMEOUT)
     assert caught.value.processes == [1]
     with pytest.raises(UsageError, match="'half' is not defined on the cluster"):
         gather(["half"])
@@ -360,7 +360,7 @@ def test_interrupting_a_plain_cell_keeps_the_cluster(cluster, ip, tmp_path):
 
 
 def test_a_slow_plain_cell_past_its_timeout_keeps_the_cluster(cluster, ip):
-    from jaxpar_magic.cluster_status import ClusterError
+    from jaxpar_magic.cluster.status import ClusterError
 
     started = time.monotonic()
     with pytest.raises(ClusterError, match="within the 3 s timeout.*still usable") as caught:

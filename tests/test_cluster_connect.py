@@ -15,10 +15,10 @@ import psutil
 import pytest
 from IPython.utils.capture import capture_output
 
-from jaxpar_magic import cluster_magic
-from jaxpar_magic.cluster import Cluster, current
+from jaxpar_magic.face import cluster_magic
+from jaxpar_magic.cluster.lifecycle import Cluster, current
 from jaxpar_magic.errors import UsageError
-from jaxpar_magic.reaper import gone, processes_of
+from jaxpar_magic.cluster.reaper import gone, processes_of
 
 pytestmark = pytest.mark.slow
 

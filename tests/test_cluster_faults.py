@@ -23,10 +23,10 @@ import psutil
 import pytest
 from IPython.utils.capture import capture_output
 
-from jaxpar_magic import cluster_magic
-from jaxpar_magic.cluster import Cluster
-from jaxpar_magic.cluster_status import ClusterCellError, ClusterError
-from jaxpar_magic.reaper import gone, processes_of
+from jaxpar_magic.face import cluster_magic
+from jaxpar_magic.cluster.lifecycle import Cluster
+from jaxpar_magic.cluster.status import ClusterCellError, ClusterError
+from jaxpar_magic.cluster.reaper import gone, processes_of
 
 pytestmark = pytest.mark.slow
 
@@ -177,8 +177,8 @@ def test_a_failure_before_a_collective_breaks_the_cluster(healthy):
 
 KERNEL = """
 import json, sys, psutil
-from jaxpar_magic.cluster import Cluster
-from jaxpar_magic.reaper import reaper
+from jaxpar_magic.cluster.lifecycle import Cluster
+from jaxpar_magic.cluster.reaper import reaper
 
 cluster = Cluster.start(2, simulate=2)
 tree = [p.pid for p in psutil.Process().children(recursive=True)]
@@ -224,8 +224,8 @@ def test_a_kernel_killed_by_a_signal_leaves_nothing_behind():
 
 EXITING_KERNEL = """
 import json, psutil
-from jaxpar_magic.cluster import Cluster
-from jaxpar_magic.reaper import reaper
+from jaxpar_magic.cluster.lifecycle import Cluster
+from jaxpar_magic.cluster.reaper import reaper
 
 cluster = Cluster.start(2, simulate=2)
 tree = [p.pid for p in psutil.Process().children(recursive=True) if p.pid != reaper().pid]

@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from jaxpar_magic import cluster as cluster_module
-from jaxpar_magic import cluster_magic
-from jaxpar_magic.cluster_status import ClusterCellError, ClusterStatus, ProcessInfo, explain_missing_name
+from jaxpar_magic.cluster import lifecycle as cluster_module
+from jaxpar_magic.face import cluster_magic
+from jaxpar_magic.cluster.status import ClusterCellError, ClusterStatus, ProcessInfo, explain_missing_name
 from jaxpar_magic.errors import UsageError
 
 TIMEOUT = 120.0

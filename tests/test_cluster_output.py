@@ -14,8 +14,8 @@ import time
 import psutil
 import pytest
 
-from jaxpar_magic import hang_doctor
-from jaxpar_magic.native_output import GlooFilter
+from jaxpar_magic.cluster import hang_doctor
+from jaxpar_magic.cluster.native_output import GlooFilter
 
 PIECES = [b"[Gloo] Rank ", b"%d", b" is connected to ", b"7", b" peer ranks. ",
           b"Expected number of connected peer ranks is : ", b"7", b"\n"]
@@ -122,7 +122,7 @@ def test_describe_without_a_cell_names_the_innermost_frame():
         {"file": "<string>", "line": 1, "name": "<module>", "text": "", "on_disk": False},
         {"file": "/x/ipyparallel/engine/kernel.py", "line": 157, "name": "do_apply", "text": "exec(code)", "on_disk": True},
     ]
-    assert hang_doctor.describe(frames) == ("in `probe` (cluster_engine.py, line 193), waiting in `_allgather`; it is "
+    assert hang_doctor.describe(frames) == ("in `probe` (cluster/engine.py, line 193), waiting in `_allgather`; it is "
                                             "inside `sync_global_devices`, a collective every process must reach")
     assert hang_doctor.describe([]) is None
     assert hang_doctor.read_report("plain output\n") is None

@@ -1,4 +1,4 @@
-"""Pytrees as they cross the kernel/cluster boundary (`jaxpar_magic.trees`), without a cluster:
+"""Pytrees as they cross the kernel/cluster boundary (`jaxpar_magic.cluster.trees`), without a cluster:
 the skeleton and leaves that travel, and the value rebuilt from them in a fresh interpreter, the
 way an engine receives it (only the bytes cross)."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 
-from jaxpar_magic import trees
+from jaxpar_magic.cluster import trees
 from jaxpar_magic.errors import UsageError
 
 

@@ -12,7 +12,7 @@ from IPython.utils.capture import capture_output
 from jax.sharding import PartitionSpec as P
 
 import jaxpar_magic
-from jaxpar_magic.compare import engine_spec
+from jaxpar_magic.stages.plan.compare import engine_spec
 from jaxpar_magic.views import plan as plan_view
 from shell_helpers import shown_widgets, snapshot
 

@@ -1,4 +1,4 @@
-"""%devices and devices.py: the facts shown, counts per platform, device selection, simulation.
+"""%devices and cell/devices.py: the facts shown, counts per platform, device selection, simulation.
 
 The process runs on 8 simulated CPU devices (conftest); a backend that starts fresh is tested in
 test_extension.py.
@@ -11,7 +11,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 from shell_helpers import N_DEVICES, shown_widgets
-from jaxpar_magic import devices as dev
+from jaxpar_magic.cell import devices as dev
 
 
 def check_state(state: dict) -> None:

@@ -7,7 +7,7 @@ import pytest
 from IPython.utils.capture import capture_output
 
 import jaxpar_magic
-from jaxpar_magic.exercises import NotYet, check
+from jaxpar_magic.face.exercises import NotYet, check
 
 
 def test_right_answers_say_so(capsys):

@@ -33,7 +33,7 @@ def test_unload_removes_the_magics(ip):
 
 
 def test_pmap_help_is_the_argument_parser():
-    from jaxpar_magic.magics import JaxparMagics
+    from jaxpar_magic.face.magics import JaxparMagics
 
     doc = JaxparMagics.pmap.__doc__
     for option in ("--axis-name", "--broadcast", "--split", "--merge", "--mesh", "--devices", "--in-axes",
@@ -51,7 +51,7 @@ def test_pmap_help_reaches_the_user_through_the_inspector(ip):
 
 
 def test_devices_help_names_simulate():
-    from jaxpar_magic.magics import JaxparMagics
+    from jaxpar_magic.face.magics import JaxparMagics
 
     assert "--simulate" in JaxparMagics.devices.__doc__
 

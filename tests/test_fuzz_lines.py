@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
-from jaxpar_magic import cluster_magic
-from jaxpar_magic.magics import parse_line
+from jaxpar_magic.face import cluster_magic
+from jaxpar_magic.face.magics import parse_line
 from shell_helpers import N_DEVICES, snapshot
 
 FAST, SLOW = 150, 3000

@@ -1,4 +1,4 @@
-"""hardware.py: the built-in device profiles, custom profiles, and memory sizes, with every mistake."""
+"""stages/plan/hardware.py: the built-in device profiles, custom profiles, and memory sizes, with every mistake."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 
 from jaxpar_magic.errors import UsageError
-from jaxpar_magic.hardware import CUSTOM_EXAMPLE, PROFILES, Hardware, parse_hardware, parse_memory_size
+from jaxpar_magic.stages.plan.hardware import CUSTOM_EXAMPLE, PROFILES, Hardware, parse_hardware, parse_memory_size
 
 REQUIRED = ("tpu-v4", "tpu-v5e", "tpu-v5p", "tpu-v6e", "h100", "a100", "b200")
 STATE_KEYS = {"name", "peak_flops", "hbm_bandwidth", "interconnect_bandwidth", "memory", "source", "kind",

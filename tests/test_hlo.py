@@ -1,4 +1,4 @@
-"""hlo.py: collectives read from compiled program text, in every spelling XLA prints.
+"""cell/hlo.py: collectives read from compiled program text, in every spelling XLA prints.
 
 The synthetic lines follow XLA's printed HLO; the last tests read the text JAX really compiles for
 a shard_map program over a 2x4 mesh.
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxpar_magic.hlo import collectives, parse_replica_groups
+from jaxpar_magic.cell.hlo import collectives, parse_replica_groups
 
 ADD = "to_apply=%add"
 

@@ -1,4 +1,4 @@
-"""layout.py's tile arithmetic against JAX itself.
+"""cell/layout.py's tile arithmetic against JAX itself.
 
 `named_tiles` claims to reproduce where JAX puts every block of an array laid out by a
 PartitionSpec over a mesh, from shape, mesh and spec alone (that is what lets a 4,096-device plan
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from shell_helpers import N_DEVICES
-from jaxpar_magic.layout import named_tiles, spec_axes, tiles_from_index_map
-from jaxpar_magic.summaries import expand_sharding_tiles, sharding_state
+from jaxpar_magic.cell.layout import named_tiles, spec_axes, tiles_from_index_map
+from jaxpar_magic.views.summaries import expand_sharding_tiles, sharding_state
 
 MESH_SHAPES = [(8,), (2, 4), (4, 2), (2, 2, 2)]
 AXIS_NAMES = {1: ("a",), 2: ("a", "b"), 3: ("a", "b", "c")}

@@ -13,7 +13,9 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxpar_magic import lines, magics, programs, run_pmap, run_shard, runner
+from jaxpar_magic.face import lines, magics
+from jaxpar_magic.cell import programs
+from jaxpar_magic.stages.run import pmap as run_pmap, shard as run_shard, program as runner
 from shell_helpers import N_DEVICES
 
 

@@ -21,7 +21,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jaxpar_magic
 from shell_helpers import N_DEVICES, pmap, shown_widgets, snapshot
-from jaxpar_magic.summaries import expand_sharding_tiles, mesh_state, sharding_state
+from jaxpar_magic.views.summaries import expand_sharding_tiles, mesh_state, sharding_state
 from jaxpar_magic.views import sharding as sharding_view
 
 
@@ -438,7 +438,7 @@ STATE_LIMIT_4096 = 40_000
     ("x=16,y=16,z=16", (("x", "y"), "z"), [256, 16]),
 ])
 def test_state_of_4096_shards_is_compact_and_loses_nothing(jx, mesh_line, spec, grid):
-    from jaxpar_magic.layout import named_tiles
+    from jaxpar_magic.cell.layout import named_tiles
 
     mesh = jaxpar_magic.make_mesh(mesh_line, abstract=True)
     shape = (2**20, 2**20)

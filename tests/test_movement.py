@@ -14,9 +14,7 @@ from hypothesis import strategies as st
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from jaxpar_magic.movement import (
-    MAX_DEVICES_DRAWN, axis_index_order, estimated_bytes, groups_of, movement, steps, transfers,
-)
+from jaxpar_magic.stages.record.movement import MAX_DEVICES_DRAWN, axis_index_order, estimated_bytes, groups_of, movement, steps, transfers
 
 FAST = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOW = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

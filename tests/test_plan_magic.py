@@ -185,7 +185,7 @@ def test_the_twin_returns_a_plan_with_numbers(mesh):
     ns = {"jnp": jnp, "x": jaxpar_magic.plan((1024, 1024), "float32", mesh, ("data", None))}
     plan = jaxpar_magic.plan_cell("y = x @ x.T", ns, magic="shard", mesh=mesh, hardware="h100")
     assert plan.argument_bytes == 1024 * 1024 * 4 // 4
-    h100 = jaxpar_magic.planning.parse_hardware("h100")
+    h100 = jaxpar_magic.stages.plan.plan_program.parse_hardware("h100")
     # JAX preallocates 75% of a GPU's memory by default: that is what the plan fits against
     assert plan.flops and plan.roofline is not None and plan.capacity == int(h100.memory * 0.75)
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION" in plan.memory_note

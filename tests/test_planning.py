@@ -1,4 +1,4 @@
-"""planning.py: compile without running, and say what it costs.
+"""stages/plan/plan_program.py: compile without running, and say what it costs.
 
 Figures are checked against arithmetic on shapes and shardings, collectives against the mesh's own
 coordinates, and the roofline against hand arithmetic. Anything needing more than the test process's
@@ -20,13 +20,10 @@ from jax import lax
 from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
 
 from jaxpar_magic.errors import UsageError
-from jaxpar_magic.hardware import PROFILES, parse_hardware
-from jaxpar_magic.hlo import collectives, parse_replica_groups
-from jaxpar_magic.planning import (
-    CAVEATS, CPU_DEVICE_CEILING, LOOP_CAVEAT, MAX_COLLECTIVES, ROOFLINE_CAVEAT, Plan, PlanWarning, compile_plan,
-    smaller_slice,
-)
-from jaxpar_magic.shard import make_mesh, plan
+from jaxpar_magic.stages.plan.hardware import PROFILES, parse_hardware
+from jaxpar_magic.cell.hlo import collectives, parse_replica_groups
+from jaxpar_magic.stages.plan.plan_program import CAVEATS, CPU_DEVICE_CEILING, LOOP_CAVEAT, MAX_COLLECTIVES, ROOFLINE_CAVEAT, Plan, PlanWarning, compile_plan, smaller_slice
+from jaxpar_magic.engines.shard import make_mesh, plan
 from shell_helpers import run_python
 
 POINTER = 8  # XLA counts an output tuple's table: one 8-byte pointer per element when there are several
@@ -137,8 +134,8 @@ def test_planning_64_gib_of_inputs_on_64_devices_allocates_none_of_it():
         import json, resource
         import jax
         jax.config.update("jax_num_cpu_devices", 64)
-        from jaxpar_magic.shard import make_mesh, plan
-        from jaxpar_magic.planning import compile_plan
+        from jaxpar_magic.engines.shard import make_mesh, plan
+        from jaxpar_magic.stages.plan.plan_program import compile_plan
 
         mesh = make_mesh("data=8 model=8")
         x = plan((131072, 131072), "bfloat16", mesh, ("data", "model"))  # 32 GiB
@@ -173,7 +170,7 @@ def test_roofline_of_one_matmul_is_hand_arithmetic():
     assert result.flops == flops
     assert result.bytes_accessed == touched
     r = result.roofline
-    # f32 at JAX's default precision runs as TF32 on an H100: half the bf16 rate (costs.py, hardware.py)
+    # f32 at JAX's default precision runs as TF32 on an H100: half the bf16 rate (stages/plan/costs.py, stages/plan/hardware.py)
     assert r.compute_s == pytest.approx(flops / (989e12 / 2))
     assert [(x["class"], x["share"]) for x in r.rates] == [("f32", 1.0)]
     assert r.memory_s == pytest.approx(touched / 3.35e12)
@@ -361,7 +358,7 @@ def test_collective_names_its_source_line(grid):
 
 
 def test_collective_lines_of_a_cell(grid):
-    from jaxpar_magic import cell as cells
+    from jaxpar_magic.cell import analysis as cells
 
     cell = cells.analyse("y = x * 2\ntotal = y.sum(axis=0)\n", "plan-test")
     fn = cells.build_function(cell, ("x",), {})
@@ -372,7 +369,7 @@ def test_collective_lines_of_a_cell(grid):
 
 
 def test_a_collective_inside_a_helper_names_the_cell_line_that_called_it(grid):
-    from jaxpar_magic import cell as cells
+    from jaxpar_magic.cell import analysis as cells
 
     helpers: dict = {}
     exec(compile("def reduce_rows(v):\n    return v.sum(axis=0)\n", "<helper-cell>", "exec"), helpers)
@@ -403,7 +400,7 @@ def test_frame_parents_as_xla_prints_them():
     assert c.line == 10
 
 
-# --- the mesh spelling of replica groups (hlo.py) ------------------------------------------------------
+# --- the mesh spelling of replica groups (cell/hlo.py) ------------------------------------------------------
 
 def test_mesh_spelled_groups_match_the_real_program():
     devices = np.array(jax.devices()).reshape(2, 4)
@@ -506,7 +503,7 @@ class _MeshOf:
     ],
 )
 def test_device_memory_from_the_device_itself(stats, expected):
-    from jaxpar_magic.planning import device_capacity
+    from jaxpar_magic.stages.plan.plan_program import device_capacity
 
     mesh = _MeshOf(_DeviceWithMemory(stats))
     assert device_capacity(mesh, None) == expected
@@ -572,8 +569,8 @@ def test_4096_cpu_devices_really_fail_and_the_plan_refuses_them_first():
         import jax.numpy as jnp
         from jax.sharding import NamedSharding, PartitionSpec as P
         from jaxpar_magic.errors import UsageError
-        from jaxpar_magic.planning import compile_plan
-        from jaxpar_magic.shard import make_mesh
+        from jaxpar_magic.stages.plan.plan_program import compile_plan
+        from jaxpar_magic.engines.shard import make_mesh
 
         mesh = make_mesh("data=512 model=8")
         x = jax.ShapeDtypeStruct((4096, 8), jnp.float32, sharding=NamedSharding(mesh, P("data", "model")))
@@ -602,8 +599,8 @@ def test_the_issue_step_on_2048_devices():
         import jax
         jax.config.update("jax_num_cpu_devices", 2048)
         import jax.numpy as jnp
-        from jaxpar_magic.shard import make_mesh, plan
-        from jaxpar_magic.planning import compile_plan
+        from jaxpar_magic.engines.shard import make_mesh, plan
+        from jaxpar_magic.stages.plan.plan_program import compile_plan
 
         mesh = make_mesh("data=256 model=8")
         params = {"w1": plan((8192, 32768), "bfloat16", mesh, (None, "model")),
@@ -676,7 +673,7 @@ def test_a_function_that_needs_values_is_told_a_plan_has_none(grid, fn, marker):
 
 
 def test_a_cell_that_needs_values_is_pointed_at_its_line(grid):
-    from jaxpar_magic import cell as cells
+    from jaxpar_magic.cell import analysis as cells
 
     cell = cells.analyse("y = x * 2\nscale = float(y.max())\nz = y / scale\n", "plan-test")
     fn = cells.build_function(cell, ("x",), {})

@@ -20,7 +20,7 @@ from shell_helpers import N_DEVICES, pmap, snapshot
 
 # The engine module, found through its class: `jaxpar_magic.pmap` names the plain-Python twin.
 engine = importlib.import_module(jaxpar_magic.ParallelFunction.__module__)
-from jaxpar_magic.pmapping import mesh_for  # noqa: E402
+from jaxpar_magic.engines.pmap import mesh_for  # noqa: E402
 
 
 # The seed's train step (`params @ x` there has mismatched shapes for its own data; `x @ params`

@@ -6,7 +6,7 @@ import time
 
 from IPython.utils.capture import capture_output
 
-from jaxpar_magic import progress
+from jaxpar_magic.views import progress
 
 
 def texts(captured) -> list[str]:
@@ -29,7 +29,7 @@ def test_a_kept_line_gives_way_to_the_result_or_says_done(ip):
                 with progress.Progress("running", delay=0.05, interval=0.05, enabled=True):
                     time.sleep(0.2)
             assert slots.fill(progress.StatusLine("the result"))
-            slots.close()  # as magics.py does: the second line had nothing to give way to
+            slots.close()  # as face/magics.py does: the second line had nothing to give way to
     said = texts(shown)
     assert "the result" in said and said[-1].startswith("done in ") and "" not in said
 

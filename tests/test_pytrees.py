@@ -326,7 +326,7 @@ def test_plan_takes_nnx_eval_shape_state_with_exact_argument_bytes(tree_ns):
     tree_ns.push({"state": state, "x": jax.ShapeDtypeStruct((64, 3), jnp.float32)})
     source = "y = jax.nn.relu(x @ state['l1']['kernel'] + state['l1']['bias']) @ state['l2']['kernel']"
     cell(tree_ns, "shard", "--mesh data=8 --in x=data state=P() --plan --no-show", source)
-    from jaxpar_magic.planned import plan_cell
+    from jaxpar_magic.stages.plan.plan_cell import plan_cell
 
     plan = plan_cell(source, tree_ns.user_ns, magic="shard", mesh="data=8",
                      in_specs={"x": ("data",), "state": ()}, bind=False)

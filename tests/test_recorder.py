@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from jaxpar_magic.hlo import collectives as compiled_collectives
-from jaxpar_magic.collective_cards import collective_cards, collectives_state
-from jaxpar_magic.collective_previews import HEAD, HEAT
-from jaxpar_magic.collective_sites import MAX_CARDS
-from jaxpar_magic.recorder import record_collectives
+from jaxpar_magic.cell.hlo import collectives as compiled_collectives
+from jaxpar_magic.stages.record.cards import collective_cards, collectives_state
+from jaxpar_magic.stages.record.previews import HEAD, HEAT
+from jaxpar_magic.stages.record.sites import MAX_CARDS
+from jaxpar_magic.stages.record.recorder import record_collectives
 
 FAST = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOW = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -209,7 +209,7 @@ def test_dtypes_other_than_float32(dtype):
 
 @pytest.mark.parametrize("length", [1, 15, 17, 1000, 2**27 + 3, 3 * 10**9 + 7])
 def test_heat_bins_cover_every_row_once(length):
-    from jaxpar_magic.collective_previews import bin_counts
+    from jaxpar_magic.stages.record.previews import bin_counts
 
     bins = min(HEAT, length)
     counts = bin_counts(length, bins)

@@ -11,7 +11,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 from jax.sharding import PartitionSpec as P
 
-from jaxpar_magic import magics
+from jaxpar_magic.face import magics
 from shell_helpers import N_DEVICES
 
 

@@ -16,7 +16,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 import jaxpar_magic
 from shell_helpers import N_DEVICES, shown_widgets, snapshot
-from jaxpar_magic.summaries import expand_sharding_tiles
+from jaxpar_magic.views.summaries import expand_sharding_tiles
 
 
 def shard(ip, line: str, source: str):

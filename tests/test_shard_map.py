@@ -16,7 +16,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxpar_magic
-from jaxpar_magic.shardmap import varying_axes
+from jaxpar_magic.engines.shard_map import varying_axes
 from shell_helpers import shown_widgets, snapshot
 
 

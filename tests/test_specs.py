@@ -1,4 +1,4 @@
-"""specs.py: the small languages of the sharding magics' lines, read without executing anything.
+"""cell/specs.py: the small languages of the sharding magics' lines, read without executing anything.
 
 `parse_mesh_shape` (`%mesh data=4 model=2`, `--mesh data=4,model=2`), `parse_spec` (one
 PartitionSpec) and `parse_assignments` (`--in v1s=data w=P('data', None)`, as the list of words
@@ -11,7 +11,7 @@ import shlex
 import pytest
 from IPython.core.error import UsageError
 
-from jaxpar_magic.specs import MeshShape, parse_assignments, parse_mesh_shape, parse_spec
+from jaxpar_magic.cell.specs import MeshShape, parse_assignments, parse_mesh_shape, parse_spec
 
 
 # --- mesh shapes -------------------------------------------------------------------------------
@@ -189,7 +189,7 @@ def test_malformed_assignments_are_usage_errors_naming_the_option(line):
 
 
 def test_a_pytree_of_specs_is_named_with_an_at_sign():
-    from jaxpar_magic.specs import SpecTree
+    from jaxpar_magic.cell.specs import SpecTree
 
     assert parse_assignments(["params=@param_specs", "x=data"], "--in") == {
         "params": SpecTree("param_specs"), "x": ("data",)}

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from IPython.utils.capture import capture_output
 
-from jaxpar_magic.fingerprints import MAX_DEPTH, Ref, fingerprint
+from jaxpar_magic.cell.fingerprints import MAX_DEPTH, Ref, fingerprint
 from shell_helpers import N_DEVICES
 
 

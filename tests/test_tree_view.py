@@ -21,8 +21,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from shell_helpers import shown_widgets
 
 import jaxpar_magic
-from jaxpar_magic.summaries import sharding_state
-from jaxpar_magic.tree_summary import MAX_ROWS, PATHS_PER_ROW, tree_state
+from jaxpar_magic.views.summaries import sharding_state
+from jaxpar_magic.views.tree_summary import MAX_ROWS, PATHS_PER_ROW, tree_state
 from jaxpar_magic.views import tree as tree_view
 from jaxpar_magic.views.tree import TreeView
 
@@ -91,7 +91,7 @@ def test_adam_state_is_three_rows_with_counts_paths_and_pictures(mesh):
 
 def test_a_bare_array_keeps_its_sharding_view(jx, mesh):
     x = put(mesh, jnp.ones((8, 4)), P("data"))
-    from jaxpar_magic.actions import sharding_views
+    from jaxpar_magic.face.actions import sharding_views
 
     assert sharding_views("x", x) == [("sharding", sharding_state("x", x))]
     assert type(jaxpar_magic.show_sharding(x, "x")).__name__ == "ShardingView"
@@ -180,7 +180,7 @@ def test_flax_nnx_state():
 
 
 def test_a_key_array_has_a_sharding_view(mesh):
-    from jaxpar_magic.actions import sharding_views
+    from jaxpar_magic.face.actions import sharding_views
 
     keys = jax.device_put(jax.random.split(jax.random.key(0), 8), NamedSharding(mesh, P("data")))
     ((kind, state),) = sharding_views("keys", keys)

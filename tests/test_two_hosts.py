@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from jaxpar_magic.reaper import gone, kill, processes_of
+from jaxpar_magic.cluster.reaper import gone, kill, processes_of
 
 pytestmark = pytest.mark.slow
 

@@ -385,7 +385,7 @@ def test_format_values_says_what_array2string_says(case):
     """format_values' fast path for whole numbers gives NumPy's own text, or steps aside."""
     import numpy as np
 
-    from jaxpar_magic.summaries import format_values
+    from jaxpar_magic.views.summaries import format_values
 
     import warnings
 

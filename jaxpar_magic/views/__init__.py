@@ -1,16 +1,30 @@
-"""The views: anywidget classes over a ``state`` dict, each with static HTML and text forms.
+"""The views: anywidget classes over a ``state`` dict, each with static HTML and text forms, and the
+small states they are built from (`summaries.py`, `tree_summary.py`), plus the status lines a wait
+shows in the cell (`progress.py`).
 
-Each module exposes ``to_html(state)`` and ``to_text(state)`` (pure functions) and one class,
-constructed as ``XView(state={...})``. Importing this package imports anywidget; the magics
-import it only when they display something.
+Each view module exposes ``to_html(state)`` and ``to_text(state)`` (pure functions) and one class,
+constructed as ``XView(state={...})``. The classes import anywidget, so this package hands them out
+lazily: the stages import `views.summaries` or `views.progress` without it, and the magics import a
+view only when they display something.
 """
+from __future__ import annotations
 
-from .collectives import CollectivesView
-from .devices import DevicesView
-from .mesh import MeshView
-from .plan import PlanView
-from .results import ResultView
-from .sharding import ShardingView
-from .tree import TreeView
+_VIEWS = {
+    "CollectivesView": "collectives",
+    "DevicesView": "devices",
+    "MeshView": "mesh",
+    "PlanView": "plan",
+    "ResultView": "results",
+    "ShardingView": "sharding",
+    "TreeView": "tree",
+}
 
-__all__ = ["CollectivesView", "DevicesView", "MeshView", "PlanView", "ResultView", "ShardingView", "TreeView"]
+__all__ = list(_VIEWS)
+
+
+def __getattr__(name: str):
+    if name in _VIEWS:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_VIEWS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,11 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ids, png_data_uri, style_block, swatch_style
-from .collectives_model import (
-    NO_BYTES, algorithm_name, bytes_note, compiled_text, hubs, label_need, movement_kind, movement_model,
-    movement_sentence, picture_blocked, reduce_symbol, shapes_text, slot_text, stage_geometry, stage_layout,
-    steps_phrase,
-)
+from .collectives_model import NO_BYTES, algorithm_name, bytes_note, compiled_text, hubs, label_need, movement_kind, movement_model, movement_sentence, picture_blocked, reduce_symbol, shapes_text, slot_text, stage_geometry, stage_layout, steps_phrase
 from .palette import device_color
 
 MAX_CARDS = 64

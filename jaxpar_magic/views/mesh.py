@@ -5,18 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import (
-    ViewBase,
-    bundle_esm,
-    chip,
-    esc,
-    format_coords,
-    png_data_uri,
-    product,
-    style_block,
-    swatch_style,
-    unravel,
-)
+from .base import ViewBase, bundle_esm, chip, esc, format_coords, png_data_uri, product, style_block, swatch_style, unravel
 from .palette import device_rgb
 
 #: Past this many cells the static HTML draws each facet as a small PNG (one pixel per cell).

@@ -5,20 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import (
-    ViewBase,
-    bundle_esm,
-    chip,
-    esc,
-    format_bytes,
-    format_coords,
-    format_ids,
-    format_ms,
-    format_shape,
-    format_si,
-    style_block,
-    swatch_style,
-)
+from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_coords, format_ids, format_ms, format_shape, format_si, style_block, swatch_style
 
 GROUPS_MAX = 16
 GROUP_CELLS_MAX = 64

@@ -5,23 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..summaries import expand_sharding_tiles
-from .base import (
-    ViewBase,
-    bundle_esm,
-    chip,
-    esc,
-    format_bytes,
-    format_ids,
-    format_shape,
-    format_slices,
-    format_spec,
-    png_data_uri,
-    product,
-    style_block,
-    swatch_style,
-    unravel,
-)
+from .summaries import expand_sharding_tiles
+from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ids, format_shape, format_slices, format_spec, png_data_uri, product, style_block, swatch_style, unravel
 from .palette import device_color, device_rgb
 
 MAX_FACETS = 16

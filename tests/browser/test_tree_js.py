@@ -160,7 +160,7 @@ def test_a_state_from_real_arrays_draws(view_page: Any) -> None:
     import optax
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from jaxpar_magic.tree_summary import tree_state
+    from jaxpar_magic.views.tree_summary import tree_state
 
     mesh = jax.make_mesh((4, 2), ("data", "model"))
     params = {f"layer{i}": {"w": jax.device_put(np.ones((64, 32), np.float32), NamedSharding(mesh, P("data", "model"))),

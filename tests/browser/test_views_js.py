@@ -264,7 +264,7 @@ def test_sharding_js_decodes_states_as_python_does(view_page: Any, samples: Any)
     import jax.numpy as jnp
 
     import jaxpar_magic
-    from jaxpar_magic.summaries import expand_sharding_tiles, sharding_state
+    from jaxpar_magic.views.summaries import expand_sharding_tiles, sharding_state
 
     pod = jaxpar_magic.make_mesh("x=16,y=16,z=16", abstract=True)
     big = sharding_state("big", jaxpar_magic.plan((2**20, 2**20), jnp.float32, pod, (("x", "y"), "z")))

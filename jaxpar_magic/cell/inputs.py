@@ -1,0 +1,272 @@
+"""The input model: which values a cell reads are inputs, and how each crosses into a traced program.
+
+One rule for every engine and every stage (it is `eqx.filter_jit`'s rule): a value the cell reads is
+an *input* when its pytree leaves include arrays (with `abstract`, for --plan, `jax.ShapeDtypeStruct`s
+too). Its array leaves are traced; its other leaves (an Equinox module's activation function, a
+dataclass's Python number) are *static*: part of the compile key, compared the way fingerprints
+compare constants. Any registered pytree works: dicts, dataclasses, optax states, Equinox modules.
+Flax NNX objects are split into graphdef and state first (cell/nnx_graphs.py), as `nnx.jit` does.
+
+A traced program takes one argument per input: the flat list of its array leaves. Flattening is
+JAX's C++ pytree code; the per-leaf Python below runs once, when a cell is planned, not per call.
+The same split serves outputs (`OutputTree`): array leaves leave the program, the rest is kept and
+the value is rebuilt with its own type.
+"""
+from __future__ import annotations
+
+import builtins
+import functools
+
+from . import nnx_graphs
+from ..errors import UsageError
+from .fingerprints import fingerprint
+
+
+def is_array(value) -> bool:
+    import jax
+    import numpy as np
+
+    return isinstance(value, (jax.Array, np.ndarray))
+
+
+def is_abstract(value) -> bool:
+    """A jax.ShapeDtypeStruct: a shape, a dtype and maybe a sharding, no values (what --plan takes)."""
+    import jax
+
+    return isinstance(value, jax.ShapeDtypeStruct)
+
+
+class TreeInput:
+    """One named input: its structure, where its array leaves sit, and its static leaves."""
+
+    __slots__ = ("name", "graphdef", "treedef", "positions", "statics", "static_key", "signature", "_paths")
+
+    def __init__(self, name, graphdef, treedef, positions, statics, signature):
+        self.name = name
+        self.graphdef = graphdef  # NNX: the static graph; None for plain pytrees
+        self.treedef = treedef
+        self.positions = positions  # indices of the traced leaves among all leaves
+        self.statics = statics  # ((index, leaf), ...): leaves kept as they are
+        self.static_key = tuple((i, fingerprint(leaf)) for i, leaf in statics)
+        self.signature = signature  # ((shape, dtype), ...) of the traced leaves
+        self._paths = None
+
+    @classmethod
+    def of(cls, name: str, value, abstract: bool = False) -> "TreeInput | None":
+        """The input `value` makes, or None when it has no array leaves (then it is a constant)."""
+        import jax
+
+        graphdef = None
+        tree = value
+        if nnx_graphs.holds_graph_nodes(value):
+            graphdef, tree = nnx_graphs.split(value)
+        leaves, treedef = jax.tree.flatten(tree)
+        positions = tuple(i for i, leaf in enumerate(leaves) if is_array(leaf) or (abstract and is_abstract(leaf)))
+        if not positions:
+            return None
+        traced = set(positions)
+        statics = tuple((i, leaf) for i, leaf in enumerate(leaves) if i not in traced)
+        signature = tuple((tuple(leaves[i].shape), leaves[i].dtype) for i in positions)
+        return cls(name, graphdef, treedef, positions, statics, signature)
+
+    @property
+    def is_tree(self) -> bool:
+        """More than a bare array: views and messages name its leaves."""
+        return self.graphdef is not None or len(self.positions) != 1 or bool(self.statics) or \
+            self.treedef.num_nodes != 1
+
+    @property
+    def key(self) -> tuple:
+        """What the compiled program depends on besides the leaves' shapes and dtypes."""
+        return (self.name, self.graphdef, self.treedef, self.static_key)
+
+    def arrays(self, value) -> list:
+        """The traced leaves of `value` (of this input's structure), in order: the program's argument."""
+        import jax
+
+        tree = nnx_graphs.split(value)[1] if self.graphdef is not None else value
+        leaves = jax.tree.leaves(tree)
+        return [leaves[i] for i in self.positions]
+
+    def matching_arrays(self, value) -> list | None:
+        """The traced leaves of `value` if it has this very structure, statics and leaf shapes; else None.
+
+        The re-run check: a new object of the same treedef, shapes and dtypes is the same program.
+        """
+        import jax
+
+        graphdef = None
+        tree = value
+        if self.graphdef is not None:
+            if not nnx_graphs.holds_graph_nodes(value):
+                return None
+            graphdef, tree = nnx_graphs.split(value)
+            if graphdef != self.graphdef:
+                return None
+        leaves, treedef = jax.tree.flatten(tree)
+        if treedef != self.treedef:
+            return None
+        for (i, leaf), (_, fp) in zip(self.statics, self.static_key):
+            if leaf is not leaves[i] and fingerprint(leaves[i]) != fp:
+                return None
+        arrays = [leaves[i] for i in self.positions]
+        for array, (shape, dtype) in zip(arrays, self.signature):
+            if getattr(array, "shape", None) != shape or getattr(array, "dtype", None) != dtype:
+                return None
+        return arrays
+
+    def rebuild(self, arrays):
+        """The value the cell sees, inside the trace: traced leaves where the arrays were."""
+        return _rebuild(self.treedef, self.positions, self.statics, arrays, self.graphdef)
+
+    def tree_of(self, arrays):
+        """The pytree around `arrays` before any NNX merge: for an NNX input, its state."""
+        return _unflatten(self.treedef, self.positions, self.statics, arrays)
+
+    def paths(self) -> list[str]:
+        """Each traced leaf's path (`['w1']`, `.mu['b']`), for messages and views."""
+        if self._paths is None:
+            placeholder = self.rebuild([_Leaf(i) for i in range(len(self.positions))])
+            tree = nnx_graphs.split(placeholder)[1] if self.graphdef is not None else placeholder
+            found = {}
+            for where, leaf in nnx_graphs.leaves_with_paths(tree):
+                if isinstance(leaf, _Leaf):
+                    found[leaf.index] = where
+            self._paths = [found.get(i, f"[{i}]") for i in range(len(self.positions))]
+        return self._paths
+
+    def label(self, index: int) -> str:
+        """`params['w1']`: the name and the path of traced leaf `index` (the bare name for an array)."""
+        return self.name + (self.paths()[index] if self.is_tree else "")
+
+
+class _Leaf:
+    """A stand-in leaf that remembers its position (to read paths without touching real arrays)."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index):
+        self.index = index
+
+
+def _unflatten(treedef, positions, statics, arrays):
+    import jax
+
+    leaves = [None] * treedef.num_leaves
+    for i, leaf in statics:
+        leaves[i] = leaf
+    for i, array in zip(positions, arrays):
+        leaves[i] = array
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def _rebuild(treedef, positions, statics, arrays, graphdef=None):
+    tree = _unflatten(treedef, positions, statics, arrays)
+    return nnx_graphs.merge(graphdef, tree) if graphdef is not None else tree
+
+
+@functools.lru_cache(maxsize=1)
+def _numeric_types() -> tuple:
+    import jax
+    import numpy as np
+
+    return (jax.core.Tracer, jax.Array, np.ndarray, np.generic, bool, int, float, complex)
+
+
+class OutputTree:
+    """An output computed on the devices: its traced leaves leave the program, the rest is kept."""
+
+    __slots__ = ("graphdef", "treedef", "positions", "statics")
+
+    def __init__(self, graphdef, treedef, positions, statics):
+        self.graphdef, self.treedef, self.positions, self.statics = graphdef, treedef, positions, statics
+
+    @classmethod
+    def split(cls, value) -> "tuple[OutputTree, list] | None":
+        """(the output's shape of things, its traced leaves), or None for a plain Python value."""
+        import jax
+
+        graphdef = None
+        tree = value
+        if nnx_graphs.holds_graph_nodes(value):
+            graphdef, tree = nnx_graphs.split(value)
+        leaves, treedef = jax.tree.flatten(tree)
+        if not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+            return None
+        # Numbers beside traced leaves come back as arrays, as jax.jit and jax.pmap return them;
+        # other leaves (an activation function, a string) stay as they are.
+        positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, _numeric_types()))
+        traced = set(positions)
+        statics = tuple((i, leaf) for i, leaf in enumerate(leaves) if i not in traced)
+        return cls(graphdef, treedef, positions, statics), [leaves[i] for i in positions]
+
+    def rebuild(self, arrays):
+        """The output as the user's type (a dataclass, an eqx.Module, an nnx.State...) around `arrays`."""
+        return _rebuild(self.treedef, self.positions, self.statics, arrays, self.graphdef)
+
+
+def classify(cell, namespace: dict, named: dict | None = None, abstract: bool = False):
+    """Split the names a cell reads into inputs (TreeInputs) and constants; undefined names are errors.
+
+    `named` maps an option to the names it takes (`{"--broadcast": ("w",)}`): each must be an input.
+    With `abstract` (--plan), jax.ShapeDtypeStructs are array leaves too; without it, reading one is a
+    mistake we can explain (it has no values to compute with).
+    """
+    inputs, constants = [], []
+    for name in cell.reads:
+        if name in namespace:
+            value = namespace[name]
+            tree = TreeInput.of(name, value, abstract=True)
+            if tree is not None and not abstract and any(is_abstract(leaf) for leaf in tree.arrays(value)):
+                lineno = cell.first_read(name)
+                raise UsageError(
+                    f"{name!r} is an abstract array (jax.ShapeDtypeStruct: a shape and a layout, no values), read on "
+                    f"line {lineno} of the cell (`{cell.line(lineno)}`). A cell can only plan with it: add --plan to "
+                    f"the magic line to see what the program would cost, or give {name!r} real values first."
+                )
+            if tree is None:
+                constants.append(name)
+            else:
+                _check_traceable(tree, value, cell)
+                inputs.append(tree)
+        elif not hasattr(builtins, name):
+            lineno = cell.first_read(name)
+            raise UsageError(
+                f"name {name!r} is not defined (line {lineno} of the cell: `{cell.line(lineno)}`). Define it "
+                f"in an earlier cell, or fix the spelling."
+            )
+    names = [t.name for t in inputs]
+    for option, wanted in (named or {}).items():
+        for name in wanted:
+            if name not in names:
+                why = "is not defined" if name not in namespace else "is not an array input the cell reads (no array leaves)"
+                raise UsageError(
+                    f"{option} {name}: {name!r} {why}. {option} takes names of arrays (or pytrees of arrays) the cell "
+                    f"reads before assigning them; this cell's inputs are: {', '.join(names) or 'none'}."
+                )
+    return tuple(inputs), tuple(constants)
+
+
+def _check_traceable(tree: TreeInput, value, cell) -> None:
+    """A NumPy leaf of strings or objects can be neither traced (JAX computes on numbers) nor kept
+    as a static leaf (it is an array): say which leaf, before JAX says "not a valid JAX type"."""
+    for index, (_, dtype) in enumerate(tree.signature):
+        if getattr(dtype, "kind", "f") in "OSU":  # not "V": bfloat16 and the float8s are kind "V" too
+            label = tree.label(index)
+            lineno = cell.first_read(tree.name)
+            raise UsageError(
+                f"`{label}` is a NumPy array of {dtype} (read on line {lineno} of the cell: `{cell.line(lineno)}`): "
+                f"JAX traces arrays of numbers and booleans only, and an array is never a static leaf. Make it a "
+                f"tuple or a list (its items are then static, part of what the program is compiled for), or keep "
+                f"it out of {tree.name!r}."
+            )
+
+
+def absent_builtins(cell, namespace: dict) -> tuple[str, ...]:
+    """Builtins the cell reads that the namespace does not shadow (a re-run checks they still aren't)."""
+    return tuple(n for n in cell.reads if n not in namespace and hasattr(builtins, n))
+
+
+def rebuilt(inputs, args) -> list:
+    """Inside a traced program: each input's value, rebuilt around its traced leaves."""
+    return [tree.rebuild(arrays) for tree, arrays in zip(inputs, args)]

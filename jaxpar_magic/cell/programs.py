@@ -1,0 +1,283 @@
+"""A cell as a compiled program, and the cache that keeps it: the cell turned into a function of
+its inputs' leaves, its outputs split into traced leaves and what rebuilds them, a bounded compile
+cache, and the record that lets an identical re-run skip every check (Rerun).
+
+Plain Python over JAX; no IPython. The engines build these; the run stage calls them.
+"""
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from . import analysis as cells
+from ..errors import UsageError
+from .fingerprints import Ref, fingerprint
+from .inputs import OutputTree, TreeInput, rebuilt
+
+
+CACHE_SIZE = 64
+
+
+
+def is_array_tree(value, abstract: bool = False) -> bool:
+    """A value with array leaves (with `abstract`, ShapeDtypeStructs count as arrays): an input."""
+    return TreeInput.of("value", value, abstract) is not None
+
+
+
+def within_mesh(mesh):
+    """The mesh as the context a cell's code is traced in (so `P('data')` alone means this mesh).
+
+    Entered inside the traced function, not around the call: `jax.set_mesh` around every call
+    takes jit off its fast C++ dispatch path (about 40 µs a call here, bench section 9)."""
+    import jax
+
+    return jax.sharding.use_abstract_mesh(getattr(mesh, "abstract_mesh", mesh))
+
+
+
+def shape_signature(args) -> tuple:
+    import jax
+
+    return tuple((tuple(a.shape), str(a.dtype)) for a in jax.tree.leaves(args))
+
+
+
+@dataclass
+class CellProgram:
+    """A cell compiled for one mesh and set of constants, with what its trace revealed."""
+
+    jitted: object
+    static_outputs: dict = field(default_factory=dict)
+    static_final: list = field(default_factory=list)
+    device_outputs: list = field(default_factory=list)
+    final_per_device: list = field(default_factory=list)
+    facts: dict = field(default_factory=dict)  # shape signature -> ProgramFacts
+    compile_ms: dict = field(default_factory=dict)  # shape signature -> first call's compile time
+    recording: object = None  # recorder.Recording when compiled with --collectives
+    output_trees: dict = field(default_factory=dict)  # device output name -> OutputTree (its type, its statics)
+    final_tree: list = field(default_factory=list)  # [OutputTree] when the final expression is computed on devices
+    assembled: dict = field(default_factory=dict)  # %%shard_map: device output name -> the spec it is assembled by
+
+    def final_of(self, traced_final) -> tuple[object, bool]:
+        """The cell's final expression, and whether it was computed on the devices (traced)
+        or is the plain Python value the trace saw."""
+        on_devices = bool(self.final_per_device and self.final_per_device[0])
+        if on_devices:
+            return self.final_tree[0].rebuild(traced_final), True
+        return (self.static_final[0] if self.static_final else None), False
+
+    def outputs_of(self, device: dict, leaf_map=None) -> dict:
+        """The device outputs rebuilt as the user's types around the program's leaves (each leaf
+        first passed through `leaf_map`, e.g. --merge's reshape)."""
+        rebuilt = {}
+        for name in self.device_outputs:
+            leaves = device[name]
+            if leaf_map is not None:
+                leaves = [leaf_map(name, leaf) for leaf in leaves]
+            rebuilt[name] = self.output_trees[name].rebuild(leaves)
+        return rebuilt
+
+
+
+WRITE_BACK = "<state of {}>"  # an output carrying an NNX input's new state (never a Python name)
+
+
+
+def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = False):
+    """The cell as a function of its inputs' traced leaves (one list per input): each input is
+    rebuilt as the user's own type (cell/inputs.py) before the cell's code sees it.
+
+    NNX objects the cell changes in place (`optimizer.update(model, grads)`): with `write_back`,
+    their new state leaves the program as an output named WRITE_BACK.format(name), written into the
+    user's objects once the cell succeeded (`apply_write_backs`); without it (a per-device engine,
+    where each device would hold its own copy), the change is refused with what to do instead.
+    """
+    fn = cells.build_function(cell, tuple(tree.name for tree in inputs), namespace)
+    graphs = [i for i, tree in enumerate(inputs) if tree.graphdef is not None]
+    if not graphs:
+        return lambda *args: fn(*rebuilt(inputs, args))
+
+    def on_leaves(*args):
+        import jax
+
+        from . import nnx_graphs
+
+        values = rebuilt(inputs, args)
+        outs, final = fn(*values)
+        for i in graphs:
+            tree = inputs[i]
+            leaves, treedef = jax.tree.flatten(nnx_graphs.state(values[i]))
+            if treedef == tree.treedef and all(leaves[j] is a for j, a in zip(tree.positions, args[i])):
+                continue  # read, not changed
+            if not write_back:
+                raise UsageError(
+                    f"the cell changes the Flax NNX object {tree.name!r} in place (its state after the cell differs "
+                    f"from before). Here every device runs the cell on its own copy, so there is no one new state to "
+                    f"write back. Run the training step with %%shard (it writes {tree.name!r}'s new state back, like "
+                    f"nnx.jit), or use the functional form: `graphdef, state = nnx.split({tree.name})` before the "
+                    f"cell, `nnx.merge(graphdef, state)` inside it, and assign the new `nnx.state(...)` to a name."
+                )
+            outs = dict(outs)
+            outs[WRITE_BACK.format(tree.name)] = nnx_graphs.state(values[i])
+        return outs, final
+
+    return on_leaves
+
+
+
+def split_write_backs(outputs: dict) -> tuple[dict, dict]:
+    """(the cell's own outputs, {input name: its new NNX state}) from an engine's rebuilt outputs."""
+    prefix, suffix = WRITE_BACK.split("{}")
+    states = {n[len(prefix):-len(suffix)]: v for n, v in outputs.items() if n.startswith(prefix) and n.endswith(suffix)}
+    own = {n: v for n, v in outputs.items() if not (n.startswith(prefix) and n.endswith(suffix))}
+    return own, states
+
+
+
+def apply_write_backs(namespace: dict, states: dict) -> None:
+    """Write each changed NNX input's new state into the user's very object (after the cell succeeded)."""
+    from . import nnx_graphs
+
+    for name, state in states.items():
+        nnx_graphs.update(namespace[name], state)
+
+
+
+def traced(value) -> bool:
+    import jax
+
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(value))
+
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def analyse_cached(source: str, label: str) -> cells.Cell:
+    """A cell's analysis, computed once per source (a re-run skips parsing)."""
+    return cells.analyse(source, label)
+
+
+
+class BoundedCache(OrderedDict):
+    """Least-recently-used cache of compiled cells: re-runs hit it, it never grows past `size`.
+
+    A `family` groups the variants of one cell (same source and options, other constants): a new
+    variant replaces the old one, so the values the old program baked in (a helper's global array,
+    say) are released as soon as the user changes them, not 64 cells later.
+    """
+
+    def __init__(self, size: int = CACHE_SIZE):
+        super().__init__()
+        self.size = size
+        self._families: dict = {}  # family -> the key of its live variant
+
+    def lookup(self, key, build, family=None):
+        entry = self.get(key)
+        if entry is None:
+            entry = build()
+            self.put(key, entry, family)
+        else:
+            self.move_to_end(key)
+        return entry
+
+    def put(self, key, entry, family=None) -> None:
+        if family is not None:
+            previous = self._families.get(family)
+            if previous is not None and previous != key:
+                self.pop(previous, None)
+            self._families[family] = key
+        self[key] = entry
+        self.move_to_end(key)
+        while len(self) > self.size:
+            self.popitem(last=False)
+        if len(self._families) > 4 * self.size:  # forget families whose entry is gone
+            self._families = {f: k for f, k in self._families.items() if k in self}
+
+    def clear(self) -> None:
+        super().clear()
+        self._families.clear()
+
+
+
+def capture_outputs(program: CellProgram, outs: dict, final, to_device):
+    """Split a traced cell's results: the traced leaves of each value computed on the devices go out
+    through `to_device` (a list per name); the rest of it (its type, its static leaves) is kept on
+    the program to rebuild it; plain Python values (a number assigned in the cell, a helper
+    function) are remembered and bound as they are."""
+    program.static_outputs, program.device_outputs, program.output_trees = {}, [], {}
+    device = {}
+    for name, value in outs.items():
+        split = OutputTree.split(value)
+        if split is None:
+            program.static_outputs[name] = value
+            continue
+        program.output_trees[name], leaves = split
+        program.device_outputs.append(name)
+        device[name] = to_device(leaves)
+    split = OutputTree.split(final)
+    program.final_per_device[:] = [split is not None]
+    program.static_final[:] = [None if split is not None else final]
+    program.final_tree[:] = [split[0]] if split is not None else []
+    return device, (to_device(split[1]) if split is not None else None)
+
+
+
+_MISSING = object()
+
+
+
+class Rerun:
+    """What a successful run checked, so that re-running the same cell on the same kind of inputs
+    goes straight to the compiled program (the bench's "cached re-run" path).
+
+    It stays valid while every input name holds a value of the same structure, static leaves and
+    leaf shapes and dtypes (TreeInput.matching_arrays), every constant has the same fingerprint, and
+    every name that was undefined (a builtin) is still undefined. Anything else takes the full path,
+    which re-checks everything and explains mistakes.
+    """
+
+    __slots__ = ("inputs", "reshape", "constants", "absent", "program", "key", "signature", "placements")
+
+    def __init__(self, inputs, reshape, constants, absent, program, key):
+        self.inputs = inputs  # TreeInputs, in argument order
+        self.reshape = reshape  # per input: None, or the leaf shapes --split gives it
+        self.constants = constants
+        self.absent = absent
+        self.program = program
+        self.key = key
+        self.signature = None  # set by the first successful run
+        self.placements: dict = {}  # name -> each leaf's sharding: placed inputs must still be laid out so
+
+    def args(self, namespace: dict):
+        """The program's arguments if nothing the first run checked has changed, else None."""
+        args = []
+        for tree, reshape in zip(self.inputs, self.reshape):
+            arrays = tree.matching_arrays(namespace.get(tree.name, _MISSING))
+            if arrays is None:
+                return None
+            if reshape is not None:
+                arrays = [a.reshape(shape) for a, shape in zip(arrays, reshape)]
+            placed = self.placements.get(tree.name)
+            if placed is not None and any(getattr(a, "sharding", None) != s for a, s in zip(arrays, placed)):
+                return None  # not where --in puts it: the full path places it again
+            args.append(arrays)
+        for name, fp in self.constants:
+            value = namespace.get(name, _MISSING)
+            if isinstance(fp, Ref):  # keyed by identity (a module, a class): the very object, or a new key
+                if value is not fp.get():
+                    return None
+            elif value is _MISSING or fingerprint(value) != fp:
+                return None
+        for name in self.absent:
+            if name in namespace:
+                return None
+        return args
+
+    def remember(self, reruns: "BoundedCache", key, signature, placements=None) -> None:
+        """After a successful run: later identical runs may take the short path. `placements`: the
+        shardings --in gave each placed input's leaves (no arrays are kept by this record)."""
+        if self.signature is None:
+            self.signature = signature
+            self.placements = dict(placements or {})
+            reruns.put(key, self)

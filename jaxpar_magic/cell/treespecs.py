@@ -1,0 +1,120 @@
+"""Specs for pytree inputs: one spec for every array leaf, or a pytree of specs, one per leaf.
+
+`--in params=data,None` applies one spec to each array leaf of `params`; `--in params=@specs` takes a
+pytree of PartitionSpecs (or NamedShardings, as `nn.get_sharding` gives) from the namespace whose
+structure matches `params` or is a prefix of it (one spec then covers a whole subtree), the way
+`jax.tree.map` matches trees. The plain-Python twins take such a pytree directly.
+"""
+from __future__ import annotations
+
+from ..errors import UsageError
+from .fingerprints import Ref
+from .specs import SpecTree
+
+
+class GivenSpecs:
+    """A pytree of specs given directly (plain-Python twins): hashable by identity, for cache keys."""
+
+    __slots__ = ("tree", "_ref")
+
+    def __init__(self, tree):
+        self.tree = tree
+        self._ref = Ref(tree)
+
+    def __eq__(self, other):
+        return isinstance(other, GivenSpecs) and other._ref == self._ref
+
+    def __hash__(self):
+        return hash(self._ref)
+
+    def __str__(self) -> str:
+        return "a pytree of specs"
+
+
+def is_spec_leaf(value) -> bool:
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return value is None or isinstance(value, (PartitionSpec, NamedSharding))
+
+
+def normalize(spec):
+    """A spec as the engines take it: our tuple form, a SpecTree (`@NAME`) or GivenSpecs."""
+    from jax.sharding import PartitionSpec
+
+    if isinstance(spec, (SpecTree, GivenSpecs)):
+        return spec
+    if isinstance(spec, PartitionSpec):
+        return tuple(spec)
+    if isinstance(spec, (tuple, list)) and all(_is_entry(e) for e in spec):
+        return tuple(spec)
+    if isinstance(spec, str):
+        return (spec,)
+    return GivenSpecs(spec)
+
+
+def _is_entry(entry) -> bool:
+    return entry is None or isinstance(entry, (str, int)) or (
+        isinstance(entry, tuple) and all(isinstance(e, str) for e in entry))
+
+
+def spec_tree_of(spec, namespace: dict, name: str, option: str):
+    """The pytree of specs a SpecTree or GivenSpecs stands for (None for a single spec)."""
+    if isinstance(spec, GivenSpecs):
+        return spec.tree
+    if not isinstance(spec, SpecTree):
+        return None
+    if spec.name not in namespace:
+        raise UsageError(
+            f"{option} {name}=@{spec.name}: {spec.name!r} is not defined. Bind a pytree of PartitionSpecs with the "
+            f"structure of {name!r} first, e.g. `{spec.name} = jax.tree.map(lambda leaf: P(), {name})`."
+        )
+    return namespace[spec.name]
+
+
+def leaf_specs(tree, value, spec, namespace: dict, option: str = "--in") -> list[tuple]:
+    """One spec (our tuple form) per traced leaf of `value` (whose input model is `tree`)."""
+    import jax
+
+    specs = spec_tree_of(spec, namespace, tree.name, option)
+    if specs is None:
+        return [tuple(spec)] * len(tree.positions)
+    from . import nnx_graphs
+
+    target = nnx_graphs.split(value)[1] if tree.graphdef is not None else value
+    if nnx_graphs.holds_graph_nodes(specs):
+        specs = nnx_graphs.split(specs)[1]
+    per_leaf: list = []
+
+    def cover(entry, subtree):
+        per_leaf.extend([_as_tuple(entry)] * len(jax.tree.leaves(subtree)))
+
+    try:
+        jax.tree.map(cover, specs, target, is_leaf=is_spec_leaf)
+    except (ValueError, TypeError) as err:
+        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        source = f"@{spec.name}" if isinstance(spec, SpecTree) else "the specs"
+        raise UsageError(
+            f"{option} {tree.name}={source}: the specs' structure does not match {tree.name!r} ({detail}). Give a "
+            f"pytree with {tree.name!r}'s structure (or a prefix of it) whose leaves are PartitionSpecs, e.g. "
+            f"`jax.tree.map(lambda leaf: P(), {tree.name})`, or one spec for every leaf (`{tree.name}=data,None`)."
+        ) from None
+    return [per_leaf[i] for i in tree.positions]
+
+
+def _as_tuple(entry) -> tuple:
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    if entry is None:
+        return ()
+    if isinstance(entry, NamedSharding):
+        return tuple(entry.spec)
+    if isinstance(entry, PartitionSpec):
+        return tuple(entry)
+    if not isinstance(entry, tuple):
+        raise UsageError(f"a spec tree's leaf is a {type(entry).__name__}; use PartitionSpecs (or NamedShardings).")
+    return tuple(entry)
+
+
+def spec_names(specs: dict) -> tuple[str, ...]:
+    """The namespace names that `@NAME` specs read (their values are part of a re-run's check)."""
+    return tuple(s.name for s in specs.values() if isinstance(s, SpecTree))

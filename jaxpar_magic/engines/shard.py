@@ -1,0 +1,314 @@
+"""The `%%shard` engine: place named inputs with PartitionSpecs, compile the cell's code unchanged
+under `jax.jit` with the mesh set, and let the compiler partition the work. `prepare(...)` hands the
+stages a PreparedCell; stages/run/shard.py runs it, stages/plan/plan_cell.py plans it, stages/ascode/as_code.py writes it out.
+
+Also the plain-Python twins of `%mesh` and `%sharding`: `make_mesh`, `place`, `plan`.
+"""
+from __future__ import annotations
+
+from ..cell import analysis as cells
+from ..errors import UsageError
+from ..cell.layout import spec_axes
+from ..cell.inputs import TreeInput, classify
+from ..cell.prepared import PreparedCell
+from ..cell.programs import CellProgram, capture_outputs, cell_function, within_mesh
+from ..cell.treespecs import spec_names
+from ..cell.specs import MeshShape, parse_mesh_shape
+
+AUTO_AXIS = "devices"  # the axis of the 1-D mesh that `NAME=8` ("split over 8 devices") builds
+
+
+# --- meshes ------------------------------------------------------------------------------------
+
+def make_mesh(shape: str | MeshShape, devices=None, axis_types: str = "auto", abstract: bool = False):
+    """Plain-Python twin of `%mesh data=4 model=2`: a Mesh over exactly the devices asked for.
+
+    Axes are Auto by default, so the seeds' unannotated code partitions automatically; JAX 0.10's
+    `jax.make_mesh` defaults to Explicit, where e.g. `vmap(dot)` can raise ShardingTypeError.
+    """
+    from ..cell.meshes import axis_types as types_of, build_mesh
+
+    if isinstance(shape, str):
+        shape = parse_mesh_shape(shape, "%mesh")
+    if abstract:
+        import jax
+
+        return jax.sharding.AbstractMesh(shape.sizes, shape.names, axis_types=types_of(axis_types, len(shape.names)))
+    return build_mesh(shape, devices, axis_types)
+
+
+def is_mesh(value) -> bool:
+    import jax
+
+    return isinstance(value, (jax.sharding.Mesh, jax.sharding.AbstractMesh))
+
+
+def _mesh_sizes(mesh) -> dict[str, int]:
+    return {str(n): int(s) for n, s in mesh.shape.items()}  # Mesh and AbstractMesh alike
+
+
+# --- specs against a mesh and a shape ----------------------------------------------------------
+
+def spec_mesh_axes(name: str, spec: tuple, mesh, option: str) -> list[tuple[str, ...]]:
+    """The mesh axes of each entry of `spec`, each an axis of `mesh` used once, or a UsageError."""
+    sizes = _mesh_sizes(mesh)
+    used = set()
+    per_dim = spec_axes(spec, len(spec))
+    for axes in per_dim:
+        for axis in axes:
+            if axis not in sizes:
+                raise UsageError(
+                    f"{option} {name}: {axis!r} is not an axis of the mesh (its axes are "
+                    f"{', '.join(f'{a}={s}' for a, s in sizes.items())}); use one of those names, or None."
+                )
+            if axis in used:
+                raise UsageError(f"{option} {name}: mesh axis {axis!r} is used twice; each mesh axis may split one dimension.")
+            used.add(axis)
+    return per_dim
+
+
+def check_cell(cell: cells.Cell, magic: str = "%%shard") -> None:
+    """A %%shard cell computes: one that only defines functions is refused with what to do."""
+    if cell.mode == "function":
+        raise UsageError(
+            f"{magic} runs code on sharded data; this cell only defines functions. Define them in a normal cell "
+            f"and call them from the {magic} cell (the computation code stays unchanged)."
+        )
+
+
+def check_spec(name: str, shape: tuple, spec: tuple, mesh, option: str = "--in") -> None:
+    """A spec fits a shape on a mesh, or a UsageError says which dimension and what to change."""
+    sizes = _mesh_sizes(mesh)
+    if len(spec) > len(shape):
+        raise UsageError(
+            f"{option} {name}: the spec has {len(spec)} entries but {name!r} has shape {shape} ({len(shape)} "
+            f"dimension{'s' if len(shape) != 1 else ''}); give at most one entry per dimension."
+        )
+    for dim, axes in enumerate(spec_mesh_axes(name, spec, mesh, option)):
+        count = 1
+        for axis in axes:
+            count *= sizes[axis]
+        if count > 1 and shape[dim] % count:
+            raise UsageError(
+                f"{option} {name}: dimension {dim} of {name!r} has {shape[dim]} elements, which does not divide "
+                f"over {' x '.join(f'{a}={sizes[a]}' for a in axes)} = {count} devices. Pick a mesh axis whose size "
+                f"divides {shape[dim]}, leave that dimension unsplit (None), or pad/trim it to a multiple of {count}."
+            )
+
+
+def resolve_mesh(mesh_arg, namespace: dict, specs: list[dict]):
+    """The mesh of a %%shard cell: a Mesh by name, an inline `data=4,model=2`, or the 1-D mesh that
+    `NAME=8` asks for; with none given, the namespace's `mesh`."""
+    counted = [(n, e) for d in specs for n, spec in d.items() if isinstance(spec, tuple) for e in spec
+               if isinstance(e, int)]
+    counts = {e for _, e in counted}
+    if mesh_arg:
+        if isinstance(mesh_arg, (list, tuple)):
+            mesh_arg = " ".join(mesh_arg)
+        text = str(mesh_arg)
+        if isinstance(mesh_arg, MeshShape) or "=" in text:
+            mesh = make_mesh(mesh_arg if isinstance(mesh_arg, MeshShape) else parse_mesh_shape(text, "--mesh"))
+        elif text in namespace and is_mesh(namespace[text]):
+            mesh = namespace[text]
+        else:
+            raise UsageError(
+                f"--mesh {text}: no mesh called {text!r} in your namespace. Build one with `%mesh data=8` (it binds "
+                f"`mesh`), or describe it inline: `--mesh data=4,model=2`."
+            )
+        if counted:
+            name, count = counted[0]
+            raise UsageError(
+                f"--in {name}={count}: a device count builds its own 1-D mesh, so it does not go with --mesh. Either "
+                f"drop --mesh, or name an axis of the mesh ({', '.join(mesh.axis_names)}) instead, e.g. "
+                f"`{name}={mesh.axis_names[0]}`."
+            )
+        return mesh
+    if counts:
+        if len(counts) > 1:
+            raise UsageError(f"device counts in specs disagree ({sorted(counts)}); split every array over the same number of devices.")
+        import jax
+
+        count = counts.pop()
+        have = len(jax.devices())
+        if not 1 <= count <= have:
+            name = next(n for n, e in counted if e == count)
+            raise UsageError(
+                f"--in {name}={count}: JAX has {have} device(s), so an array can be split over 1 to {have} "
+                f"of them; use `{name}={have}` for all of them."
+            )
+        return make_mesh(MeshShape((AUTO_AXIS,), (count,)), devices=None if count == len(jax.devices()) else count)
+    if is_mesh(namespace.get("mesh")):
+        return namespace["mesh"]
+    raise UsageError(
+        "%%shard needs a mesh: pass `--mesh NAME` (a Mesh from `%mesh data=8`), `--mesh data=8` inline, or split "
+        "over N devices without naming axes with `--in x=8`."
+    )
+
+
+def with_auto_axis(spec: tuple) -> tuple:
+    return tuple(AUTO_AXIS if isinstance(e, int) else e for e in spec)
+
+
+def place(value, mesh, spec, name: str = "value", namespace: dict | None = None, option: str = "place()"):
+    """Put `value` on `mesh` laid out by `spec` (a PartitionSpec or our tuple form): an array, or any
+    pytree (each array leaf gets `spec`; or give a pytree of specs, one per leaf). Leaves already laid
+    out so are not moved; the value comes back with its own type (a Flax NNX object is laid out in
+    place, as `nnx.update` does, and returned)."""
+    from ..cell.inputs import TreeInput
+    from ..cell.treespecs import normalize
+
+    spec = normalize(spec)
+    tree = TreeInput.of(name, value)
+    if tree is None:
+        raise UsageError(
+            f"place({name}): {name!r} is a {type(value).__name__} with no array leaves; there is nothing to lay out."
+        )
+    placed = place_leaves(tree, tree.arrays(value), value, mesh, spec, namespace or {}, option)
+    if tree.graphdef is None:
+        return tree.rebuild(placed)
+    from ..cell import nnx_graphs
+
+    nnx_graphs.update(value, tree.tree_of(placed))  # the user's own object, as `nnx.update` lays it out
+    return value
+
+
+def place_leaves(tree, arrays, value, mesh, spec, namespace, option: str = "--in") -> list:
+    """Each traced leaf of an input placed by its spec (the leaf itself when it is already there)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from ..cell.treespecs import leaf_specs
+
+    placed = []
+    for index, (leaf, leaf_spec) in enumerate(zip(arrays, leaf_specs(tree, value, spec, namespace, option))):
+        leaf_spec = with_auto_axis(leaf_spec)
+        check_spec(tree.label(index), tuple(leaf.shape), leaf_spec, mesh, option)
+        target = NamedSharding(mesh, P(*leaf_spec))
+        placed.append(leaf if isinstance(leaf, jax.Array) and leaf.sharding == target else jax.device_put(leaf, target))
+    return placed
+
+
+def plan(shape, dtype, mesh, spec):
+    """An abstract array (no memory) laid out by `spec`: plan a 4,096-device layout on a laptop."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    spec = with_auto_axis(tuple(spec))
+    check_spec("the planned array", tuple(shape), spec, mesh, "plan():")
+    return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=NamedSharding(mesh, P(*spec)))
+
+
+def split(value, devices: int | None = None, axis: int = 0):
+    """The one-liner for PositionalSharding's users: split `axis` over `devices` devices (all by default)."""
+    import jax
+
+    count = devices or len(jax.devices())
+    spec = (None,) * axis + (count,)
+    mesh = make_mesh(MeshShape((AUTO_AXIS,), (count,)), devices=None if count == len(jax.devices()) else count)
+    return place(value, mesh, spec, option="split()")
+
+
+# --- running a cell ----------------------------------------------------------------------------
+
+
+def _compile(cell, inputs, namespace, mesh, out_specs) -> CellProgram:
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    fn = cell_function(cell, inputs, namespace, write_back=True)
+    program = CellProgram(jitted=None)
+
+    def constrained(value, spec):
+        sharding = NamedSharding(mesh, P(*spec))
+        return jax.tree.map(lambda leaf: jax.lax.with_sharding_constraint(leaf, sharding)
+                            if isinstance(leaf, jax.core.Tracer) else leaf, value)
+
+    def whole_program(*args):
+        with within_mesh(mesh):
+            outs, final = fn(*args)
+            for name, spec in out_specs.items():
+                outs[name] = constrained(outs[name], spec)
+            return capture_outputs(program, outs, final, lambda v: v)
+
+    program.jitted = jax.jit(whole_program)
+    return program
+
+
+def _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):
+    """Inputs and outputs named on the line against the cell and the mesh; returns (inputs,
+    constants, out specs with device counts turned into the auto axis)."""
+    inputs, constants = classify(cell, namespace, abstract=abstract)
+    names = [t.name for t in inputs]
+    for name, spec in in_specs.items():
+        if name not in namespace:
+            raise UsageError(f"--in {name}: {name!r} is not defined; --in names arrays (or pytrees of arrays) from "
+                             f"your namespace.")
+        if name not in names:
+            if TreeInput.of(name, namespace[name], abstract=True) is None:
+                raise UsageError(
+                    f"--in {name}: {name!r} is a {type(namespace[name]).__name__}, not an array or a pytree of arrays "
+                    f"(it has no array leaves), so there is nothing to shard. Convert it first "
+                    f"(`{name} = jnp.asarray({name})`) or drop it from --in."
+                )
+            raise UsageError(
+                f"--in {name}: the cell does not read {name!r} before assigning it; --in names the cell's inputs "
+                f"({', '.join(names) or 'none'})."
+            )
+    out_specs = {n: with_auto_axis(s) for n, s in out_specs.items()}
+    for name in out_specs:
+        if name not in cell.writes:
+            raise UsageError(
+                f"--out {name}: the cell does not assign {name!r}; --out constrains names the cell assigns "
+                f"({', '.join(cell.writes) or 'none'})."
+            )
+        for axes in spec_axes(out_specs[name], len(out_specs[name])):
+            for axis in axes:
+                if axis not in mesh.axis_names:
+                    raise UsageError(f"--out {name}: {axis!r} is not an axis of the mesh {tuple(mesh.axis_names)}.")
+    return inputs, constants + spec_names(in_specs), out_specs
+
+
+def _check_out_forms(out_specs: dict) -> None:
+    for name, spec in out_specs.items():
+        if not isinstance(spec, tuple):
+            raise UsageError(f"--out {name}={spec}: --out takes one spec for every leaf of {name!r} (e.g. "
+                             f"`{name}=data,None`), not a pytree of specs.")
+
+
+def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, *,
+            describe: bool = False, abstract: bool | None = None) -> PreparedCell:
+    """The %%shard engine's prepare step: names and specs against the cell and the mesh, and each
+    input's leaves as the program takes them: placed by --in (a run), or, with `describe` (--plan,
+    --as-code), ShapeDtypeStructs laid out by --in, so nothing is allocated or moved. `abstract`
+    (default: `describe`) lets inputs be ShapeDtypeStructs themselves (--plan)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from ..cell.treespecs import leaf_specs
+
+    _check_out_forms(out_specs)
+    abstract = describe if abstract is None else abstract
+    inputs, constants, out_specs = _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=abstract)
+    args, specs = [], []
+    for tree in inputs:
+        value = namespace[tree.name]
+        arrays = tree.arrays(value)
+        if tree.name not in in_specs:
+            args.append(arrays)
+            specs.append((None,) * len(arrays))
+            continue
+        per_leaf = [with_auto_axis(spec) for spec in leaf_specs(tree, value, in_specs[tree.name], namespace)]
+        if describe:
+            for index, (leaf, spec) in enumerate(zip(arrays, per_leaf)):
+                check_spec(tree.label(index), tuple(leaf.shape), spec, mesh)
+            arrays = [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, P(*spec)))
+                      for leaf, spec in zip(arrays, per_leaf)]
+        else:
+            arrays = place_leaves(tree, arrays, value, mesh, in_specs[tree.name], namespace)
+        args.append(arrays)
+        specs.append(tuple(per_leaf))
+    prepared = PreparedCell("shard", cell, mesh, inputs, constants, args, tuple(specs), out_specs)
+    prepared.compile = lambda record=None: _compile(cell, inputs, namespace, mesh, out_specs)
+    return prepared
+
+

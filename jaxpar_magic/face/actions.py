@@ -1,0 +1,309 @@
+"""What each magic does, as data: run the engines on an options record (face/lines.py) and say what to
+show, print and bind. No display, no IPython.
+
+The magic layer (face/magics.py) decides *where* an action runs: in the kernel, where it displays the
+outcome and binds its names, or in every process of a cluster (face/remote.py), where each process
+binds its names and the kernel shows one outcome built from theirs.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import UsageError
+
+ARRAY_VIEWS = ("results", "sharding", "collectives")  # views whose devices may span processes
+
+
+@dataclass
+class Outcome:
+    """What a magic's run produced."""
+
+    views: list = field(default_factory=list)  # (kind, state): devices, mesh, sharding, results, collectives, plan
+    text: str = ""  # what it prints
+    bindings: dict = field(default_factory=dict)  # names for the namespace, bound in one step once shown
+    final: object = None  # the cell's value (IPython's Out), when it has one
+    has_final: bool = False
+    # The same magic run again on a namespace, with this run's cell analysis and mesh already
+    # resolved (re-runs are the hot path); None where a re-run must start from the line again.
+    replay: Callable[[dict], "Outcome | None"] | None = None
+    # Run right after the bindings (same step): writes Flax NNX objects' new state into them.
+    commit: Callable[[dict], None] | None = None
+
+    def bind(self, namespace: dict) -> None:
+        """Bind the names in one step, then write back what the cell changed in place."""
+        namespace.update(self.bindings)
+        if self.commit is not None:
+            self.commit(namespace)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """The magics' configurable defaults (%config JaxparMagics.*), passed along to where a magic runs."""
+
+    axis_name: str = "i"
+    show: bool = True
+
+
+def run(magic: str, options, source: str | None, namespace: dict, defaults: Defaults) -> Outcome:
+    """Run `magic` with its parsed `options` over `namespace` (read, never written)."""
+    return _ACTIONS[magic](options, source, namespace, defaults)
+
+
+# --- line magics ---------------------------------------------------------------------------------
+
+def devices(options, source, namespace, defaults) -> Outcome:
+    from ..cell.devices import devices_state, simulate
+
+    if options.simulate is not None:
+        simulate(options.simulate)
+    return Outcome(views=[("devices", devices_state())])
+
+
+def mesh(options, source, namespace, defaults) -> Outcome:
+    from ..engines.shard import is_mesh, make_mesh
+    from ..views.summaries import mesh_state
+
+    if options.shape is None:
+        name = options.show_name
+        if not is_mesh(namespace.get(name)):
+            raise UsageError(f"%mesh {name}: no mesh called {name!r} in your namespace. Build one with `%mesh data=4 model=2`.")
+        return Outcome(views=[("mesh", mesh_state(namespace[name], name))])
+    built = make_mesh(options.shape, options.devices, options.axis_types, options.abstract)
+    views = [("mesh", mesh_state(built, options.name))] if options.show else []
+    return Outcome(views=views, bindings={options.name: built})
+
+
+def sharding(options, source, namespace, defaults) -> Outcome:
+    from ..cell.programs import is_array_tree
+
+    for name in options.names:
+        if name not in namespace:
+            raise UsageError(f"%sharding {name}: {name!r} is not defined.")
+        if not is_array_tree(namespace[name], abstract=True):
+            raise UsageError(
+                f"%sharding {name}: {name!r} is a {type(namespace[name]).__name__}; %sharding shows arrays "
+                "(jax.Array, or jax.ShapeDtypeStruct with a sharding), or a dict/list/tuple of them."
+            )
+    return Outcome(views=[v for name in options.names for v in sharding_views(name, namespace[name])])
+
+
+# --- cell magics -------------------------------------------------------------------------------
+
+def pmap(options, source, namespace, defaults) -> Outcome:
+    from ..stages.run.pmap_function import ParallelFunction
+    from ..stages.run.pmap import pmap_cell
+    from ..views.summaries import report_figures, result_state
+
+    axis_name = options.axis_name or defaults.axis_name
+    if options.as_code:
+        return _as_code("pmap", options, source, namespace, axis_name=axis_name)
+    if options.plan is not None:
+        return _plan("pmap", options, source, namespace, axis_name=axis_name, devices=options.devices,
+                     mesh=options.mesh, broadcast=options.broadcast, split=options.split, merge=options.merge)
+    show = defaults.show if options.show is None else options.show
+    result = pmap_cell(
+        source, namespace, axis_name=axis_name, devices=options.devices, mesh=options.mesh,
+        broadcast=options.broadcast, split=options.split, merge=options.merge, in_axes=options.in_axes,
+        out_axes=options.out_axes, static_broadcasted_argnums=options.static_broadcasted_argnums,
+        donate_argnums=options.donate_argnums, want_facts=show or options.report, bind=False,
+        collectives=options.collectives,
+    )
+    if isinstance(result, dict):  # function mode
+        lines = []
+        if show:
+            recorded = "; its first call shows what each collective did" if options.collectives else ""
+            lines = [f"{name}: pmapped over {fn.mesh.devices.size} devices, axes {fn.axis_names}; original at "
+                     f"{name}.__wrapped__{recorded}" for name, fn in result.items() if isinstance(fn, ParallelFunction)]
+        return Outcome(text="\n".join(lines), bindings=result)
+    outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final)
+    if not (show or options.report or options.collectives):
+        from ..stages.run.pmap import run_block
+
+        cell, mesh = result.cell, result.mesh  # never the result: it holds the user's arrays
+        outcome.replay = _replaying(lambda ns: run_block(
+            cell, ns, mesh, broadcast=tuple(options.broadcast), split=tuple(options.split), merge=tuple(options.merge)))
+    if show:
+        outputs = dict(result.per_device)
+        if result.has_final and result.final_per_device and not result.cell.final_is_output \
+                and not result.cell.silenced:
+            outputs["(result)"] = result.final
+        figures = report_figures(result.facts, result.run_ms) if options.report and result.facts else None
+        sizes = "x".join(str(s) for s in result.mesh.devices.shape)
+        title = f"%%pmap over {sizes} devices (axis {', '.join(result.mesh.axis_names)})"
+        outcome.views.append(("results", result_state(title, result.mesh, outputs, result.facts, result.cell.line,
+                                                      figures)))
+    elif options.report and result.facts is not None:
+        f = result.facts
+        outcome.text = (f"compile {f.compile_ms:.1f} ms, run {result.run_ms:.2f} ms, flops {f.flops}, bytes "
+                        f"{f.bytes_accessed}, collectives {[c.op for c in f.collectives]}")
+    if result.collectives is not None:
+        outcome.views.append(("collectives", result.collectives))
+    return outcome
+
+
+def shard(options, source, namespace, defaults) -> Outcome:
+    from ..stages.run.shard import shard_cell
+
+    if options.as_code:
+        return _as_code("shard", options, source, namespace)
+    if options.plan is not None:
+        return _plan("shard", options, source, namespace, mesh=options.mesh, in_specs=options.in_specs,
+                     out_specs=options.out_specs)
+    show = defaults.show if options.show is None else options.show
+    result = shard_cell(source, namespace, mesh=options.mesh, in_specs=options.in_specs,
+                        out_specs=options.out_specs, want_facts=options.report, bind=False)
+    outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, commit=result.commit)
+    if not (show or options.report):
+        from ..stages.run.shard import run_shard
+
+        cell, mesh = result.cell, result.mesh  # never the result: it holds the user's arrays
+        outcome.replay = _replaying(lambda ns: run_shard(cell, ns, mesh, options.in_specs, options.out_specs),
+                                    options, mesh)
+    if show:
+        shown = dict(result.placed)
+        shown.update({n: result.outputs[n] for n in result.device_outputs})
+        if result.has_final and result.final_is_array and not result.cell.final_is_output \
+                and not result.cell.silenced:
+            shown["(result)"] = result.final
+        outcome.views += [v for name, value in shown.items() for v in sharding_views(name, value)]
+    if options.report and result.facts is not None:
+        outcome.views.append(_program_report("%%shard program", result))
+    return outcome
+
+
+def shard_map(options, source, namespace, defaults) -> Outcome:
+    from ..stages.run.shard_map import shard_map_cell
+    from ..views.summaries import report_figures, result_state
+
+    if options.as_code:
+        return _as_code("shard_map", options, source, namespace)
+    if options.plan is not None:
+        return _plan("shard_map", options, source, namespace, mesh=options.mesh, in_specs=options.in_specs,
+                     out_specs=options.out_specs, check_vma=options.check_vma)
+    show = defaults.show if options.show is None else options.show
+    result = shard_map_cell(source, namespace, mesh=options.mesh, in_specs=options.in_specs,
+                            out_specs=options.out_specs, check_vma=options.check_vma,
+                            want_facts=show or options.report, bind=False, collectives=options.collectives)
+    outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final)
+    if not (show or options.report or options.collectives):
+        from ..stages.run.shard_map import run_shard_map
+
+        cell, mesh = result.cell, result.mesh  # never the result: it holds the user's arrays
+        outcome.replay = _replaying(lambda ns: run_shard_map(
+            cell, ns, mesh, options.in_specs, options.out_specs, options.check_vma), options, mesh)
+    if show:
+        device = {n: result.outputs[n] for n in result.device_outputs}
+        if result.has_final and result.final_is_array and not result.cell.final_is_output \
+                and not result.cell.silenced:
+            device["(result)"] = result.final
+        sizes = ", ".join(f"{n}={s}" for n, s in result.mesh.shape.items())
+        figures = report_figures(result.facts, result.run_ms) if options.report and result.facts else None
+        title = f"%%shard_map over {result.mesh.devices.size} devices ({sizes}): each device's block"
+        outcome.views.append(("results", result_state(title, result.mesh, device, result.facts, result.cell.line,
+                                                      figures, blocks=True)))
+        outcome.views += [v for name, value in device.items() for v in sharding_views(name, value)]
+    elif options.report and result.facts is not None:
+        outcome.views.append(_program_report("%%shard_map program", result))
+    if result.collectives is not None:
+        outcome.views.append(("collectives", result.collectives))
+    return outcome
+
+
+_ACTIONS = {"devices": devices, "mesh": mesh, "sharding": sharding, "pmap": pmap, "shard": shard,
+            "shard_map": shard_map}
+
+
+# --- shared steps --------------------------------------------------------------------------------
+
+def _replaying(run_engine, options=None, mesh=None):
+    """A replay (Outcome.replay) of a --no-show cell: the engine again, its line already resolved.
+
+    A mesh taken from the namespace (named by --mesh, or the default `mesh`) must still be the very
+    mesh this run used; otherwise the replay declines and the magic starts from the line again.
+    """
+    named = _namespace_mesh(options) if options is not None else None
+
+    def replay(namespace: dict):
+        if named is not None and namespace.get(named) is not mesh:
+            return None
+        result = run_engine(namespace)
+        return Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, replay=replay,
+                       commit=getattr(result, "commit", None))
+
+    return replay
+
+
+def _namespace_mesh(options) -> str | None:
+    """The name of the namespace's mesh a %%shard/%%shard_map line uses, if it uses one."""
+    if isinstance(options.mesh, str):
+        return options.mesh
+    counted = any(isinstance(e, int) for spec in [*options.in_specs.values(), *options.out_specs.values()]
+                  if isinstance(spec, tuple) for e in spec)
+    return "mesh" if options.mesh is None and not counted else None
+
+def sharding_views(name: str, value) -> list:
+    """The one view of a named value: a sharding view of an array, a tree view (its leaves by
+    layout, each layout's picture on demand) of any other pytree."""
+    from ..views.tree_summary import is_bare_array, tree_state
+
+    if is_bare_array(value):
+        from ..views.summaries import sharding_state
+
+        return [("sharding", sharding_state(name, value))]
+    return [("tree", tree_state(name, value))]
+
+
+def _program_report(title: str, result) -> tuple:
+    from ..views.summaries import program_report_state
+
+    return ("results", program_report_state(title, result.mesh, result.facts, result.run_ms, result.cell.line))
+
+
+def _plan(magic: str, options, source, namespace, **engine_options) -> Outcome:
+    """--plan: the cell compiled for its mesh, never run; its names bound as ShapeDtypeStructs."""
+    from ..stages.plan.plan_cell import plan_cell
+
+    if options.plan.compare is not None or options.plan.search:
+        return _compare(magic, options, source, namespace, **engine_options)
+    quiet = options.show is False  # no view to take a status line's place: show none, print one line
+    plan = plan_cell(source, namespace, magic=magic, hardware=options.plan.hardware,
+                     device_memory=options.plan.device_memory, bind=False, status=not quiet, **engine_options)
+    sizes = ", ".join(f"{n}={s}" for n, s in plan.axes.items())
+    title = f"%%{magic} --plan over {plan.mesh.devices.size} devices ({sizes})"
+    if quiet:
+        return Outcome(text=plan.summary(), bindings=plan.bindings)
+    return Outcome(views=[("plan", plan.state(title))], bindings=plan.bindings)
+
+
+def _compare(magic: str, options, source, namespace, **engine_options) -> Outcome:
+    """--plan --compare NAME / --search BATCH: one plan per layout, ranked; nothing is bound."""
+    from ..stages.plan.compare import compare_cell, comparison_state, devices_of, read_layouts, search_layouts, search_note
+    from ..cell.programs import analyse_cached, is_array_tree
+
+    for key in ("mesh", "in_specs", "out_specs"):  # each layout brings its own
+        engine_options.pop(key, None)
+    plan = options.plan
+    if plan.compare is not None:
+        layouts, what = read_layouts(plan.compare, namespace), f"--compare {plan.compare}"
+    else:
+        devices = devices_of(options.mesh, namespace)
+        reads = analyse_cached(source, f"{magic}-plan").reads
+        inputs = tuple(n for n in reads if n in namespace and is_array_tree(namespace[n], abstract=True))
+        layouts = read_layouts("layouts", {"layouts": search_layouts(namespace, plan.search, inputs, devices)})
+        what = f"--search {' '.join(plan.search)} over {devices} devices"
+    rows = compare_cell(source, namespace, layouts, magic=magic, hardware=plan.hardware,
+                        device_memory=plan.device_memory, status=True, **engine_options)
+    profile = f" on {plan.hardware.name}" if plan.hardware is not None else ""
+    title = f"%%{magic} --plan {what}{profile}: {len(rows)} layouts, best first"
+    state = comparison_state(title, rows, plan.hardware)
+    if not plan.compare:
+        state["caveats"] = [search_note(devices)] + state["caveats"]
+    return Outcome(views=[] if options.show is False else [("plan", state)])
+
+
+def _as_code(magic: str, options, source, namespace, **extra) -> Outcome:
+    """--as-code: the plain JAX the cell stands for; nothing runs, nothing is bound."""
+    from ..stages.ascode.as_code import as_code
+
+    return Outcome(text=as_code(magic, options, source, namespace, **extra))

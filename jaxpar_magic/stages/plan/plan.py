@@ -1,0 +1,190 @@
+"""The Plan: what the compiler says one step of a program costs on each device (memory, FLOPs,
+bytes, collectives, the roofline), as attributes to assert on, with its one-line summary and the
+plan view's state. stages/plan/plan_program.py makes Plans; this module only says what one holds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .costs import Roofline
+from .hardware import Hardware
+from .topology import Topology
+
+MAX_COLLECTIVES = 64  # in the view's state; the Plan keeps them all
+
+CAVEATS = (
+    "Figures come from XLA's CPU compiler, compiling for simulated devices: nothing ran.",
+    "XLA:TPU and XLA:GPU may fuse, schedule and combine collectives differently, so temporaries, "
+    "FLOPs and the collectives themselves can differ on the target.",
+    "The CPU backend's memory figures ignore accelerators' layout padding (e.g. TPU tiles of 8x128), "
+    "so small or oddly shaped arrays can take more memory on the device.",
+)
+ROOFLINE_CAVEAT = (
+    "The step time is a model, not a measurement: peak FLOP/s for each matmul's dtype and precision, HBM "
+    "bandwidth, and ring collectives on the mesh's topology (per-axis links, wraparound, ~1 µs hops, DCN or "
+    "network past a pod or node), as in the scaling book. The estimate assumes communication fully "
+    "overlaps compute (optimistic); the no-overlap figure adds it (pessimistic). Real steps reach a "
+    "fraction of peak: the book measures 680 µs for a gather it models at 560 µs."
+)
+UPCAST_CAVEAT = (
+    "XLA:CPU computes bf16 in f32 around collectives; collectives and memory traffic are counted in the "
+    "program's own dtypes (the CPU compiler's conversions are left out)."
+)
+GPU_CAVEAT = (
+    "On GPUs no per-hop latency is modelled (the book gives none), and NVLink rarely exceeds ~370 of its "
+    "450 GB/s (gpus.md): small collectives take longer than shown."
+)
+LOOP_CAVEAT = (
+    "The program has loops (scan, fori_loop, while): XLA's cost analysis counts a loop body once, so "
+    "FLOPs and bytes accessed cover one iteration of each loop; collectives are counted per iteration."
+)
+
+
+class PlanWarning(UserWarning):
+    """Planning went ahead, but something about it deserves the user's attention."""
+
+
+@dataclass(frozen=True)
+class PlannedCollective:
+    op: str  # as XLA names it: all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute
+    shape: str  # its result on one device, e.g. "bf16[8192,4096]"
+    bytes: int  # its result's size on one device
+    traffic_bytes: float  # bytes one device sends per call with a ring algorithm
+    count: int | None  # calls per run (inside loops); None: a loop of unknown length
+    group_size: int
+    groups: list[list[int]] = field(repr=False)  # device ids of each group (or connected sends of a permute)
+    axes: tuple[str, ...] = ()  # mesh axes its groups vary along
+    groups_text: str = ""
+    line: int | None = None
+    source: str | None = None
+    seconds: float | None = None  # modelled time of all its calls (with hardware)
+    bound: str | None = None  # what bounds it: "ici" | "dcn" | "latency"
+    parts: dict | None = None  # its seconds by where they go: "ici", "dcn", "latency" (they add up to seconds)
+    upcast_from: str | None = None  # the program's dtype, where XLA:CPU moves it as f32
+    operand_bytes: int | None = None  # its operands on one device, in the program's dtypes
+    # The line that needs it, inside a function the cell calls: {"function", "line", "source", "cell"}.
+    origin: dict | None = None
+
+    def state(self) -> dict:
+        return {
+            "op": self.op, "shape": self.shape, "bytes": self.bytes, "axes": list(self.axes),
+            "groups_text": self.groups_text, "group_size": self.group_size, "line": self.line,
+            "source": self.source, "seconds": self.seconds, "bound": self.bound, "origin": self.origin,
+        }
+
+
+@dataclass
+class Plan:
+    """What the compiler says one step costs on each device. All byte figures are per device."""
+
+    mesh: object
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    alias_bytes: int
+    flops: float | None
+    bytes_accessed: float | None
+    compile_ms: float
+    collectives: list[PlannedCollective]
+    outputs: object  # the program's outputs: a pytree of jax.ShapeDtypeStruct with shardings
+    hardware: Hardware | None = None
+    capacity: int | None = None  # the device's memory in bytes, when known
+    capacity_source: str | None = None  # "--device-memory" | "<profile> profile" | "device"
+    roofline: Roofline | None = None
+    topology: Topology | None = None
+    cpu_bytes_accessed: float | None = None  # cost_analysis' figure, XLA:CPU's f32 upcast included
+    memory_note: str | None = None  # e.g. JAX's GPU preallocation
+    caveats: tuple[str, ...] = CAVEATS
+    compiled: object = field(default=None, repr=False)  # jax.stages.Compiled, for anything else
+    # A planned cell (the engines' --plan stage): what it would bind, and which of those it computes.
+    bindings: dict = field(default_factory=dict, repr=False)
+    computed: tuple[str, ...] = ()
+
+    @property
+    def total_bytes(self) -> int:
+        return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
+
+    @property
+    def fits(self) -> bool | None:
+        return None if self.capacity is None else self.total_bytes <= self.capacity
+
+    @property
+    def overshoot(self) -> int:
+        return 0 if self.capacity is None else max(0, self.total_bytes - self.capacity)
+
+    @property
+    def axes(self) -> dict[str, int]:
+        return {str(n): int(s) for n, s in self.mesh.shape.items()}
+
+    def summary(self) -> str:
+        """One line: `planned: 2.1 GiB per device (fits in 16.0 GiB) · 6 collectives · estimate 1.2 ms, bound by
+        compute`."""
+        fit = "" if self.capacity is None else (f" (fits in {format_bytes(self.capacity)})" if self.fits else
+                                                f" (DOES NOT FIT in {format_bytes(self.capacity)})")
+        moving = sum(1 for c in self.collectives if c.group_size > 1)
+        r = self.roofline
+        estimate = f" · estimate {r.estimate_s * 1e3:.3g} ms, bound by {r.bound_text}" if r is not None else ""
+        return f"planned: {format_bytes(self.total_bytes)} per device{fit} · {moving} collectives{estimate}"
+
+    def state(self, title: str, outputs: dict | None = None) -> dict:
+        """The plan view's state. `outputs`: names -> ShapeDtypeStructs (pytrees allowed) to list;
+        by default a planned cell's computed outputs, else the program's outputs."""
+        if outputs is None and self.computed:
+            outputs = {n: self.bindings[n] for n in self.computed}
+        shown = outputs if outputs is not None else {"out": self.outputs}
+        return {
+            "title": title,
+            "axes": [{"name": n, "size": s} for n, s in self.axes.items()],
+            "total_devices": int(self.mesh.devices.size),
+            "hardware": self.hardware.state() if self.hardware is not None else None,
+            "memory": {
+                "argument": self.argument_bytes, "output": self.output_bytes, "temp": self.temp_bytes,
+                "alias": self.alias_bytes, "total": self.total_bytes, "capacity": self.capacity,
+                "capacity_source": self.capacity_source, "fits": self.fits, "overshoot": self.overshoot,
+                "note": self.memory_note,
+            },
+            "topology": self.topology.state() if self.topology is not None else None,
+            "cost": {"flops": self.flops, "bytes_accessed": self.bytes_accessed},
+            "collectives": [c.state() for c in self.collectives[:MAX_COLLECTIVES]],
+            "collectives_omitted": max(0, len(self.collectives) - MAX_COLLECTIVES),
+            "roofline": self.roofline.state() if self.roofline is not None else None,
+            "outputs": output_entries(shown),
+            "compile_ms": round(self.compile_ms, 1),
+            "caveats": list(self.caveats),
+        }
+
+
+def format_bytes(n: float) -> str:
+    """`16.0 KiB`, `1.5 GiB`: bytes in the largest binary unit that keeps a number >= 1."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def _spec_entries(sharding, ndim: int) -> list | None:
+    """A NamedSharding's spec as JSON, one entry per dimension; None for other shardings."""
+    spec = getattr(sharding, "spec", None)
+    if spec is None:
+        return None
+    entries = [list(e) if isinstance(e, tuple) else e for e in spec]
+    return entries + [None] * (ndim - len(entries))
+
+
+def output_entries(named: dict) -> list[dict]:
+    """The view's `outputs`: one entry per abstract array in `named` (name -> pytree)."""
+    import jax
+    import numpy as np
+
+    entries = []
+    for name, tree in named.items():
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+                continue  # a plain Python value the program returned
+            entries.append({
+                "name": name + jax.tree_util.keystr(path),
+                "shape": [int(d) for d in leaf.shape],
+                "dtype": np.dtype(leaf.dtype).name,
+                "spec": _spec_entries(getattr(leaf, "sharding", None), len(leaf.shape)),
+            })
+    return entries

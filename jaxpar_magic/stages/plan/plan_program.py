@@ -1,0 +1,226 @@
+"""Plan a program without running it: compile it for a mesh over abstract inputs and read what the
+compiler says it costs, per device.
+
+`compile_plan(fn, args, mesh)` lowers and compiles `fn` over `jax.ShapeDtypeStruct`s (concrete
+arrays stand in by their shapes and shardings), never runs it and allocates neither inputs nor
+outputs. The `Plan` it returns carries the figures as attributes: memory (`compiled.memory_analysis()`),
+FLOPs and bytes accessed (`cost_analysis()`), every collective with its mesh axes and source line,
+the roofline of a hardware profile, and the outputs as ShapeDtypeStructs with their shardings, so the
+next plan can take them as inputs. `Plan.state(title)` is the plan view's state.
+
+This module compiles and reads the compiled program; the Plan record is in stages/plan/plan.py, a plan's
+inputs and limits (scale, device memory) in stages/plan/abstract_inputs.py, its collectives on the mesh in
+stages/plan/mesh_collectives.py, and their names stay importable from here. Plain Python over JAX; no IPython.
+"""
+from __future__ import annotations
+
+import inspect
+import linecache
+import os
+import time
+from collections.abc import Callable
+
+from .costs import estimate
+from ...errors import UsageError, explain_trace_error, user_line
+from .hardware import Hardware, parse_hardware
+from ...cell.hlo import collectives, program_facts, upcasts
+from .mesh_collectives import is_user_file, plan_collectives
+from .abstract_inputs import CPU_DEVICE_CEILING, abstract_inputs, check_scale, device_capacity, smaller_slice, warn_concrete
+from .plan import CAVEATS, GPU_CAVEAT, LOOP_CAVEAT, MAX_COLLECTIVES, ROOFLINE_CAVEAT, UPCAST_CAVEAT, Plan, PlannedCollective, PlanWarning, format_bytes
+from .topology import topology_for
+
+__all__ = [  # the names this module has always offered, wherever they now live
+    "CAVEATS", "CPU_DEVICE_CEILING", "GPU_CAVEAT", "LOOP_CAVEAT", "MAX_COLLECTIVES", "ROOFLINE_CAVEAT", "UPCAST_CAVEAT",
+    "Plan", "PlanWarning", "PlannedCollective", "abstract_inputs", "check_scale", "compile_plan", "device_capacity",
+    "format_bytes", "output_structs", "parse_hardware", "plan_program", "smaller_slice",
+]
+
+_NO_VALUES = (
+    "ConcretizationTypeError", "TracerBoolConversionError", "TracerIntegerConversionError",
+    "TracerArrayConversionError",
+)
+
+
+# --- compiling ---------------------------------------------------------------------------------
+
+def _source_file(fn) -> str | None:
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    return code.co_filename if code is not None else None
+
+
+def _where(exc: BaseException, filename: str | None) -> str:
+    """`line 3 of the cell (...)` for a cell's named filename, `line 12 of train.py (...)` for a file."""
+    hit = user_line(exc, filename) if filename else None
+    if hit is None:
+        return "the planned function"
+    is_cell = filename.startswith("<") and filename in linecache.cache  # cells register their source there
+    place = "the cell" if is_cell else os.path.basename(filename)
+    quoted = f" (`{hit[1]}`)" if hit[1] else ""
+    return f"line {hit[0]} of {place}{quoted}"
+
+
+def _no_values_error(exc: BaseException, filename: str | None) -> UsageError:
+    at = _where(exc, filename)
+    return UsageError(
+        f"{at}: this needs a concrete value ({type(exc).__name__}), but a plan has no values: its inputs "
+        f"are shapes and shardings only, and nothing runs. Compute it from shapes (`x.shape[0]`), write "
+        f"Python `if x > 0` as `jnp.where(x > 0, a, b)` or `jax.lax.cond`, and `float(x)` as a jnp "
+        f"expression; or run the cell without --plan on real arrays."
+    )
+
+
+def _cost(compiled) -> dict:
+    try:
+        cost = compiled.cost_analysis() or {}
+    except Exception:  # not every backend implements cost analysis
+        return {}
+    return cost[0] if isinstance(cost, (list, tuple)) and cost else cost if isinstance(cost, dict) else {}
+
+
+def _figure(cost: dict, key: str) -> float | None:
+    value = cost.get(key)
+    return float(value) if value is not None and value >= 0 else None
+
+
+def output_structs(compiled):
+    """The compiled program's outputs as plain ShapeDtypeStructs with their shardings."""
+    import jax
+
+    def plain(info):
+        return jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=info.sharding,
+                                    weak_type=getattr(info, "weak_type", False))
+
+    return jax.tree.map(plain, compiled.out_info)
+
+
+def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = None,
+                 line_text: Callable[[int], str] | None = None, hardware: Hardware | str | None = None,
+                 device_memory=None, set_mesh: bool = True, topology: str | None = None, leaf_labels=None) -> Plan:
+    """Compile `fn(*abstract_args)` for `mesh` without running it, and say what it costs per device.
+
+    `fn`: a `jax.jit`-ed function (anything with `.lower`), or a function to jit. `abstract_args`:
+    pytrees of ShapeDtypeStructs or arrays (which stand in by shape and sharding; unsharded ones are
+    replicated). `names`: one label per argument, for messages. `filename`: the file (or cell
+    filename) whose lines name the collectives, by default `fn`'s own; `line_text(n)` gives line n's
+    text (default: linecache). `hardware`: a profile or its name, for the step time and the memory;
+    `device_memory` (bytes or "16GiB") overrides the memory; `topology` ("4x8") the physical slice the
+    mesh is laid onto (default: as jax.make_mesh would lay it). With `set_mesh`, traces under
+    `jax.set_mesh(mesh)`, as the %%shard engine runs.
+    """
+    import jax
+
+    check_scale(mesh)
+    if not isinstance(mesh, jax.sharding.Mesh):
+        raise UsageError(
+            "A plan compiles for devices, so it needs a Mesh of devices, not an AbstractMesh: simulate them "
+            "first (`%devices --simulate 512`, or jax.config.update('jax_num_cpu_devices', 512) before JAX "
+            "starts) and build the mesh over them (`%mesh data=64 model=8`, or jaxpar_magic.make_mesh)."
+        )
+    if isinstance(hardware, str):
+        hardware = parse_hardware(hardware)
+    if topology is not None and hardware is None:
+        raise UsageError(f"--topology {topology}: a topology belongs to a device profile; add --hardware "
+                         f"(e.g. `--hardware tpu-v5e --topology {topology}`).")
+    sizes = {str(n): int(s) for n, s in mesh.shape.items()}
+    topology = topology if topology is not None else getattr(hardware, "topology", None)
+    laid_out = topology_for(hardware, sizes, topology) if hardware is not None else None  # before compiling
+    capacity, capacity_source = device_capacity(mesh, hardware, device_memory)
+    memory_note = None
+    if hardware is not None and hardware.preallocate and device_memory is None and capacity:
+        usable = int(capacity * hardware.preallocate)
+        memory_note = (f"JAX preallocates {hardware.preallocate:.0%} of a GPU's memory by default: "
+                       f"{format_bytes(usable)} of the {format_bytes(capacity)}. To use more, set "
+                       f"XLA_PYTHON_CLIENT_MEM_FRACTION=.95 (or XLA_PYTHON_CLIENT_PREALLOCATE=false) before JAX "
+                       f"starts, and plan with --device-memory {format_bytes(capacity).replace(' ', '')}.")
+        capacity, capacity_source = usable, f"{hardware.name} profile, {hardware.preallocate:.0%} JAX preallocates"
+    args, concrete = abstract_inputs(abstract_args, mesh, names, leaf_labels)
+    warn_concrete(concrete, capacity)
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    if filename is None:
+        filename = _source_file(fn)
+    start = time.perf_counter()
+    try:
+        if set_mesh:
+            with jax.set_mesh(mesh):
+                lowered = jitted.lower(*args)
+                compiled = lowered.compile()
+        else:
+            lowered = jitted.lower(*args)
+            compiled = lowered.compile()
+    except UsageError:
+        raise
+    except Exception as exc:
+        if isinstance(exc, tuple(getattr(jax.errors, name) for name in _NO_VALUES)):
+            raise _no_values_error(exc, filename) from None
+        explained = explain_trace_error(exc, filename or "", tuple(str(n) for n in mesh.axis_names))
+        if explained is not None:
+            raise explained from None
+        raise
+    compile_ms = (time.perf_counter() - start) * 1e3
+
+    memory = compiled.memory_analysis()
+    cost = _cost(compiled)
+    text = compiled.as_text()
+    program = lowered.as_text(dialect="hlo", debug_info=True)  # the program's own dtypes, before XLA:CPU's passes
+    types, matmuls = program_facts(program)
+    upcast = upcasts(text, types)
+    planned = plan_collectives(collectives(text, None, filename, upcast.shadows, is_user_file), mesh, line_text,
+                               filename)
+    flops, cpu_bytes = _figure(cost, "flops"), _figure(cost, "bytes accessed")
+    bytes_accessed = max(0.0, cpu_bytes - upcast.traffic_bytes) if cpu_bytes is not None else None
+    caveats = list(CAVEATS)
+    if upcast.shadows:
+        caveats.append(UPCAST_CAVEAT)
+    if " while(" in text:
+        caveats.append(LOOP_CAVEAT)
+    times = None
+    if hardware is not None:
+        times, planned = estimate(flops, bytes_accessed, planned, hardware, laid_out, matmuls)
+        caveats.append(ROOFLINE_CAVEAT)
+        if hardware.kind == "gpu":
+            caveats.append(GPU_CAVEAT)
+    return Plan(
+        mesh=mesh,
+        argument_bytes=int(memory.argument_size_in_bytes),
+        output_bytes=int(memory.output_size_in_bytes),
+        temp_bytes=int(memory.temp_size_in_bytes),
+        alias_bytes=int(memory.alias_size_in_bytes),
+        flops=flops,
+        bytes_accessed=bytes_accessed,
+        compile_ms=compile_ms,
+        collectives=planned,
+        outputs=output_structs(compiled),
+        hardware=hardware,
+        capacity=capacity,
+        capacity_source=capacity_source,
+        roofline=times,
+        topology=laid_out,
+        cpu_bytes_accessed=cpu_bytes,
+        memory_note=memory_note,
+        caveats=tuple(caveats),
+        compiled=compiled,
+    )
+
+
+# --- a planned cell (the engines' --plan stage) ------------------------------------------------
+
+def plan_program(prepared, *, hardware=None, device_memory=None, set_mesh=True, reshape=None) -> Plan:
+    """The --plan stage: compile a prepared cell's program (prepared.PreparedCell) over its abstract
+    arguments, never run.
+
+    `reshape` an optional map applied to each device output leaf's ShapeDtypeStruct (--merge). The
+    plan carries what the cell would bind: computed outputs as ShapeDtypeStructs with their
+    shardings, rebuilt as the user's types (the next planned cell can take them), plain Python
+    values as they are.
+    """
+    from ...views.progress import Progress
+
+    program, cell = prepared.program(), prepared.cell
+    with Progress("planning"):
+        plan = compile_plan(program.jitted, prepared.arguments, prepared.mesh, names=list(prepared.names),
+                            filename=cell.filename, line_text=cell.line, hardware=hardware,
+                            device_memory=device_memory, set_mesh=set_mesh, leaf_labels=prepared.labels())
+    plan.bindings = dict(program.static_outputs)
+    plan.bindings.update(program.outputs_of(plan.outputs[0], reshape))
+    plan.computed = tuple(program.device_outputs)
+    return plan

@@ -1,0 +1,156 @@
+"""The run stage of `%%pmap` block mode and its plain-Python twin `pmap_cell`: find or compile the
+prepared cell's program (pmapping.prepare), run it on every device, and hand back a BlockResult;
+function mode binds each defined function as its ParallelFunction.
+
+Plain Python, no IPython. The namespace is read, never written, until the result is bound.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...cell import analysis as cells
+from ...errors import UsageError
+from ...cell.inputs import absent_builtins
+from ...engines.pmap_inputs import per_device_note
+from ...engines.pmap import mesh_for, prepare
+from .pmap_function import ParallelFunction
+from ...cell.programs import BoundedCache, Rerun, analyse_cached
+from .program import ProgramFacts, facts_for, run_program
+from ..record.cell_recording import collectives_view_state, recording
+
+
+@dataclass
+class BlockResult:
+    outputs: dict  # name -> jax.Array with leading mesh axes (or a static Python value)
+    device_outputs: tuple[str, ...]  # which outputs were computed per device
+    final: object  # the final expression's value (per device when traced), or None
+    final_per_device: bool
+    has_final: bool
+    mesh: object
+    facts: ProgramFacts | None
+    run_ms: float
+    cell: cells.Cell | None = None
+    per_device: dict | None = None  # device outputs before --merge: what the view shows per device
+    collectives: dict | None = None  # the collective cards' view state (--collectives)
+
+    @property
+    def bindings(self) -> dict:
+        """What a successful cell binds in the user's namespace."""
+        return self.outputs
+
+
+
+_block_cache = BoundedCache()
+
+
+
+_reruns = BoundedCache()  # (source, mesh, options) -> Rerun of the last successful run
+
+
+
+def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=(), merge=(),
+              want_facts: bool = False, collectives: bool = False) -> BlockResult:
+    """Run a block-mode cell on every device of `mesh`; the namespace is read, never written."""
+    rerun_key = (cell.source, mesh, tuple(broadcast), tuple(split), tuple(merge), collectives)
+    rerun = _reruns.get(rerun_key)
+    args = rerun.args(namespace) if rerun is not None else None
+    if args is None:
+        rerun, args = _full_path(cell, namespace, mesh, broadcast, split, merge, collectives)
+    program = rerun.program
+    try:
+        results, run_ms, signature = run_program(
+            _block_cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
+    except UsageError:
+        raise
+    except Exception as exc:  # the user's own error: unchanged, with what each device saw
+        if hasattr(exc, "add_note"):
+            exc.add_note(per_device_note(cell, namespace, mesh, broadcast))
+        raise
+    rerun.remember(_reruns, rerun_key, signature)
+    device, final = results[0], results[1]
+    facts = facts_for(program, signature, args, mesh, cell) if want_facts or collectives else None
+    result = _block_result(cell, mesh, program, device, final, merge, facts if want_facts else None, run_ms)
+    if collectives:
+        result.collectives = collectives_view_state(
+            program, results[2], f"collectives of the %%pmap cell ({', '.join(mesh.axis_names)})", mesh, cell, facts)
+    return result
+
+
+
+def _full_path(cell, namespace, mesh, broadcast, split, merge, collectives=False):
+    """The full path: prepare, find or compile the program, and remember what was checked."""
+    prepared = prepare(cell, namespace, mesh, broadcast=broadcast, split=split, merge=merge)
+    fingerprints = prepared.fingerprints(namespace)
+    key = (cell.source, tuple(t.key for t in prepared.inputs), tuple(sorted(broadcast)), mesh, collectives,
+           fingerprints)
+    program = _block_cache.lookup(key, lambda: prepared.program(recording if collectives else None), family=key[:-1])
+    reshape = tuple(tuple(tuple(a.shape) for a in arrays) if t.name in split else None
+                    for t, arrays in zip(prepared.inputs, prepared.arguments))
+    rerun = Rerun(prepared.inputs, reshape, fingerprints, absent_builtins(cell, namespace), program, key)
+    return rerun, prepared.arguments
+
+
+
+def _block_result(cell, mesh, program, device, final, merge, facts, run_ms) -> BlockResult:
+    k = len(mesh.axis_names)
+
+    def merged(name, leaf):
+        return leaf.reshape((-1,) + leaf.shape[k + 1:]) if name in merge else leaf
+
+    outputs = dict(program.static_outputs)
+    outputs.update(program.outputs_of(device, merged))
+    final, on_devices = program.final_of(final)
+    return BlockResult(
+        outputs=outputs,
+        device_outputs=tuple(program.device_outputs),
+        final=final,
+        final_per_device=on_devices,
+        has_final=cell.has_final_expression,
+        mesh=mesh,
+        facts=facts,
+        run_ms=run_ms,
+        cell=cell,
+        per_device=program.outputs_of(device),
+    )
+
+
+
+def clear_cache() -> None:
+    _block_cache.clear()
+    _reruns.clear()
+
+
+
+def bind_functions(cell: cells.Cell, namespace: dict, mesh, **options) -> dict:
+    """Function mode: define the cell's functions, each bound as its parallel version."""
+    scope: dict = {}
+    exec(compile(cell.tree, cell.filename, "exec"), namespace, scope)  # definitions and imports only
+    bound = {}
+    for name, value in scope.items():
+        bound[name] = ParallelFunction(value, mesh, **options) if name in cell.functions else value
+    return bound
+
+
+
+def pmap_cell(source: str, namespace: dict, *, axis_name: str = "i", devices=None, mesh=None,
+              broadcast=(), split=(), merge=(), in_axes=0, out_axes=0, static_broadcasted_argnums=(),
+              donate_argnums=(), want_facts: bool = False, bind: bool = True, collectives: bool = False):
+    """Run `source` as `%%pmap` would: per-device code (block mode) or pmapped definitions.
+
+    Returns a BlockResult (block mode) or the dict of bound functions (function mode). With
+    `bind`, outputs go into `namespace` only after the whole cell succeeded.
+    """
+    cell = analyse_cached(source, "pmap-cell")
+    mesh = mesh_for(axis_name, devices, mesh)
+    if cell.mode == "function":
+        bound = bind_functions(cell, namespace, mesh, in_axes=in_axes, out_axes=out_axes,
+                               static_broadcasted_argnums=static_broadcasted_argnums,
+                               donate_argnums=donate_argnums, collectives=collectives)
+        if bind:
+            namespace.update(bound)  # one step: an interrupt leaves all or nothing
+        return bound
+    result = run_block(cell, namespace, mesh, broadcast=tuple(broadcast), split=tuple(split),
+                       merge=tuple(merge), want_facts=want_facts, collectives=collectives)
+    if bind:
+        namespace.update(result.bindings)
+    return result

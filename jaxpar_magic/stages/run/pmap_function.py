@@ -1,0 +1,256 @@
+"""`%%pmap` function mode: ParallelFunction, our `jax.pmap` (pmap's in_axes/out_axes meaning, over
+multi-axis meshes too), built as jit(shard_map) and compiled once per configuration; with
+--collectives its first call records what each collective did.
+
+Plain Python, no IPython.
+"""
+from __future__ import annotations
+
+import functools
+import linecache
+from collections import OrderedDict
+
+from ...errors import UsageError, explaining
+from ...cell.fingerprints import fingerprint
+from ...cell.programs import CACHE_SIZE, traced
+from .program import ProgramFacts, block_on_cpu_collectives, compile_progress, has_collectives_on_cpu, program_facts
+
+
+def _per_arg(value, count: int, option: str):
+    if isinstance(value, (list, tuple)):
+        if len(value) != count:
+            raise UsageError(f"{option} has {len(value)} entries but the function takes {count} arguments.")
+        return tuple(value)
+    return (value,) * count
+
+
+
+class ParallelFunction:
+    """`fn` mapped over the devices of `mesh` with `jax.pmap`'s meaning, multi-axis meshes included.
+
+    `in_axes`/`out_axes` name the position of the device axis (or axes, one per mesh axis) in each
+    argument/output; `None` broadcasts (replicates). The original stays at `.__wrapped__`.
+    """
+
+    def __init__(self, fn, mesh, in_axes=0, out_axes=0, static_broadcasted_argnums=(), donate_argnums=(),
+                 collectives: bool = False):
+        functools.update_wrapper(self, fn)
+        self.mesh = mesh
+        self.in_axes = in_axes
+        self.out_axes = out_axes
+        self.static_argnums = tuple(
+            (static_broadcasted_argnums,) if isinstance(static_broadcasted_argnums, int) else static_broadcasted_argnums
+        )
+        self.donate_argnums = tuple((donate_argnums,) if isinstance(donate_argnums, int) else donate_argnums)
+        self._jitted: OrderedDict = OrderedDict()  # (static args, in_axes) -> [jitted, needs CPU guard, reads]
+        self.facts: ProgramFacts | None = None
+        # --collectives: the first call runs a recording program and keeps its cards; later calls
+        # run the plain one, so only that first call pays for the extra outputs.
+        self._record_next = collectives
+        self._cards: dict | None = None
+        self._parameters: list[str] | None = None
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return tuple(self.mesh.axis_names)
+
+    def _build(self, statics: tuple, all_in_axes: tuple, recording=None):
+        import jax
+        import jax.numpy as jnp
+        from jax.sharding import PartitionSpec as P
+
+        k = len(self.axis_names)
+        total = len(all_in_axes)
+        dynamic = [i for i in range(total) if i not in dict(statics)]
+        in_axes = [all_in_axes[i] for i in dynamic]
+        fn = self.__wrapped__
+        static_values = dict(statics)
+
+        def spec(axis):
+            return P() if axis is None else P(*([None] * axis + list(self.axis_names)))
+
+        def per_device(*blocks):
+            values = [
+                b if axis is None else jax.tree.map(
+                    lambda a, ax=axis: a.reshape(a.shape[:ax] + a.shape[ax + k:]), b)
+                for b, axis in zip(blocks, in_axes)
+            ]
+            full, it = [], iter(values)
+            for i in range(total):
+                full.append(static_values[i] if i in static_values else next(it))
+            if recording is not None:
+                out, records = recording(*full)
+                return expand_out(out), jax.tree.map(lambda a: expand(a, 0), records)
+            return expand_out(fn(*full))
+
+        def expand(a, ax):
+            a = jnp.asarray(a)
+            return a if ax is None else a.reshape(a.shape[:ax] + (1,) * k + a.shape[ax:])
+
+        def expand_out(out):
+            out_axes = self.out_axes
+            if isinstance(out_axes, (tuple, list)) and isinstance(out, (tuple, list)):
+                return type(out)(jax.tree.map(lambda a, ax=ax: expand(a, ax), o) for o, ax in zip(out, out_axes))
+            return jax.tree.map(lambda a: expand(a, out_axes), out)
+
+        def out_spec_tree():
+            if isinstance(self.out_axes, (tuple, list)):
+                return tuple(spec(ax) for ax in self.out_axes)
+            return spec(self.out_axes)
+
+        donate = tuple(dynamic.index(i) for i in self.donate_argnums if i in dynamic)
+        out_specs = out_spec_tree() if recording is None else (out_spec_tree(), P(*self.axis_names))
+        mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=tuple(spec(a) for a in in_axes),
+                               out_specs=out_specs, check_vma=False)
+
+        def checked(*values):  # runs when jit traces: the leaves' shapes cost nothing per call
+            self._check_shapes(dynamic, in_axes, values)
+            return mapped(*values)
+
+        return jax.jit(checked, donate_argnums=donate)
+
+    def _arg_names(self, count: int) -> list[str]:
+        names = self._parameters
+        if names is None:  # read once: inspect.signature costs ~60 µs, and this runs on every call
+            import inspect
+
+            try:
+                names = list(inspect.signature(self.__wrapped__).parameters)
+            except (TypeError, ValueError):
+                names = []
+            self._parameters = names
+        return [names[i] if i < len(names) else f"argument {i}" for i in range(count)]
+
+    def _effective_in_axes(self, args) -> tuple:
+        """pmap's in_axes per argument, with plain Python numbers broadcast (pmap would reject them).
+
+        Per call this looks at the arguments themselves only, never at their leaves: the leaves'
+        shapes are checked once per compiled program, when jit traces it (`_check_shapes`)."""
+        axes = _per_arg(self.in_axes, len(args), "--in-axes")
+        effective = []
+        for i, (arg, axis) in enumerate(zip(args, axes)):
+            if i in self.static_argnums or (axis is not None and isinstance(arg, (bool, int, float, complex))):
+                axis = None  # static, or a learning rate, a step count: every device gets the same value
+            effective.append(axis)
+        return tuple(effective)
+
+    def _check_shapes(self, dynamic_positions, in_axes, values) -> None:
+        """Each mapped leaf has one entry per device along its axis (run while jit traces)."""
+        import jax
+
+        names = self._arg_names(max(dynamic_positions, default=-1) + 1)
+        sizes = tuple(self.mesh.devices.shape)
+        k = len(sizes)
+        for i, axis, value in zip(dynamic_positions, in_axes, values):
+            if axis is None:
+                continue
+            for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+                shape = tuple(getattr(leaf, "shape", ()))
+                if shape[axis:axis + k] != sizes:
+                    want = "x".join(map(str, sizes))
+                    label = names[i] + jax.tree_util.keystr(path)
+                    raise UsageError(
+                        f"{self.__name__}: argument {label!r} has shape {shape}, but axis {axis} must have "
+                        f"{want} entries (one per device of the mesh {dict(zip(self.axis_names, sizes))}). "
+                        f"Reshape it, or broadcast it with in_axes=None (`--in-axes` with None at position {i})."
+                    )
+
+    def _jitted_for(self, args):
+        statics = tuple((i, args[i]) for i in self.static_argnums if i < len(args))
+        dynamic = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
+        in_axes = self._effective_in_axes(args)
+        key = (statics, in_axes)
+        # jit reads the function's globals once, at trace time: a changed global (a helper's
+        # `scale`) must give a new program, not the first one's baked-in value.
+        reads = fingerprint(self.__wrapped__)
+        slot = self._jitted.get(key)
+        if slot is None or slot[2] != reads:
+            slot = self._jitted[key] = [self._build(statics, in_axes), None, reads]
+            while len(self._jitted) > CACHE_SIZE:
+                self._jitted.popitem(last=False)
+        return slot, dynamic
+
+    def __call__(self, *args):
+        if traced(args):
+            # Called from code that is already being traced per device (another cell function, or
+            # jax.grad(loss) inside train_step): run as the plain per-device function, which is what
+            # the seed's code means. jax.pmap nested in jax.pmap fails on JAX 0.10; use --mesh.
+            return self.__wrapped__(*args)
+        if self._record_next:
+            return self._recorded_call(args)
+        slot, dynamic = self._jitted_for(args)
+        jitted = slot[0]
+        if slot[1] is None:  # the first call of this configuration compiles: say so if it takes a while
+            import jax
+
+            with compile_progress():
+                out = self._explained(jitted, dynamic)
+                jax.block_until_ready(out)
+        else:
+            out = self._explained(jitted, dynamic)
+        if slot[1] is None:  # once per configuration: does this program need the CPU guard?
+            slot[1] = has_collectives_on_cpu(self.mesh, jitted, dynamic)
+        block_on_cpu_collectives(out, slot[1])
+        return out
+
+    def _explained(self, jitted, dynamic):
+        with explaining(self.__wrapped__.__code__.co_filename, self.axis_names):
+            return jitted(*dynamic)
+
+    def _recorded_call(self, args):
+        """The first call after `%%pmap --collectives`: run a recording program once, show its cards."""
+        import jax
+        from IPython.display import display
+
+        from ..record.cards import collectives_state
+        from ..record.recorder import record_collectives
+        from ...views.summaries import to_host
+        from ...views.collectives import CollectivesView
+
+        statics = tuple((i, args[i]) for i in self.static_argnums if i < len(args))
+        dynamic = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
+        names = self._arg_names(len(args))
+
+        def argument(path):  # `params['w1']`: the argument's name and the leaf's path
+            return names[path[0].idx] + jax.tree_util.keystr(tuple(path[1:])) if path else None
+
+        recording = record_collectives(self.__wrapped__, self.axis_names, label_input=argument,
+                                       label_output=lambda path: "returned" + jax.tree_util.keystr(tuple(path)))
+        jitted = self._build(statics, self._effective_in_axes(args), recording)
+        out, records = self._explained(jitted, dynamic)
+        jax.block_until_ready(out)
+        filename = self.__wrapped__.__code__.co_filename
+        facts = program_facts(jitted, dynamic, [d.id for d in self.mesh.devices.flat], filename)
+        self._cards = collectives_state(
+            f"collectives of {self.__name__}()", recording.sites, jax.tree.map(to_host, records), self.mesh,
+            filename=filename, line_text=lambda n: linecache.getline(filename, n).strip(), compiled=facts.collectives)
+        self._record_next = False
+        display(CollectivesView(state=self._cards))
+        return out
+
+    def collectives(self):
+        """The collective cards recorded by the first call after `%%pmap --collectives`, shown again."""
+        from ...views.collectives import CollectivesView
+
+        if self._cards is None:
+            raise UsageError(
+                f"{self.__name__}.collectives(): nothing was recorded. Define {self.__name__} in a `%%pmap --collectives` "
+                f"cell, then call it once: that call records what each collective did."
+            )
+        return CollectivesView(state=self._cards)
+
+    def program_facts(self, *args) -> ProgramFacts:
+        """Collectives, compile time and costs of the program a call with `args` runs."""
+        slot, dynamic = self._jitted_for(args)
+        ids = [d.id for d in self.mesh.devices.flat]
+        return program_facts(slot[0], dynamic, ids, self.__wrapped__.__code__.co_filename)
+
+
+
+def pmap(fn=None, *, mesh=None, axis_name: str = "i", devices=None, **options):
+    """Plain-Python twin of `%%pmap` in function mode: `pmap(f, axis_name='batch')`."""
+    from ...cell.meshes import single_axis
+
+    if fn is None:
+        return functools.partial(pmap, mesh=mesh, axis_name=axis_name, devices=devices, **options)
+    return ParallelFunction(fn, mesh if mesh is not None else single_axis(axis_name, devices), **options)

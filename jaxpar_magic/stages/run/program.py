@@ -1,0 +1,144 @@
+"""The run stage's core: call a cell's compiled program (compiling it on the first call, with a
+status line), time it, and read what the compiled program does (its collectives and costs).
+
+Plain Python over JAX; no IPython.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+
+from ...cell import analysis as cells
+from ...errors import UsageError, explain_trace_error
+from ...cell.hlo import Collective, collectives
+from ...cell.programs import BoundedCache, CellProgram, shape_signature
+from ...views.progress import Progress
+
+
+@dataclass
+class ProgramFacts:
+    collectives: list[Collective]
+    compile_ms: float | None = None
+    flops: float | None = None
+    bytes_accessed: float | None = None
+
+
+_compile_seconds = [0.0]  # running total of JAX's trace+lower+compile time in this process
+_backend_compiles = [0]  # XLA compiles finished in this process
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   _BACKEND_COMPILE)
+
+
+@functools.lru_cache(maxsize=1)
+def _listen_to_compiles() -> None:
+    import jax.monitoring
+
+    def record(event: str, seconds: float, **kwargs) -> None:
+        if event in _COMPILE_EVENTS:
+            _compile_seconds[0] += seconds
+            _backend_compiles[0] += event == _BACKEND_COMPILE
+
+    jax.monitoring.register_event_duration_secs_listener(record)
+
+
+def compile_clock() -> float:
+    """Seconds JAX has spent tracing, lowering and compiling so far (public jax.monitoring events)."""
+    _listen_to_compiles()
+    return _compile_seconds[0]
+
+
+def compile_progress() -> Progress:
+    """The status line of a first run: "compiling… 3 s", then "running… 5 s" once XLA is done."""
+    _listen_to_compiles()
+    before = _backend_compiles[0]
+    return Progress(lambda: "compiling" if _backend_compiles[0] == before else "running")
+
+
+def program_facts(jitted, args, device_ids, filename=None, compile_ms=None) -> ProgramFacts:
+    """Collectives and costs of the program `jitted(*args)` runs (jit's cache makes this cheap)."""
+    compiled = jitted.lower(*args).compile()
+    try:
+        cost = compiled.cost_analysis() or {}
+        cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    except Exception:  # not every backend implements cost analysis
+        cost = {}
+    return ProgramFacts(
+        collectives(compiled.as_text(), device_ids, filename),
+        compile_ms,
+        cost.get("flops"),
+        cost.get("bytes accessed"),
+    )
+
+
+def block_on_cpu_collectives(values, needed: bool) -> None:
+    """Wait for a result when the program has collectives on the CPU backend.
+
+    On a 2-core machine, XLA's CPU collectives deadlock once 50-70 such programs are queued back to
+    back ("Expected 8 threads to join the rendezvous ...") and the process aborts a minute later.
+    Waiting for each result keeps one program in flight at a time; it costs the overlap of Python
+    dispatch with device work (a few microseconds a call, measured in bench/).
+    """
+    import jax
+
+    if needed:
+        jax.block_until_ready(values)
+
+
+def has_collectives_on_cpu(mesh, jitted, args) -> bool:
+    if mesh.devices.flat[0].platform != "cpu":
+        return False
+    return bool(collectives(jitted.lower(*args).compile().as_text()))
+
+
+def run_program(cache: BoundedCache, key, program: CellProgram, args, cell: cells.Cell, axis_names, signature=None):
+    """Call a compiled cell, explaining foreseeable errors; returns (results, run_ms, shape signature).
+
+    A first run for these input shapes shows a status line while it compiles and records the
+    compile time. Whatever stops the run (an error, Kernel -> Interrupt) removes the program from
+    the cache: no half-built entry. Later runs take the shortest path: the bench's re-runs.
+    """
+    import jax
+
+    if signature is None:
+        signature = shape_signature(args)
+    first = signature not in program.compile_ms
+    compiled_before = compile_clock() if first else 0.0
+    start = time.perf_counter()
+    try:
+        if first:
+            with compile_progress():
+                results = program.jitted(*args)
+                jax.block_until_ready(results)
+        else:
+            results = program.jitted(*args)
+            jax.block_until_ready(results)  # the views read them; also avoids the 2-core CPU hang
+    except UsageError:
+        cache.pop(key, None)
+        raise
+    except Exception as exc:
+        cache.pop(key, None)
+        explained = explain_trace_error(exc, cell.filename, tuple(axis_names))
+        if explained is not None:
+            raise explained from None
+        raise
+    except BaseException:  # KeyboardInterrupt: the next run starts from a clean cache
+        cache.pop(key, None)
+        raise
+    elapsed = (time.perf_counter() - start) * 1e3
+    if not first:
+        return results, elapsed, signature
+    compile_ms = (compile_clock() - compiled_before) * 1e3
+    program.compile_ms[signature] = compile_ms
+    return results, max(0.0, elapsed - compile_ms), signature
+
+
+def facts_for(program: CellProgram, signature, args, mesh, cell: cells.Cell):
+    """The compiled program's collectives and costs, read once per input shapes."""
+    facts = program.facts.get(signature)
+    if facts is None:
+        ids = [d.id for d in mesh.devices.flat]
+        facts = program.facts[signature] = program_facts(
+            program.jitted, args, ids, cell.filename, program.compile_ms.get(signature))
+    return facts

@@ -1,0 +1,131 @@
+"""The run stage of `%%shard` and its plain-Python twin `shard_cell`: find or compile the prepared
+cell's program (shard.prepare), run the cell's unchanged code on its sharded inputs, and hand back
+a ShardResult to bind (placed inputs, outputs, and the new state of the NNX objects it changed).
+
+Plain Python, no IPython. The namespace is read, never written, until the result is bound.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...cell import analysis as cells
+from ...cell.inputs import absent_builtins
+from ...cell.programs import BoundedCache, Rerun, analyse_cached, apply_write_backs, split_write_backs
+from .program import ProgramFacts, facts_for, run_program
+from ...engines.shard import check_cell, is_mesh, prepare, resolve_mesh
+from ...cell.treespecs import normalize
+
+
+_cache = BoundedCache()
+
+
+
+_reruns = BoundedCache()  # (source, mesh, specs) -> Rerun of the last successful run
+
+
+
+@dataclass
+class ShardResult:
+    outputs: dict
+    device_outputs: tuple[str, ...]
+    placed: dict  # inputs named in --in, as placed on the mesh
+    final: object
+    final_is_array: bool
+    has_final: bool
+    mesh: object
+    facts: ProgramFacts | None
+    run_ms: float
+    cell: cells.Cell
+    write_backs: dict = field(default_factory=dict)  # NNX input name -> its new state (written on bind)
+
+    @property
+    def bindings(self) -> dict:
+        """What a successful cell binds: the placed inputs (like the seed's `v1sp = device_put(...)`,
+        so a re-run moves no data) and the outputs, in one dict to bind in one step."""
+        return {**self.placed, **self.outputs}
+
+    def commit(self, namespace: dict) -> None:
+        """Write the new state of the NNX objects the cell changed (or laid out) into them."""
+        apply_write_backs(namespace, self.write_backs)
+
+    def bind(self, namespace: dict) -> None:
+        namespace.update(self.bindings)  # one step: an interrupt leaves all or nothing
+        self.commit(namespace)
+
+
+
+def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict,
+              want_facts: bool = False) -> ShardResult:
+    """Run a cell's unchanged code on sharded inputs; the namespace is read, never written."""
+    rerun_key = (cell.source, mesh, tuple(sorted(in_specs.items())), tuple(sorted(out_specs.items())))
+    rerun = _reruns.get(rerun_key)
+    args = rerun.args(namespace) if rerun is not None else None
+    if args is None:
+        rerun, args = _full_path(cell, namespace, mesh, in_specs, out_specs)
+    program = rerun.program
+    (device, final), run_ms, signature = run_program(
+        _cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
+    rerun.remember(_reruns, rerun_key, signature, {tree.name: [leaf.sharding for leaf in arrays]
+                                                   for tree, arrays in zip(rerun.inputs, args) if tree.name in in_specs})
+    facts = facts_for(program, signature, args, mesh, cell) if want_facts else None
+    computed, write_backs = split_write_backs(program.outputs_of(device))
+    placed = {}
+    for tree, arrays in zip(rerun.inputs, args):
+        if tree.name not in in_specs:
+            continue
+        if tree.graphdef is None:
+            placed[tree.name] = tree.rebuild(arrays)
+        else:  # an NNX object stays the user's own; if the cell did not change it, it gets its placed state
+            placed[tree.name] = namespace[tree.name]
+            write_backs.setdefault(tree.name, tree.tree_of(arrays))
+    outputs = dict(program.static_outputs)
+    outputs.update(computed)
+    final, final_is_array = program.final_of(final)
+    return ShardResult(
+        outputs=outputs,
+        device_outputs=tuple(n for n in program.device_outputs if n in computed),
+        placed=placed,
+        final=final,
+        final_is_array=final_is_array,
+        has_final=cell.has_final_expression,
+        mesh=mesh,
+        facts=facts,
+        run_ms=run_ms,
+        cell=cell,
+        write_backs=write_backs,
+    )
+
+
+
+def _full_path(cell, namespace, mesh, in_specs, out_specs):
+    """The full path: prepare (places the inputs), find or compile the program."""
+    prepared = prepare(cell, namespace, mesh, in_specs, out_specs)
+    fingerprints = prepared.fingerprints(namespace)
+    key = (cell.source, tuple(t.key for t in prepared.inputs), mesh, tuple(sorted(in_specs.items())),
+           tuple(sorted(prepared.out_specs.items())), fingerprints)
+    program = _cache.lookup(key, prepared.program, family=key[:-1])
+    rerun = Rerun(prepared.inputs, (None,) * len(prepared.inputs), fingerprints, absent_builtins(cell, namespace),
+                  program, key)
+    return rerun, prepared.arguments
+
+
+
+def shard_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None,
+               want_facts: bool = False, bind: bool = True) -> ShardResult:
+    """Plain-Python twin of `%%shard`: specs as dicts of tuples or PartitionSpecs, e.g.
+    in_specs={'v1s': ('data',)}; a pytree input takes one spec for every leaf, or a pytree of specs.
+
+    With `bind`, the placed inputs and the outputs go into `namespace` only after the cell succeeded
+    (placed inputs are rebound like the seed's `v1sp = jax.device_put(v1s, sharding)`, so a re-run
+    moves no data), and Flax NNX objects the cell changed get their new state.
+    """
+    in_specs = {n: normalize(s) for n, s in (in_specs or {}).items()}
+    out_specs = {n: normalize(s) for n, s in (out_specs or {}).items()}
+    cell = analyse_cached(source, "shard-cell")
+    check_cell(cell)
+    if not is_mesh(mesh):
+        mesh = resolve_mesh(mesh, namespace, [in_specs, out_specs])
+    result = run_shard(cell, namespace, mesh, in_specs, out_specs, want_facts)
+    if bind:
+        result.bind(namespace)
+    return result

@@ -1,0 +1,119 @@
+"""The run stage of `%%shard_map` and its plain-Python twin `shard_map_cell`: find or build the
+prepared cell's jit(shard_map) (shardmap.prepare), run it on the blocks, and hand back a
+ShardMapResult; with --collectives the same program also records what each collective did.
+
+Plain Python, no IPython. The namespace is read, never written, until the result is bound.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...cell import analysis as cells
+from ..record.cell_recording import collectives_view_state, recording
+from ...errors import explaining
+from ...cell.inputs import absent_builtins
+from ...cell.programs import BoundedCache, Rerun, analyse_cached
+from .program import ProgramFacts, facts_for, run_program
+from ...engines.shard import is_mesh, resolve_mesh
+from ...engines.shard_map import check_cell, prepare
+from ...cell.treespecs import normalize
+
+
+_cache = BoundedCache()
+
+
+
+_reruns = BoundedCache()  # (source, mesh, specs, check_vma) -> Rerun of the last successful run
+
+
+
+@dataclass
+class ShardMapResult:
+    outputs: dict  # name -> global jax.Array assembled by its out spec (or a plain Python value)
+    device_outputs: tuple[str, ...]
+    out_specs: dict  # name -> the spec each device output was assembled with (given or proven P())
+    in_specs: dict
+    final: object
+    final_is_array: bool
+    has_final: bool
+    mesh: object
+    facts: ProgramFacts | None
+    run_ms: float
+    cell: cells.Cell
+    collectives: dict | None = None  # the collective cards' view state (--collectives)
+
+    @property
+    def bindings(self) -> dict:
+        """What a successful cell binds: its outputs (inputs stay as they were, as with jax.shard_map)."""
+        return dict(self.outputs)
+
+
+
+def _full_path(cell, namespace, mesh, in_specs, out_specs, check_vma, collectives=False):
+    """The full path: prepare, find or build the program, remember what was checked."""
+    prepared = prepare(cell, namespace, mesh, in_specs, out_specs, check_vma=check_vma)
+    fingerprints = prepared.fingerprints(namespace)
+    shapes = tuple(tree.signature for tree in prepared.inputs)
+    key = (cell.source, tuple(t.key for t in prepared.inputs), mesh, prepared.leaf_specs,
+           tuple(sorted(out_specs.items())), check_vma, collectives, shapes, fingerprints)
+    program = _cache.lookup(key, lambda: prepared.program(recording if collectives else None), family=key[:-2])
+    rerun = Rerun(prepared.inputs, (None,) * len(prepared.inputs), fingerprints, absent_builtins(cell, namespace),
+                  program, key)
+    return rerun, prepared.arguments
+
+
+
+def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True,
+                  want_facts: bool = False, collectives: bool = False) -> ShardMapResult:
+    """Run the cell as the body of jit(shard_map); the namespace is read, never written."""
+    rerun_key = (cell.source, mesh, tuple(sorted(in_specs.items())), tuple(sorted(out_specs.items())), check_vma,
+                 collectives)
+    rerun = _reruns.get(rerun_key)
+    args = rerun.args(namespace) if rerun is not None else None
+    if args is None:
+        with explaining(cell.filename, mesh.axis_names):  # discovering the outputs traces the cell
+            rerun, args = _full_path(cell, namespace, mesh, in_specs, out_specs, check_vma, collectives)
+    program = rerun.program
+    chosen = program.assembled
+    results, run_ms, signature = run_program(
+        _cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
+    rerun.remember(_reruns, rerun_key, signature)
+    device, final = results[0], results[1]
+    facts = facts_for(program, signature, args, mesh, cell) if want_facts or collectives else None
+    cards = (collectives_view_state(program, results[2], "collectives of the %%shard_map cell", mesh, cell, facts)
+             if collectives else None)
+    outputs = dict(program.static_outputs)
+    outputs.update(program.outputs_of(device))
+    final, final_is_array = program.final_of(final)
+    return ShardMapResult(
+        outputs=outputs,
+        device_outputs=tuple(program.device_outputs),
+        out_specs=chosen,
+        in_specs=dict(in_specs),
+        final=final,
+        final_is_array=final_is_array,
+        has_final=cell.has_final_expression,
+        mesh=mesh,
+        facts=facts if want_facts else None,
+        run_ms=run_ms,
+        cell=cell,
+        collectives=cards,
+    )
+
+
+
+def shard_map_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None, check_vma: bool = True,
+                   want_facts: bool = False, bind: bool = True, collectives: bool = False) -> ShardMapResult:
+    """Plain-Python twin of `%%shard_map`: specs as dicts of tuples, e.g.
+    `shard_map_cell("c = lax.psum(a @ b, 'y')", ns, mesh=mesh, in_specs={'a': ('x', 'y'), 'b': ('y', None)},
+    out_specs={'c': ('x', None)})`. With `bind`, the outputs go into `namespace` once the cell succeeded."""
+    in_specs = {n: normalize(s) for n, s in (in_specs or {}).items()}
+    out_specs = {n: normalize(s) for n, s in (out_specs or {}).items()}
+    cell = analyse_cached(source, "shard_map-cell")
+    check_cell(cell, in_specs, out_specs)
+    if not is_mesh(mesh):
+        mesh = resolve_mesh(mesh, namespace, [in_specs, out_specs])
+    result = run_shard_map(cell, namespace, mesh, in_specs, out_specs, check_vma, want_facts, collectives)
+    if bind:
+        namespace.update(result.bindings)  # one step: an interrupt leaves all or nothing
+    return result

@@ -1,0 +1,421 @@
+"""Small summaries of results and programs: the states our views are built from.
+
+Nothing here ships array data: a view gets shapes, dtypes and at most a few values per device,
+for at most MAX_TILES devices, whatever the array's size.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import functools
+
+from ..cell.hlo import Collective
+
+MAX_TILES = 16  # per-device tiles shipped per output
+VALUES_PER_TILE = 4  # values shown per tile
+MAX_GROUPS = 64
+MAX_PAIRS = 256
+
+
+def format_values(values, shape, dtype) -> str:
+    """`3.5` for a scalar; `[1. 2. 3. …]` for the first values of a larger block (NumPy's
+    `array2string` at precision 4, whose text the views show)."""
+    import numpy as np
+
+    vals = np.asarray(values)
+    size = int(np.prod(shape)) if shape else 1
+    flat = vals.reshape(-1)
+    body = _whole_numbers(flat)  # the common case, without array2string's cost (~30 µs a call)
+    if body is None:
+        if not shape:
+            return np.array2string(vals.reshape(()), precision=4, suppress_small=True)
+        body = np.array2string(flat, precision=4, suppress_small=True, separator=" ",
+                               max_line_width=10_000)[1:-1].strip()
+    if not shape:
+        return body
+    return f"[{body}{' …' if size > vals.size else ''}]"
+
+
+def _whole_numbers(flat) -> str | None:
+    """array2string's text for integers, and floats that all hold whole numbers below 1e6 (each
+    right-aligned to the widest, floats ending in '.'), else None."""
+    import numpy as np
+
+    if flat.dtype.kind not in "iuf" or flat.size == 0 or (flat.dtype.kind == "f" and flat.dtype.itemsize < 4):
+        return None  # float16 prints 1000 as 1.e+03: left to array2string
+    if flat.dtype.kind == "f":
+        wide = flat.astype(np.float64)  # 1e6 does not fit a float16
+        if not (np.all(np.isfinite(wide)) and np.all(np.abs(wide) < 1e6) and np.all(wide == np.round(wide))):
+            return None
+        if np.any(np.signbit(wide) & (wide == 0)):  # -0. has a sign array2string keeps
+            return None
+        words = [f"{int(v)}." for v in wide.tolist()]
+    else:
+        words = [str(v) for v in flat.tolist()]
+    width = max(len(w) for w in words)
+    return " ".join(w.rjust(width) for w in words).strip()
+
+
+def per_device_summary(name: str, stacked, k: int, device_ids: list[int], coords: list[tuple]) -> dict:
+    """One output's tiles: each device's value, or one line when every device holds the same."""
+    import numpy as np
+
+    total = len(device_ids)
+    per_shape = tuple(stacked.shape[k:])
+    head, same = _summariser()(stacked, total)
+    same = bool(to_host(same))
+    shown = 1 if same else min(total, MAX_TILES)
+    head = to_host(head)[:shown]  # the only values that ever leave the devices
+    tiles = []
+    for row in range(shown):
+        ids = device_ids if same else [device_ids[row]]
+        tiles.append({
+            "devices": ids[:MAX_TILES],
+            "coords": list(coords[row]),
+            "text": format_values(head[row], per_shape, stacked.dtype),
+        })
+    return {
+        "name": name,
+        "shape": list(per_shape),
+        "dtype": str(stacked.dtype),
+        "same_on_all": same,
+        "tiles": tiles,
+        "omitted": 0 if same else total - shown,
+        "same_text": f"same on all {total} devices" if same else None,
+    }
+
+
+def to_host(value):
+    """A small device value as NumPy. In a cluster a global array is not all on this process's
+    devices: every process then gathers it (the processes run this same code together)."""
+    import numpy as np
+
+    if getattr(value, "is_fully_addressable", True):
+        return np.asarray(value)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+
+
+@functools.lru_cache(maxsize=1)
+def _summariser():
+    import jax
+    import jax.numpy as jnp
+
+    # One compiled program per output shape, instead of a handful of eager ops (each its own
+    # compile on first use, and a dispatch every re-run).
+    @functools.partial(jax.jit, static_argnums=1)
+    def head_and_same(stacked, total):
+        flat = jnp.reshape(stacked, (total, -1))
+        return flat[:MAX_TILES, :VALUES_PER_TILE], jnp.all(flat == flat[:1])
+
+    return head_and_same
+
+
+def _groups_text(groups: list[list[int]], total: int) -> str:
+    if not groups:
+        return f"all {total} devices together"
+    sizes = {len(g) for g in groups}
+    size = f"{sizes.pop()}" if len(sizes) == 1 else "mixed sizes"
+    return f"{len(groups)} group{'s' if len(groups) != 1 else ''} of {size}"
+
+
+def collective_state(c: Collective, total: int, source_line: str | None) -> dict:
+    return {
+        "op": c.op,
+        "shape": c.shape,
+        "bytes": c.bytes,
+        "groups": c.groups[:MAX_GROUPS],
+        "groups_text": (f"{len(c.pairs)} send{'s' if len(c.pairs) != 1 else ''} between pairs of devices"
+                        if c.pairs and not c.groups else _groups_text(c.groups, total)),
+        "pairs": [list(p) for p in c.pairs[:MAX_PAIRS]],
+        "pairs_omitted": max(0, len(c.pairs) - MAX_PAIRS),
+        "source_line": source_line,
+    }
+
+
+def mesh_coords(mesh) -> tuple[list[int], list[tuple]]:
+    import numpy as np
+
+    ids = [d.id for d in mesh.devices.flat]
+    coords = [tuple(int(c) for c in idx) for idx in np.ndindex(mesh.devices.shape)]
+    return ids, coords
+
+
+def program_state(facts, total: int, line_text) -> list:
+    """The compiled program's collectives, each with the user's line that issued it."""
+    if facts is None:
+        return []
+    return [collective_state(c, total, line_text(c.line) if c.line else None) for c in facts.collectives]
+
+
+def block_summary(name: str, value, mesh) -> dict:
+    """One `%%shard_map` output: each device's block of a global array (its first values) and the
+    slice of the global array that block is. One compiled program per (mesh, spec) gathers the few
+    values shown; nothing else leaves the devices."""
+    import numpy as np
+
+    ids, coords = mesh_coords(mesh)
+    total = len(ids)
+    sharding = value.sharding
+    block_shape = tuple(sharding.shard_shape(value.shape))
+    size = int(np.prod(block_shape, dtype=np.int64))
+    heads = np.asarray(_block_heads(mesh, sharding.spec)(value).addressable_data(0)).reshape(total, -1)
+    same = bool(sharding.is_fully_replicated)
+    where = sharding.devices_indices_map(tuple(value.shape))
+    by_id = {d.id: d for d in mesh.devices.flat}
+    shown = 1 if same else min(total, MAX_TILES)
+    tiles = []
+    for row in range(shown):
+        index = where[by_id[ids[row]]]
+        tiles.append({
+            "devices": ids[:MAX_TILES] if same else [ids[row]],
+            "coords": list(coords[row]),
+            "text": format_values(heads[row][:min(size, VALUES_PER_TILE)], block_shape, value.dtype),
+            "slice": "[" + ", ".join(f"{s.start or 0}:{n if s.stop is None else s.stop}"
+                                     for s, n in zip(index, value.shape)) + "]",
+        })
+    return {
+        "name": name,
+        "shape": list(block_shape),
+        "dtype": str(value.dtype),
+        "global_shape": list(value.shape),
+        "same_on_all": same,
+        "tiles": tiles,
+        "omitted": 0 if same else total - shown,
+        "same_text": f"same on all {total} devices" if same else None,
+    }
+
+
+@functools.lru_cache(maxsize=64)
+def _block_heads(mesh, spec):
+    """jit(shard_map): every device's first values, gathered onto every device (so each process of
+    a cluster reads them from its own devices)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    axes = tuple(mesh.axis_names)
+
+    def head(block):
+        flat = block.reshape(-1)[:VALUES_PER_TILE]
+        flat = jnp.pad(flat, (0, VALUES_PER_TILE - flat.shape[0]))
+        return lax.all_gather(flat, axes)  # (devices in mesh order, VALUES_PER_TILE) everywhere
+
+    return jax.jit(jax.shard_map(head, mesh=mesh, in_specs=spec, out_specs=P(), check_vma=False))
+
+
+def result_state(title: str, mesh, outputs: dict, facts=None, line_text=lambda n: None,
+                 report: dict | None = None, blocks: bool = False) -> dict:
+    """The per-device result view's state for named outputs (pytrees are flattened): per-device
+    values stacked on leading mesh axes (`%%pmap`), or with `blocks` the blocks of global arrays
+    (`%%shard_map`)."""
+    import jax
+
+    ids, coords = mesh_coords(mesh)
+    k = len(mesh.axis_names)
+    items = []
+    for name, value in outputs.items():
+        leaves = jax.tree_util.tree_leaves_with_path(value)
+        for path, leaf in leaves:
+            label = name + jax.tree_util.keystr(path)
+            items.append(block_summary(label, leaf, mesh) if blocks else per_device_summary(label, leaf, k, ids, coords))
+    colls = program_state(facts, len(ids), line_text)
+    return {
+        "title": title,
+        "axes": [{"name": n, "size": int(s)} for n, s in zip(mesh.axis_names, mesh.devices.shape)],
+        "device_ids": ids,
+        "outputs": items,
+        "collectives": colls,
+        "report": report,
+    }
+
+
+def program_report_state(title: str, mesh, facts, run_ms: float, line_text) -> dict:
+    """A result-view state with no per-device outputs: what the compiled program communicates."""
+    ids, _ = mesh_coords(mesh)
+    colls = program_state(facts, len(ids), line_text)
+    return {
+        "title": title,
+        "axes": [{"name": n, "size": int(s)} for n, s in zip(mesh.axis_names, mesh.devices.shape)],
+        "device_ids": ids,
+        "outputs": [],
+        "collectives": colls,
+        "report": report_figures(facts, run_ms),
+    }
+
+
+def report_figures(facts, run_ms: float) -> dict:
+    """--report's figures: first compile, this run, and XLA's cost analysis."""
+    return {"compile_ms": facts.compile_ms, "run_ms": run_ms, "flops": facts.flops,
+            "bytes_accessed": facts.bytes_accessed}
+
+
+# --- meshes and shardings ----------------------------------------------------------------------
+
+#: Blocks listed per sharding state; past this, `blocks` stops (row-major) and the rest are not sent.
+MAX_SHARDING_TILES = 4096
+
+
+def mesh_state(mesh, name: str = "mesh") -> dict:
+    """The mesh view's state: axes, device ids in row-major mesh order (positions when abstract)."""
+    import jax
+
+    abstract = isinstance(mesh, jax.sharding.AbstractMesh)
+    sizes = tuple(int(s) for s in mesh.shape.values())
+    total = 1
+    for s in sizes:
+        total *= s
+    ids = list(range(total)) if abstract else [int(d.id) for d in mesh.devices.flat]
+    kinds = [] if abstract else sorted({str(d.device_kind) for d in mesh.devices.flat})
+    types = getattr(mesh, "axis_types", None) or ()
+    return {
+        "name": name,
+        "axes": [{"name": str(n), "size": s} for n, s in zip(mesh.axis_names, sizes)],
+        "device_ids": ids,
+        "axis_types": [getattr(t, "name", str(t)) for t in types],
+        "abstract": abstract,
+        "kinds": kinds,
+    }
+
+
+def _spec_entry(entry):
+    if entry is None or isinstance(entry, str):
+        return entry
+    return [str(e) for e in entry]
+
+
+def dtype_of(value):
+    """`value`'s dtype with a `name` and an `itemsize`: NumPy's, or JAX's own for extended dtypes
+    (PRNG key arrays, `key<fry>`, which NumPy cannot interpret)."""
+    import jax
+    import numpy as np
+
+    if jax.dtypes.issubdtype(value.dtype, jax.dtypes.extended):
+        return value.dtype
+    return np.dtype(value.dtype)
+
+
+def sharding_state(name: str, value) -> dict:
+    """The sharding view's state for a jax.Array, a ShapeDtypeStruct with a sharding, or host data.
+
+    Built from shape, dtype and sharding only: its size depends on the number of shards. Where
+    the blocks are is written once per dimension, who holds them once per block:
+
+    - ``grid[d]``: how many blocks dimension ``d`` is cut into.
+    - ``bounds[d]``: the ``grid[d] + 1`` cut points along dimension ``d``, non-decreasing, from 0
+      to ``shape[d]`` (``[0, 500, 1000, ..., 4000]``); block ``b`` spans ``[bounds[d][b],
+      bounds[d][b + 1])``, so its index slices and shard shape follow.
+    - ``blocks[k]``: who holds the ``k``-th block in row-major order over ``grid``: a device id
+      when one device holds it, else the list of ids (several: replicas; none: host data, or a
+      part of the array no device holds). At most MAX_SHARDING_TILES entries: a shorter list
+      than ``prod(grid)`` means the remaining blocks were not sent.
+
+    ``expand_sharding_tiles`` turns this back into one ``{block, index, shard_shape, devices}``
+    per block, and ``js/sharding.js`` decodes it the same way.
+    """
+    import jax
+    import numpy as np
+
+    from ..cell.layout import named_tiles, spec_axes, tiles_from_index_map
+
+    shape = tuple(int(n) for n in value.shape)
+    dtype = dtype_of(value)
+    sharding = getattr(value, "sharding", None)
+    mesh_axes, spec, replicated = [], [], []
+    abstract = isinstance(value, jax.ShapeDtypeStruct)  # a plan: a shape and a layout, no data
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        mesh = sharding.mesh
+        state = mesh_state(mesh)
+        names = tuple(a["name"] for a in state["axes"])
+        sizes = tuple(a["size"] for a in state["axes"])
+        tiles = named_tiles(shape, names, sizes, state["device_ids"], sharding.spec)
+        mesh_axes = state["axes"]
+        spec = [_spec_entry(e) for e in sharding.spec]
+        used = {a for axes in spec_axes(sharding.spec, len(shape)) for a in axes}
+        replicated = [n for n in names if n not in used]
+        total = len(state["device_ids"])
+    elif sharding is not None:
+        tiles = tiles_from_index_map(shape, sharding.devices_indices_map(shape))
+        total = len(sharding.device_set)
+    else:  # a NumPy array: in host memory, on no device
+        from ..cell.layout import Tile
+
+        tiles = [Tile((0,) * len(shape), tuple((0, n) for n in shape), ())]
+        total = 0
+    grid, bounds, blocks = compact_tiles(shape, tiles)
+    return {
+        "name": name,
+        "shape": list(shape),
+        "dtype": dtype.name,
+        "spec": spec,
+        "mesh_axes": mesh_axes,
+        "grid": grid,
+        "bounds": bounds,
+        "blocks": blocks[:MAX_SHARDING_TILES],
+        "replicated_over": replicated,
+        "total_devices": total,
+        "abstract": abstract,
+        "process_count": jax.process_count(),
+        "nbytes": int(np.prod(shape, dtype=object)) * dtype.itemsize,
+    }
+
+
+def compact_tiles(shape, tiles) -> tuple[list[int], list[list[int]], list[int | list[int]]]:
+    """(grid, bounds, blocks) of `tiles` (layout.Tile), as `sharding_state` documents them.
+
+    Every layout JAX can describe is a product grid: an HloSharding cuts each dimension at fixed
+    points, whatever the other dimensions do, and `named_tiles` / `tiles_from_index_map` number
+    blocks by their position along each dimension. A layout whose blocks disagree on a cut point
+    is not one, and cannot be drawn as a grid: ValueError. A block no tile covers (a layout that
+    leaves part of the array on no device) is kept, held by no device: ``[]``.
+    """
+    ndim = len(shape)
+    grid = [max((t.block[d] for t in tiles), default=0) + 1 for d in range(ndim)]
+    cuts: list[list[int | None]] = [[None] * (g + 1) for g in grid]
+    held: dict[tuple[int, ...], tuple[int, ...]] = {}
+    for t in tiles:
+        for d, (b, (start, stop)) in enumerate(zip(t.block, t.index)):
+            for at, value in ((b, start), (b + 1, stop)):
+                if cuts[d][at] not in (None, value):
+                    raise ValueError(
+                        f"blocks of a {tuple(shape)} array disagree on where dimension {d} is cut "
+                        f"(cut {at}: {cuts[d][at]} or {value}): not a grid of blocks"
+                    )
+                cuts[d][at] = value
+        held[tuple(t.block)] = tuple(t.devices)
+    if any(c is None for dim in cuts for c in dim):
+        raise ValueError(f"tiles of a {tuple(shape)} array leave a row of blocks out: not a grid of blocks")
+    bounds = [[int(c) for c in dim] for dim in cuts]
+    blocks = []
+    for block in itertools.product(*(range(g) for g in grid)):
+        devices = held.get(block, ())
+        blocks.append(int(devices[0]) if len(devices) == 1 else [int(d) for d in devices])
+    return grid, bounds, blocks
+
+
+def expand_sharding_tiles(state: dict) -> list[dict]:
+    """The blocks of a sharding state, one ``{block, index, shard_shape, devices}`` each.
+
+    The one decoder of ``bounds`` and ``blocks`` on the Python side (``js/sharding.js`` has its
+    twin): blocks in row-major order over ``grid``, the blocks a capped state did not send left out.
+    """
+    grid = [int(g) for g in state.get("grid") or []]
+    bounds = state.get("bounds") or []
+    blocks = state.get("blocks") or []
+    if len(bounds) != len(grid) or any(len(b) != g + 1 for b, g in zip(bounds, grid)):
+        raise ValueError(f"sharding state: bounds {bounds!r} do not match grid {grid!r}")
+    if len(blocks) > math.prod(grid):
+        raise ValueError(f"sharding state: {len(blocks)} blocks for a grid of {math.prod(grid)}")
+    tiles = []
+    for block, held in zip(itertools.product(*(range(g) for g in grid)), blocks):
+        index = [[int(bounds[d][b]), int(bounds[d][b + 1])] for d, b in enumerate(block)]
+        tiles.append({
+            "block": list(block),
+            "index": index,
+            "shard_shape": [stop - start for start, stop in index],
+            "devices": [int(held)] if isinstance(held, int) else [int(d) for d in held],
+        })
+    return tiles
