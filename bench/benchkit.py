@@ -237,17 +237,17 @@ def ipython_steps(sh, magic: str) -> list:
         (InteractiveShell, "run_cell_magic", "IPython InteractiveShell.run_cell_magic (everything)"),
         (DisplayHook, "semicolon_at_end_of_expression",
          "  IPython DisplayHook.semicolon_at_end_of_expression (only for @output_can_be_silenced magics)"),
-        (sh.magics_manager.magics["cell"], magic, f"  jaxpar_magic/magics.py:JaxparMagics.{magic}"),
-        (magics.JaxparMagics, "_run", "    jaxpar_magic/magics.py:JaxparMagics._run (parse, run here or on a cluster, show, bind)"),
-        (magics, "parse_line", "      jaxpar_magic/magics.py:parse_line (the line's options, cached per text)"),
-        (lines, "parse_args", "        jaxpar_magic/lines.py:parse_args (shell words + the magic's parser; on a cache miss)"),
-        (magics, "_transformed", "      jaxpar_magic/magics.py:_transformed (the cell's transform, cached per text)"),
+        (sh.magics_manager.magics["cell"], magic, f"  jaxpar_magic/face/magics.py:JaxparMagics.{magic}"),
+        (magics.JaxparMagics, "_run", "    jaxpar_magic/face/magics.py:JaxparMagics._run (parse, run here or on a cluster, show, bind)"),
+        (magics, "parse_line", "      jaxpar_magic/face/magics.py:parse_line (the line's options, cached per text)"),
+        (lines, "parse_args", "        jaxpar_magic/face/lines.py:parse_args (shell words + the magic's parser; on a cache miss)"),
+        (magics, "_transformed", "      jaxpar_magic/face/magics.py:_transformed (the cell's transform, cached per text)"),
         (sh, "transform_cell", "        IPython InteractiveShell.transform_cell (on a cache miss)"),
-        (magics, "_running_cluster", "      jaxpar_magic/magics.py:_running_cluster (is a cluster running?)"),
-        (magics, "_silenced", "      jaxpar_magic/magics.py:_silenced (trailing ';')"),
+        (magics, "_running_cluster", "      jaxpar_magic/face/magics.py:_running_cluster (is a cluster running?)"),
+        (magics, "_silenced", "      jaxpar_magic/face/magics.py:_silenced (trailing ';')"),
     ]
     if actions is not None:
-        steps.append((actions, "run", "      jaxpar_magic/actions.py:run (the magic's action, in the kernel)"))
+        steps.append((actions, "run", "      jaxpar_magic/face/actions.py:run (the magic's action, in the kernel)"))
     return steps
 
 

@@ -98,7 +98,7 @@ ORIGIN = "http://jpm.bench"
 
 
 def engine_module():
-    """The %%pmap engine's module, found through its public twin (its file name has changed before)."""
+    """The %%pmap run stage's module, found through its public twin (its file name has changed before)."""
     import jaxpar_magic
 
     return sys.modules[jaxpar_magic.pmap_cell.__module__]
@@ -613,24 +613,26 @@ def bench_chromium(args):
 
 def profile_pmap_rerun(jax, sh, calls: int = 2000):
     import jaxpar_magic.cell.analysis as cells
+    import jaxpar_magic.cell.programs as programs
+    import jaxpar_magic.engines.pmap as pmap_engine
     import jaxpar_magic.stages.run.program as runner
 
     engine = engine_module()
-    eng = "jaxpar_magic/" + Path(engine.__file__).name
+    eng = "jaxpar_magic/stages/run/" + Path(engine.__file__).name
     program = engine._block_cache[next(k for k in engine._block_cache if k[0] == PMAP_SRC)]
     owners = ipython_steps(sh, "pmap") + under_action([
         (engine, "pmap_cell", f"    {eng}:pmap_cell"),
-        (engine, "mesh_for", f"      {eng}:mesh_for"),
+        (engine, "mesh_for", "      jaxpar_magic/engines/pmap.py:mesh_for"),
         (engine, "run_block", f"      {eng}:run_block"),
-        (runner.Rerun, "args", "        jaxpar_magic/runner.py:Rerun.args (the short path's input checks)"),
-        (engine, "_plan_block", f"        {eng}:_plan_block (the full path: only when the short path declines)"),
-        (cells, "check_axis_names", "          jaxpar_magic/cell.py:check_axis_names"),
-        (engine, "classify", "          jaxpar_magic/inputs.py:classify"),
-        (engine, "run_program", "        jaxpar_magic/runner.py:run_program"),
+        (programs.Rerun, "args", "        jaxpar_magic/cell/programs.py:Rerun.args (the short path's input checks)"),
+        (engine, "_full_path", f"        {eng}:_full_path (prepare and compile: only when the short path declines)"),
+        (cells, "check_axis_names", "          jaxpar_magic/cell/analysis.py:check_axis_names"),
+        (pmap_engine, "classify", "          jaxpar_magic/cell/inputs.py:classify"),
+        (engine, "run_program", "        jaxpar_magic/stages/run/program.py:run_program"),
         (program, "jitted", "          the compiled program's call (dispatch)"),
         (jax, "block_until_ready", "          jax.block_until_ready (waiting for the devices)"),
-        (runner, "shape_signature", "          jaxpar_magic/runner.py:shape_signature (the short path reuses the first run's)"),
-        (runner.Rerun, "remember", "        jaxpar_magic/runner.py:Rerun.remember"),
+        (runner, "shape_signature", "          jaxpar_magic/cell/programs.py:shape_signature (the short path reuses the first run's)"),
+        (programs.Rerun, "remember", "        jaxpar_magic/cell/programs.py:Rerun.remember"),
         (engine, "_block_result", f"        {eng}:_block_result (binds the outputs)"),
     ])
     return profile_steps(owners, lambda: sh.run_cell_magic("pmap", "--no-show", PMAP_SRC), calls)
@@ -646,16 +648,16 @@ def profile_pmap_view(jax, sh, calls: int = 300):
     from jaxpar_magic.views.base import ViewBase
 
     engine = engine_module()
-    eng = "jaxpar_magic/" + Path(engine.__file__).name
+    eng = "jaxpar_magic/stages/run/" + Path(engine.__file__).name
     owners = [
-        (sh.magics_manager.magics["cell"], "pmap", "jaxpar_magic/magics.py:JaxparMagics.pmap (everything)"),
+        (sh.magics_manager.magics["cell"], "pmap", "jaxpar_magic/face/magics.py:JaxparMagics.pmap (everything)"),
         # actions.run dispatches through its table of actions: the entry there is what gets called.
-        (getattr(actions, "_ACTIONS", actions), "pmap", "  jaxpar_magic/actions.py:pmap (the run and the view's state)"),
+        (getattr(actions, "_ACTIONS", actions), "pmap", "  jaxpar_magic/face/actions.py:pmap (the run and the view's state)"),
         (engine, "pmap_cell", f"    {eng}:pmap_cell (the run itself, with want_facts)"),
-        (engine, "facts_for", "      jaxpar_magic/runner.py:facts_for (the program's collectives and costs, cached)"),
-        (summaries, "result_state", "    jaxpar_magic/summaries.py:result_state"),
-        (summaries, "per_device_summary", "      jaxpar_magic/summaries.py:per_device_summary (one jitted call per output, then formatting)"),
-        (magics, "view_of", "  jaxpar_magic/magics.py:view_of (the widget for a state)"),
+        (engine, "facts_for", "      jaxpar_magic/stages/run/program.py:facts_for (the program's collectives and costs, cached)"),
+        (summaries, "result_state", "    jaxpar_magic/views/summaries.py:result_state"),
+        (summaries, "per_device_summary", "      jaxpar_magic/views/summaries.py:per_device_summary (one jitted call per output, then formatting)"),
+        (magics, "view_of", "  jaxpar_magic/face/magics.py:view_of (the widget for a state)"),
         (ViewBase, "__init__", "    jaxpar_magic/views/base.py:ViewBase.__init__ (anywidget/ipywidgets widget)"),
         (magics, "display", "  IPython display() of the view (formats text/html and text/plain)"),
     ]
@@ -668,38 +670,40 @@ def profile_pmap_view(jax, sh, calls: int = 300):
 
 def profile_function_call(jax, step, x, calls: int = 2000):
     engine = sys.modules[type(step).__module__]
-    eng = "jaxpar_magic/" + Path(engine.__file__).name
+    eng = "jaxpar_magic/stages/run/" + Path(engine.__file__).name
     cls = type(step)
     owners = [
         (cls, "__call__", f"{eng}:ParallelFunction.__call__ (everything)"),
-        (engine, "traced", "  jaxpar_magic/runner.py:traced"),
+        (engine, "traced", "  jaxpar_magic/cell/programs.py:traced"),
         (cls, "_jitted_for", f"  {eng}:ParallelFunction._jitted_for"),
         (cls, "_effective_in_axes", "    ParallelFunction._effective_in_axes"),
         (cls, "_arg_names", "      ParallelFunction._arg_names (read once, then cached)"),
-        (engine, "block_on_cpu_collectives", "  jaxpar_magic/runner.py:block_on_cpu_collectives (the guard)"),
+        (engine, "block_on_cpu_collectives", "  jaxpar_magic/stages/run/program.py:block_on_cpu_collectives (the guard)"),
     ]
     return profile_steps(owners, lambda: step(x), calls)
 
 
 def profile_shard_rerun(jax, sh, calls: int = 2000):
-    import jaxpar_magic.stages.run.program as runner
+    import jaxpar_magic.cell.programs as programs
     import jaxpar_magic.engines.shard as shard_engine
+    import jaxpar_magic.stages.run.program as runner
+    import jaxpar_magic.stages.run.shard as shard_run
 
     line = "--mesh mesh --in a=None,data b=data,None --no-show"
-    program = shard_engine._cache[next(k for k in shard_engine._cache if k[0] == SHARD_SRC)]
+    program = shard_run._cache[next(k for k in shard_run._cache if k[0] == SHARD_SRC)]
     owners = ipython_steps(sh, "shard") + under_action([
-        (shard_engine, "shard_cell", "    jaxpar_magic/shard.py:shard_cell"),
-        (shard_engine, "resolve_mesh", "      jaxpar_magic/shard.py:resolve_mesh"),
-        (shard_engine, "run_shard", "      jaxpar_magic/shard.py:run_shard"),
-        (runner.Rerun, "args", "        jaxpar_magic/runner.py:Rerun.args (the short path's input checks)"),
-        (shard_engine, "_plan_shard", "        jaxpar_magic/shard.py:_plan_shard (the full path: only when the short path declines)"),
-        (shard_engine, "classify", "          jaxpar_magic/inputs.py:classify"),
-        (shard_engine, "place_leaves", "          jaxpar_magic/shard.py:place_leaves (each --in input)"),
-        (shard_engine, "run_program", "        jaxpar_magic/runner.py:run_program"),
+        (shard_run, "shard_cell", "    jaxpar_magic/stages/run/shard.py:shard_cell"),
+        (shard_run, "resolve_mesh", "      jaxpar_magic/engines/shard.py:resolve_mesh"),
+        (shard_run, "run_shard", "      jaxpar_magic/stages/run/shard.py:run_shard"),
+        (programs.Rerun, "args", "        jaxpar_magic/cell/programs.py:Rerun.args (the short path's input checks)"),
+        (shard_run, "_full_path", "        jaxpar_magic/stages/run/shard.py:_full_path (prepare and compile: only when the short path declines)"),
+        (shard_engine, "classify", "          jaxpar_magic/cell/inputs.py:classify"),
+        (shard_engine, "place_leaves", "          jaxpar_magic/engines/shard.py:place_leaves (each --in input)"),
+        (shard_run, "run_program", "        jaxpar_magic/stages/run/program.py:run_program"),
         (program, "jitted", "          the compiled program's call (dispatch)"),
         (jax, "block_until_ready", "          jax.block_until_ready (waiting for the devices)"),
-        (runner, "shape_signature", "          jaxpar_magic/runner.py:shape_signature (the short path reuses the first run's)"),
-        (runner.Rerun, "remember", "        jaxpar_magic/runner.py:Rerun.remember"),
+        (runner, "shape_signature", "          jaxpar_magic/cell/programs.py:shape_signature (the short path reuses the first run's)"),
+        (programs.Rerun, "remember", "        jaxpar_magic/cell/programs.py:Rerun.remember"),
     ])
     return profile_steps(owners, lambda: sh.run_cell_magic("shard", line, SHARD_SRC), calls)
 

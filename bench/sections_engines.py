@@ -40,7 +40,7 @@ def bench_shard_map(jax, sh, args) -> dict:
     from jax import lax
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    import jaxpar_magic.engines.shard_map as shard_map_engine
+    import jaxpar_magic.stages.run.shard_map as shard_map_engine
 
     with capture_output():
         sh.run_line_magic("mesh", "x=4 y=2 --name mesh42 --no-show")
@@ -103,20 +103,20 @@ def bench_shard_map(jax, sh, args) -> dict:
 
 
 def profile_shard_map_rerun(jax, sh, calls: int = 2000):
-    import jaxpar_magic.stages.run.program as runner
-    import jaxpar_magic.engines.shard_map as engine
+    import jaxpar_magic.cell.programs as programs
+    import jaxpar_magic.stages.run.shard_map as engine
 
     program = engine._cache[next(key for key in engine._cache if key[0] == SHARD_MAP_SRC)]
     owners = ipython_steps(sh, "shard_map") + under_action([
-        (engine, "shard_map_cell", "    jaxpar_magic/shardmap.py:shard_map_cell"),
-        (engine, "resolve_mesh", "      jaxpar_magic/shard.py:resolve_mesh"),
-        (engine, "run_shard_map", "      jaxpar_magic/shardmap.py:run_shard_map"),
-        (runner.Rerun, "args", "        jaxpar_magic/runner.py:Rerun.args (the short path's input checks)"),
-        (engine, "_plan", "        jaxpar_magic/shardmap.py:_plan (the full path: only when the short path declines)"),
-        (engine, "run_program", "        jaxpar_magic/runner.py:run_program"),
+        (engine, "shard_map_cell", "    jaxpar_magic/stages/run/shard_map.py:shard_map_cell"),
+        (engine, "resolve_mesh", "      jaxpar_magic/engines/shard.py:resolve_mesh"),
+        (engine, "run_shard_map", "      jaxpar_magic/stages/run/shard_map.py:run_shard_map"),
+        (programs.Rerun, "args", "        jaxpar_magic/cell/programs.py:Rerun.args (the short path's input checks)"),
+        (engine, "_full_path", "        jaxpar_magic/stages/run/shard_map.py:_full_path (prepare and compile: only when the short path declines)"),
+        (engine, "run_program", "        jaxpar_magic/stages/run/program.py:run_program"),
         (program, "jitted", "          the compiled program's call (dispatch)"),
         (jax, "block_until_ready", "          jax.block_until_ready (waiting for the devices)"),
-        (runner.Rerun, "remember", "        jaxpar_magic/runner.py:Rerun.remember"),
+        (programs.Rerun, "remember", "        jaxpar_magic/cell/programs.py:Rerun.remember"),
     ])
     return profile_steps(owners, lambda: sh.run_cell_magic("shard_map", SHARD_MAP_LINE, SHARD_MAP_SRC), calls)
 

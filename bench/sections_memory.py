@@ -53,7 +53,7 @@ def _clear_our_caches() -> dict:
     """Empty every cache of ours a %%pmap cell fills; returns their sizes before."""
     import jaxpar_magic
     import jaxpar_magic.face.magics as magics
-    import jaxpar_magic.stages.run.program as runner
+    import jaxpar_magic.cell.programs as runner
 
     engine = sys.modules[jaxpar_magic.pmap_cell.__module__]  # the %%pmap engine, found through its twin
     sizes = {"compiled cells": len(engine._block_cache), "re-run records": len(engine._reruns)}

@@ -54,7 +54,7 @@ def test_text_that_only_looks_like_gloo_passes():
 
 FD_WRITER = textwrap.dedent("""
     import os, sys, threading
-    from jaxpar_magic import native_output
+    from jaxpar_magic.cluster import native_output
     native_output.quiet(1)
     pieces = [{pieces!r}]
     def write(rank):  # as Gloo's threads do: one write(2) per piece, straight to the descriptor
@@ -79,7 +79,7 @@ def test_the_filter_sits_on_the_file_descriptor():
 
 STUCK = textwrap.dedent("""
     import linecache, threading, sys
-    from jaxpar_magic import hang_doctor
+    from jaxpar_magic.cluster import hang_doctor
     hang_doctor.install()
     cell = "import time\\nready = True\\ndone.wait(20)  # stands for psum(x).block_until_ready()\\n"
     linecache.cache["<cell-1>"] = (len(cell), None, cell.splitlines(True), "<cell-1>")
@@ -118,11 +118,11 @@ def test_describe_without_a_cell_names_the_innermost_frame():
     frames = [
         {"file": "/x/jax/multihost_utils.py", "line": 135, "name": "_allgather", "text": "...", "on_disk": True},
         {"file": "/x/jax/multihost_utils.py", "line": 165, "name": "sync_global_devices", "text": "...", "on_disk": True},
-        {"file": "/x/jaxpar_magic/cluster_engine.py", "line": 193, "name": "probe", "text": "...", "on_disk": True},
+        {"file": "/x/jaxpar_magic/cluster/engine.py", "line": 193, "name": "probe", "text": "...", "on_disk": True},
         {"file": "<string>", "line": 1, "name": "<module>", "text": "", "on_disk": False},
         {"file": "/x/ipyparallel/engine/kernel.py", "line": 157, "name": "do_apply", "text": "exec(code)", "on_disk": True},
     ]
-    assert hang_doctor.describe(frames) == ("in `probe` (cluster/engine.py, line 193), waiting in `_allgather`; it is "
+    assert hang_doctor.describe(frames) == ("in `probe` (engine.py, line 193), waiting in `_allgather`; it is "
                                             "inside `sync_global_devices`, a collective every process must reach")
     assert hang_doctor.describe([]) is None
     assert hang_doctor.read_report("plain output\n") is None

@@ -37,7 +37,7 @@ def test_a_value_jax_cannot_take_apart_travels_whole():
 REBUILD = textwrap.dedent("""
     import pickle, sys
     import jax, numpy as np
-    from jaxpar_magic import trees
+    from jaxpar_magic.cluster import trees
     skeleton, leaves = pickle.load(sys.stdin.buffer)
     value = trees.rebuild("v", skeleton, leaves)
     print(type(value).__name__, [type(leaf).__name__ for leaf in jax.tree.leaves(value)],

@@ -19,11 +19,9 @@ from .inputs import OutputTree, TreeInput, rebuilt
 CACHE_SIZE = 64
 
 
-
 def is_array_tree(value, abstract: bool = False) -> bool:
     """A value with array leaves (with `abstract`, ShapeDtypeStructs count as arrays): an input."""
     return TreeInput.of("value", value, abstract) is not None
-
 
 
 def within_mesh(mesh):
@@ -36,12 +34,10 @@ def within_mesh(mesh):
     return jax.sharding.use_abstract_mesh(getattr(mesh, "abstract_mesh", mesh))
 
 
-
 def shape_signature(args) -> tuple:
     import jax
 
     return tuple((tuple(a.shape), str(a.dtype)) for a in jax.tree.leaves(args))
-
 
 
 @dataclass
@@ -80,9 +76,7 @@ class CellProgram:
         return rebuilt
 
 
-
 WRITE_BACK = "<state of {}>"  # an output carrying an NNX input's new state (never a Python name)
-
 
 
 def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = False):
@@ -126,14 +120,12 @@ def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = 
     return on_leaves
 
 
-
 def split_write_backs(outputs: dict) -> tuple[dict, dict]:
     """(the cell's own outputs, {input name: its new NNX state}) from an engine's rebuilt outputs."""
     prefix, suffix = WRITE_BACK.split("{}")
     states = {n[len(prefix):-len(suffix)]: v for n, v in outputs.items() if n.startswith(prefix) and n.endswith(suffix)}
     own = {n: v for n, v in outputs.items() if not (n.startswith(prefix) and n.endswith(suffix))}
     return own, states
-
 
 
 def apply_write_backs(namespace: dict, states: dict) -> None:
@@ -144,19 +136,16 @@ def apply_write_backs(namespace: dict, states: dict) -> None:
         nnx_graphs.update(namespace[name], state)
 
 
-
 def traced(value) -> bool:
     import jax
 
     return any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(value))
 
 
-
 @functools.lru_cache(maxsize=CACHE_SIZE)
 def analyse_cached(source: str, label: str) -> cells.Cell:
     """A cell's analysis, computed once per source (a re-run skips parsing)."""
     return cells.analyse(source, label)
-
 
 
 class BoundedCache(OrderedDict):
@@ -199,7 +188,6 @@ class BoundedCache(OrderedDict):
         self._families.clear()
 
 
-
 def capture_outputs(program: CellProgram, outs: dict, final, to_device):
     """Split a traced cell's results: the traced leaves of each value computed on the devices go out
     through `to_device` (a list per name); the rest of it (its type, its static leaves) is kept on
@@ -222,9 +210,7 @@ def capture_outputs(program: CellProgram, outs: dict, final, to_device):
     return device, (to_device(split[1]) if split is not None else None)
 
 
-
 _MISSING = object()
-
 
 
 class Rerun:

@@ -14,7 +14,6 @@ from .actions import ARRAY_VIEWS, Defaults, Outcome, run
 MAX_FINAL_TEXT = 2000  # characters of a cell's value sent back to the kernel
 
 
-
 def run_magic(namespace: dict, magic: str, line: str, source: str | None, defaults: dict):
     """In a cluster process: run `%magic line` (or `%%magic line` + source) over this process's
     namespace. Returns (reply, bindings): a small picklable reply, and the names to bind later."""
@@ -39,7 +38,6 @@ def run_magic(namespace: dict, magic: str, line: str, source: str | None, defaul
     return reply, outcome.bindings
 
 
-
 def _label_processes(outcome: Outcome) -> None:
     """Say which process holds each device, in the states of views about arrays."""
     import jax
@@ -57,11 +55,9 @@ def _label_processes(outcome: Outcome) -> None:
             state["device_process"] = [process_of.get(d) for d in state.get("device_ids") or []]
 
 
-
 def _label_blocks(state: dict, process_of: dict) -> None:
     ids = {d for block in state.get("blocks") or [] for d in ([block] if isinstance(block, int) else block)}
     state["device_process"] = {str(d): process_of[d] for d in sorted(ids) if d in process_of}
-
 
 
 def _describe(value) -> str | None:

@@ -28,3 +28,7 @@ def __getattr__(name: str):
 
         return getattr(importlib.import_module(f"{__name__}.{_VIEWS[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_VIEWS))

@@ -108,7 +108,6 @@ def plan_block(cell, namespace: dict, mesh, *, broadcast=(), split=(), merge=(),
                         reshape=merge_output)
 
 
-
 def _product(sizes) -> int:
     total = 1
     for s in sizes:

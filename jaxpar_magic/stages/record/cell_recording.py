@@ -31,7 +31,6 @@ def recording(fn, inputs, axis_names):
     return record_collectives(fn, axis_names, label_output=output_label, label_input=input_label)
 
 
-
 def collectives_view_state(program: CellProgram, records, title: str, mesh, cell: cells.Cell, facts=None) -> dict:
     """The collective cards of a run compiled with --collectives (records: its extra outputs)."""
     import jax

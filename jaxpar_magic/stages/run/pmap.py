@@ -15,37 +15,21 @@ from ...engines.pmap_inputs import per_device_note
 from ...engines.pmap import mesh_for, prepare
 from .pmap_function import ParallelFunction
 from ...cell.programs import BoundedCache, Rerun, analyse_cached
-from .program import ProgramFacts, facts_for, run_program
+from .program import RunResult, facts_for, run_program
 from ..record.cell_recording import collectives_view_state, recording
 
 
 @dataclass
-class BlockResult:
-    outputs: dict  # name -> jax.Array with leading mesh axes (or a static Python value)
-    device_outputs: tuple[str, ...]  # which outputs were computed per device
-    final: object  # the final expression's value (per device when traced), or None
-    final_per_device: bool
-    has_final: bool
-    mesh: object
-    facts: ProgramFacts | None
-    run_ms: float
-    cell: cells.Cell | None = None
+class BlockResult(RunResult):
+    """A block-mode run: outputs carry the leading mesh axes; the final value is per device when traced."""
+
+    final_per_device: bool = False
     per_device: dict | None = None  # device outputs before --merge: what the view shows per device
     collectives: dict | None = None  # the collective cards' view state (--collectives)
 
-    @property
-    def bindings(self) -> dict:
-        """What a successful cell binds in the user's namespace."""
-        return self.outputs
-
-
 
 _block_cache = BoundedCache()
-
-
-
 _reruns = BoundedCache()  # (source, mesh, options) -> Rerun of the last successful run
-
 
 
 def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=(), merge=(),
@@ -76,7 +60,6 @@ def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=()
     return result
 
 
-
 def _full_path(cell, namespace, mesh, broadcast, split, merge, collectives=False):
     """The full path: prepare, find or compile the program, and remember what was checked."""
     prepared = prepare(cell, namespace, mesh, broadcast=broadcast, split=split, merge=merge)
@@ -88,7 +71,6 @@ def _full_path(cell, namespace, mesh, broadcast, split, merge, collectives=False
                     for t, arrays in zip(prepared.inputs, prepared.arguments))
     rerun = Rerun(prepared.inputs, reshape, fingerprints, absent_builtins(cell, namespace), program, key)
     return rerun, prepared.arguments
-
 
 
 def _block_result(cell, mesh, program, device, final, merge, facts, run_ms) -> BlockResult:
@@ -114,11 +96,9 @@ def _block_result(cell, mesh, program, device, final, merge, facts, run_ms) -> B
     )
 
 
-
 def clear_cache() -> None:
     _block_cache.clear()
     _reruns.clear()
-
 
 
 def bind_functions(cell: cells.Cell, namespace: dict, mesh, **options) -> dict:
@@ -129,7 +109,6 @@ def bind_functions(cell: cells.Cell, namespace: dict, mesh, **options) -> dict:
     for name, value in scope.items():
         bound[name] = ParallelFunction(value, mesh, **options) if name in cell.functions else value
     return bound
-
 
 
 def pmap_cell(source: str, namespace: dict, *, axis_name: str = "i", devices=None, mesh=None,

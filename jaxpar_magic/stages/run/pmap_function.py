@@ -24,7 +24,6 @@ def _per_arg(value, count: int, option: str):
     return (value,) * count
 
 
-
 class ParallelFunction:
     """`fn` mapped over the devices of `mesh` with `jax.pmap`'s meaning, multi-axis meshes included.
 
@@ -244,7 +243,6 @@ class ParallelFunction:
         slot, dynamic = self._jitted_for(args)
         ids = [d.id for d in self.mesh.devices.flat]
         return program_facts(slot[0], dynamic, ids, self.__wrapped__.__code__.co_filename)
-
 
 
 def pmap(fn=None, *, mesh=None, axis_name: str = "i", devices=None, **options):

@@ -24,6 +24,26 @@ class ProgramFacts:
     bytes_accessed: float | None = None
 
 
+@dataclass
+class RunResult:
+    """What every engine's run hands back, before anything is bound: the outputs (rebuilt as the
+    user's own types), which of them the devices computed, the final expression, and the run's facts."""
+
+    outputs: dict  # name -> its value: arrays as the engine assembles them, or a plain Python value
+    device_outputs: tuple[str, ...]  # which outputs were computed on the devices
+    final: object  # the final expression's value, or None
+    has_final: bool
+    mesh: object
+    facts: ProgramFacts | None  # the compiled program's collectives and costs (--report and the views)
+    run_ms: float
+    cell: object  # cell.analysis.Cell
+
+    @property
+    def bindings(self) -> dict:
+        """What a successful cell binds in the user's namespace."""
+        return self.outputs
+
+
 _compile_seconds = [0.0]  # running total of JAX's trace+lower+compile time in this process
 _backend_compiles = [0]  # XLA compiles finished in this process
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"

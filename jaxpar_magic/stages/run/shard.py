@@ -11,31 +11,19 @@ from dataclasses import dataclass, field
 from ...cell import analysis as cells
 from ...cell.inputs import absent_builtins
 from ...cell.programs import BoundedCache, Rerun, analyse_cached, apply_write_backs, split_write_backs
-from .program import ProgramFacts, facts_for, run_program
+from .program import RunResult, facts_for, run_program
 from ...engines.shard import check_cell, is_mesh, prepare, resolve_mesh
 from ...cell.treespecs import normalize
 
 
 _cache = BoundedCache()
-
-
-
 _reruns = BoundedCache()  # (source, mesh, specs) -> Rerun of the last successful run
 
 
-
 @dataclass
-class ShardResult:
-    outputs: dict
-    device_outputs: tuple[str, ...]
+class ShardResult(RunResult):
     placed: dict  # inputs named in --in, as placed on the mesh
-    final: object
     final_is_array: bool
-    has_final: bool
-    mesh: object
-    facts: ProgramFacts | None
-    run_ms: float
-    cell: cells.Cell
     write_backs: dict = field(default_factory=dict)  # NNX input name -> its new state (written on bind)
 
     @property
@@ -51,7 +39,6 @@ class ShardResult:
     def bind(self, namespace: dict) -> None:
         namespace.update(self.bindings)  # one step: an interrupt leaves all or nothing
         self.commit(namespace)
-
 
 
 def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict,
@@ -96,7 +83,6 @@ def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs
     )
 
 
-
 def _full_path(cell, namespace, mesh, in_specs, out_specs):
     """The full path: prepare (places the inputs), find or compile the program."""
     prepared = prepare(cell, namespace, mesh, in_specs, out_specs)
@@ -107,7 +93,6 @@ def _full_path(cell, namespace, mesh, in_specs, out_specs):
     rerun = Rerun(prepared.inputs, (None,) * len(prepared.inputs), fingerprints, absent_builtins(cell, namespace),
                   program, key)
     return rerun, prepared.arguments
-
 
 
 def shard_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None,

@@ -13,40 +13,29 @@ from ..record.cell_recording import collectives_view_state, recording
 from ...errors import explaining
 from ...cell.inputs import absent_builtins
 from ...cell.programs import BoundedCache, Rerun, analyse_cached
-from .program import ProgramFacts, facts_for, run_program
+from .program import RunResult, facts_for, run_program
 from ...engines.shard import is_mesh, resolve_mesh
 from ...engines.shard_map import check_cell, prepare
 from ...cell.treespecs import normalize
 
 
 _cache = BoundedCache()
-
-
-
 _reruns = BoundedCache()  # (source, mesh, specs, check_vma) -> Rerun of the last successful run
 
 
-
 @dataclass
-class ShardMapResult:
-    outputs: dict  # name -> global jax.Array assembled by its out spec (or a plain Python value)
-    device_outputs: tuple[str, ...]
+class ShardMapResult(RunResult):
+    """Outputs are global arrays, each assembled by its out spec."""
+
     out_specs: dict  # name -> the spec each device output was assembled with (given or proven P())
     in_specs: dict
-    final: object
     final_is_array: bool
-    has_final: bool
-    mesh: object
-    facts: ProgramFacts | None
-    run_ms: float
-    cell: cells.Cell
     collectives: dict | None = None  # the collective cards' view state (--collectives)
 
     @property
     def bindings(self) -> dict:
         """What a successful cell binds: its outputs (inputs stay as they were, as with jax.shard_map)."""
         return dict(self.outputs)
-
 
 
 def _full_path(cell, namespace, mesh, in_specs, out_specs, check_vma, collectives=False):
@@ -60,7 +49,6 @@ def _full_path(cell, namespace, mesh, in_specs, out_specs, check_vma, collective
     rerun = Rerun(prepared.inputs, (None,) * len(prepared.inputs), fingerprints, absent_builtins(cell, namespace),
                   program, key)
     return rerun, prepared.arguments
-
 
 
 def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True,
@@ -99,7 +87,6 @@ def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_s
         cell=cell,
         collectives=cards,
     )
-
 
 
 def shard_map_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None, check_vma: bool = True,
