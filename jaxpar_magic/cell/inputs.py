@@ -17,8 +17,8 @@ from __future__ import annotations
 import builtins
 import functools
 
-from . import nnx_graphs
 from ..errors import UsageError
+from . import nnx_graphs
 from .fingerprints import fingerprint
 
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .devices import select_devices
 from ..errors import UsageError
+from .devices import select_devices
 from .specs import MeshShape
 
 

@@ -10,8 +10,8 @@ import functools
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from . import analysis as cells
 from ..errors import UsageError
+from . import analysis as cells
 from .fingerprints import Ref, fingerprint
 from .inputs import OutputTree, TreeInput, rebuilt
 

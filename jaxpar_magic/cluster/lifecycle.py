@@ -33,12 +33,12 @@ import socket
 import tempfile
 import time
 
+from ..errors import UsageError
+from ..views.progress import Progress
 from . import engine as cluster_engine
 from .runs import ClusterRuns
 from .status import SUBCOMMAND_HINT, ClusterError, ClusterStatus, ProcessInfo, engine_log_tail, exit_reason, processes_text, recovery_advice
 from .waits import HEARTBEAT_S, POLL_S
-from ..errors import UsageError
-from ..views.progress import Progress
 
 START_TIMEOUT = 60.0  # starting engines and joining jax.distributed
 SHUTDOWN_S = 3

@@ -11,10 +11,10 @@ import sys
 import time
 import uuid
 
+from ..errors import UsageError
 from . import engine as cluster_engine, hang_doctor, trees
 from .status import SUBCOMMAND_HINT, ClusterError, processes_text, remote_error
 from .waits import WatchedEngines, stream_text
-from ..errors import UsageError
 
 DEFAULT_TIMEOUT = 120.0  # a cell's limit when the caller gives none (%config JaxparMagics.cluster_timeout)
 CLEANUP_TIMEOUT = 10.0  # commit/discard/restore after a cell

@@ -15,11 +15,11 @@ pmap semantics, kept exactly:
 from __future__ import annotations
 
 from ..cell import analysis as cells
-from ..errors import UsageError
 from ..cell.inputs import classify
-from .pmap_inputs import check_same_leading, mapped_arrays
 from ..cell.prepared import PreparedCell
 from ..cell.programs import CellProgram, capture_outputs, cell_function
+from ..errors import UsageError
+from .pmap_inputs import check_same_leading, mapped_arrays
 
 
 def _squeeze(k):

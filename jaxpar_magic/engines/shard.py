@@ -7,13 +7,13 @@ Also the plain-Python twins of `%mesh` and `%sharding`: `make_mesh`, `place`, `p
 from __future__ import annotations
 
 from ..cell import analysis as cells
-from ..errors import UsageError
-from ..cell.layout import spec_axes
 from ..cell.inputs import TreeInput, classify
+from ..cell.layout import spec_axes
 from ..cell.prepared import PreparedCell
 from ..cell.programs import CellProgram, capture_outputs, cell_function, within_mesh
-from ..cell.treespecs import spec_names
 from ..cell.specs import MeshShape, parse_mesh_shape
+from ..cell.treespecs import spec_names
+from ..errors import UsageError
 
 AUTO_AXIS = "devices"  # the axis of the 1-D mesh that `NAME=8` ("split over 8 devices") builds
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 import ast
 
 from ..cell import analysis as cells
-from ..errors import UsageError
 from ..cell.inputs import classify
 from ..cell.prepared import PreparedCell
 from ..cell.programs import CellProgram, capture_outputs, cell_function, traced, within_mesh
 from ..cell.treespecs import spec_names
+from ..errors import UsageError
 from .shard import check_spec, spec_mesh_axes
 
 FINAL = "(result)"  # the final expression's name in messages and views

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..cell.bindings import bind_results
 from ..errors import UsageError
 
 ARRAY_VIEWS = ("results", "sharding", "collectives")  # views whose devices may span processes
@@ -32,7 +33,7 @@ class Outcome:
 
     def bind(self, namespace: dict) -> None:
         """Bind the names in one step, then write back what the cell changed in place."""
-        namespace.update(self.bindings)
+        bind_results(namespace, self.bindings)
         if self.commit is not None:
             self.commit(namespace)
 

@@ -13,8 +13,8 @@ import time
 from IPython.core.magic_arguments import MagicArgumentParser
 
 from ..errors import UsageError
-from .lines import python_names, shell_words
 from ..views.progress import Progress, StatusLine, kept_lines
+from .lines import python_names, shell_words
 
 
 class _Parser(MagicArgumentParser):

@@ -11,8 +11,8 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from ..errors import UsageError
 from ..cell.specs import MeshShape, parse_assignments, parse_device_selection, parse_literal, parse_mesh_shape
+from ..errors import UsageError
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -15,9 +15,9 @@ from IPython.display import display
 from traitlets import Bool, Float, Unicode
 from traitlets.config import Configurable
 
+from ..errors import UsageError
 from . import lines
 from .cluster_magic import HELP as CLUSTER_HELP
-from ..errors import UsageError
 
 #: Magics that run in every process while a cluster is running (the others always run here).
 ON_CLUSTER = ("devices", "mesh", "sharding", "pmap", "shard", "shard_map")

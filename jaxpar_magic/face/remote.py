@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from .actions import Defaults, Outcome
 from ..errors import UsageError
+from .actions import Defaults, Outcome
 
 
 class RemoteValue:

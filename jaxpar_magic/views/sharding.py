@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .summaries import expand_sharding_tiles
 from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ids, format_shape, format_slices, format_spec, png_data_uri, product, style_block, swatch_style, unravel
 from .palette import device_color, device_rgb
+from .summaries import expand_sharding_tiles
 
 MAX_FACETS = 16
 #: Past this many blocks drawn in all (facets together) the static HTML draws PNGs (one pixel per

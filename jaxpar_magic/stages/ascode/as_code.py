@@ -20,12 +20,12 @@ stages/ascode/shard_map.py), over what they share (stages/ascode/common.py).
 """
 from __future__ import annotations
 
+from ...cell.programs import analyse_cached
+from ...errors import UsageError
 from .common import plain_jax_inputs
 from .pmap import pmap_code
 from .shard import shard_code
 from .shard_map import shard_map_code
-from ...errors import UsageError
-from ...cell.programs import analyse_cached
 
 
 def as_code(magic: str, options, source: str, namespace: dict, *, axis_name: str | None = None) -> str:

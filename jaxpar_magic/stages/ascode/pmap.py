@@ -8,9 +8,9 @@ import ast
 import sys
 
 from ...cell import analysis as cells
-from .common import INDENT, SnippetNames, TracedReturns, abstract_of, after_call_lines, axes_text, call_lines, cell_body, comment_lines, describe_devices, final_edit, is_leaf, is_snippet_library, mesh_definition, plain_intro, plain_lines, same_mesh, shape_text, snippet, spec_text, targets_text, traced_returns, tuple_text, with_weak_types
 from ...cell.inputs import classify
 from ...cell.programs import analyse_cached
+from .common import INDENT, SnippetNames, TracedReturns, abstract_of, after_call_lines, axes_text, call_lines, cell_body, comment_lines, describe_devices, final_edit, is_leaf, is_snippet_library, mesh_definition, plain_intro, plain_lines, same_mesh, shape_text, snippet, spec_text, targets_text, traced_returns, tuple_text, with_weak_types
 
 
 _PMAP_WHY = [

@@ -3,8 +3,8 @@
 """
 from __future__ import annotations
 
-from .common import INDENT, SnippetNames, TracedReturns, after_call_lines, cell_body, check_concrete, check_single_specs, comment_lines, final_edit, mesh_definition, plain_intro, plain_lines, same_mesh, shard_mesh_intro, snippet, spec_text, targets_text, traced_returns
 from ...cell.programs import analyse_cached
+from .common import INDENT, SnippetNames, TracedReturns, after_call_lines, cell_body, check_concrete, check_single_specs, comment_lines, final_edit, mesh_definition, plain_intro, plain_lines, same_mesh, shard_mesh_intro, snippet, spec_text, targets_text, traced_returns
 
 
 # --- %%shard -----------------------------------------------------------------------------------------

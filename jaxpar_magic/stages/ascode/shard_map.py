@@ -3,8 +3,8 @@ device sees of each input and how each output is assembled from the devices' blo
 """
 from __future__ import annotations
 
-from .common import INDENT, SnippetNames, TracedReturns, abstract_of, after_call_lines, call_lines, cell_body, check_concrete, check_single_specs, comment_lines, explained_trace, final_edit, mesh_definition, plain_intro, plain_lines, same_mesh, shape_text, shard_mesh_intro, snippet, spec_text, targets_text, traced_returns, tuple_text
 from ...cell.programs import analyse_cached
+from .common import INDENT, SnippetNames, TracedReturns, abstract_of, after_call_lines, call_lines, cell_body, check_concrete, check_single_specs, comment_lines, explained_trace, final_edit, mesh_definition, plain_intro, plain_lines, same_mesh, shape_text, shard_mesh_intro, snippet, spec_text, targets_text, traced_returns, tuple_text
 
 
 # --- %%shard_map -------------------------------------------------------------------------------------

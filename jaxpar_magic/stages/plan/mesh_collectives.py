@@ -7,8 +7,8 @@ import linecache
 import os
 from collections.abc import Callable
 
-from ...errors import PACKAGE_DIR
 from ...cell.hlo import Collective
+from ...errors import PACKAGE_DIR
 from .plan import PlannedCollective
 
 # Ring algorithms: the share of an array each device sends, for a group of n devices (the

@@ -20,12 +20,12 @@ import os
 import time
 from collections.abc import Callable
 
-from .costs import estimate
-from ...errors import UsageError, explain_trace_error, user_line
-from .hardware import Hardware, parse_hardware
 from ...cell.hlo import collectives, program_facts, upcasts
-from .mesh_collectives import is_user_file, plan_collectives
+from ...errors import UsageError, explain_trace_error, user_line
 from .abstract_inputs import CPU_DEVICE_CEILING, abstract_inputs, check_scale, device_capacity, smaller_slice, warn_concrete
+from .costs import estimate
+from .hardware import Hardware, parse_hardware
+from .mesh_collectives import is_user_file, plan_collectives
 from .plan import CAVEATS, GPU_CAVEAT, LOOP_CAVEAT, MAX_COLLECTIVES, ROOFLINE_CAVEAT, UPCAST_CAVEAT, Plan, PlannedCollective, PlanWarning, format_bytes
 from .topology import topology_for
 

@@ -9,8 +9,8 @@ import linecache
 import math
 from typing import Callable, Sequence
 
-from .sites import MAX_CARDS, Site
 from .movement import KIND, MAX_DEVICES_DRAWN, axis_index_order, estimated_bytes, groups_of, movement
+from .sites import MAX_CARDS, Site
 
 TEXT_VALUES = 8  # values written in a tile's text
 

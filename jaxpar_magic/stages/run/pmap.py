@@ -9,14 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...cell import analysis as cells
-from ...errors import UsageError
+from ...cell.bindings import bind_results
 from ...cell.inputs import absent_builtins
-from ...engines.pmap_inputs import per_device_note
-from ...engines.pmap import mesh_for, prepare
-from .pmap_function import ParallelFunction
 from ...cell.programs import BoundedCache, Rerun, analyse_cached
-from .program import RunResult, facts_for, run_program
+from ...engines.pmap import mesh_for, prepare
+from ...engines.pmap_inputs import per_device_note
+from ...errors import UsageError
 from ..record.cell_recording import collectives_view_state, recording
+from .pmap_function import ParallelFunction
+from .program import RunResult, facts_for, run_program
 
 
 @dataclass
@@ -126,10 +127,10 @@ def pmap_cell(source: str, namespace: dict, *, axis_name: str = "i", devices=Non
                                static_broadcasted_argnums=static_broadcasted_argnums,
                                donate_argnums=donate_argnums, collectives=collectives)
         if bind:
-            namespace.update(bound)  # one step: an interrupt leaves all or nothing
+            bind_results(namespace, bound)  # one step: an interrupt leaves all or nothing
         return bound
     result = run_block(cell, namespace, mesh, broadcast=tuple(broadcast), split=tuple(split),
                        merge=tuple(merge), want_facts=want_facts, collectives=collectives)
     if bind:
-        namespace.update(result.bindings)
+        bind_results(namespace, result.bindings)
     return result

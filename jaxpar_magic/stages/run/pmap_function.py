@@ -10,9 +10,9 @@ import functools
 import linecache
 from collections import OrderedDict
 
-from ...errors import UsageError, explaining
 from ...cell.fingerprints import fingerprint
 from ...cell.programs import CACHE_SIZE, traced
+from ...errors import UsageError, explaining
 from .program import ProgramFacts, block_on_cpu_collectives, compile_progress, has_collectives_on_cpu, program_facts
 
 

@@ -10,9 +10,9 @@ import time
 from dataclasses import dataclass
 
 from ...cell import analysis as cells
-from ...errors import UsageError, explain_trace_error
 from ...cell.hlo import Collective, collectives
 from ...cell.programs import BoundedCache, CellProgram, shape_signature
+from ...errors import UsageError, explain_trace_error
 from ...views.progress import Progress
 
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...cell import analysis as cells
+from ...cell.bindings import bind_results
 from ...cell.inputs import absent_builtins
 from ...cell.programs import BoundedCache, Rerun, analyse_cached, apply_write_backs, split_write_backs
-from .program import RunResult, facts_for, run_program
-from ...engines.shard import check_cell, is_mesh, prepare, resolve_mesh
 from ...cell.treespecs import normalize
+from ...engines.shard import check_cell, is_mesh, prepare, resolve_mesh
+from .program import RunResult, facts_for, run_program
 
 
 _cache = BoundedCache()
@@ -37,7 +38,7 @@ class ShardResult(RunResult):
         apply_write_backs(namespace, self.write_backs)
 
     def bind(self, namespace: dict) -> None:
-        namespace.update(self.bindings)  # one step: an interrupt leaves all or nothing
+        bind_results(namespace, self.bindings)  # one step: an interrupt leaves all or nothing
         self.commit(namespace)
 
 

@@ -9,14 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...cell import analysis as cells
-from ..record.cell_recording import collectives_view_state, recording
-from ...errors import explaining
+from ...cell.bindings import bind_results
 from ...cell.inputs import absent_builtins
 from ...cell.programs import BoundedCache, Rerun, analyse_cached
-from .program import RunResult, facts_for, run_program
+from ...cell.treespecs import normalize
 from ...engines.shard import is_mesh, resolve_mesh
 from ...engines.shard_map import check_cell, prepare
-from ...cell.treespecs import normalize
+from ...errors import explaining
+from ..record.cell_recording import collectives_view_state, recording
+from .program import RunResult, facts_for, run_program
 
 
 _cache = BoundedCache()
@@ -102,5 +103,5 @@ def shard_map_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, ou
         mesh = resolve_mesh(mesh, namespace, [in_specs, out_specs])
     result = run_shard_map(cell, namespace, mesh, in_specs, out_specs, check_vma, want_facts, collectives)
     if bind:
-        namespace.update(result.bindings)  # one step: an interrupt leaves all or nothing
+        bind_results(namespace, result.bindings)  # one step: an interrupt leaves all or nothing
     return result

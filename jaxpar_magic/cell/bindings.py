@@ -1,0 +1,75 @@
+"""Binding a cell's results into the namespace in one step, and letting go of what they replace.
+
+A hand-written training loop (`params = step(params)`) drops the old params while the next step is
+still computing, so their device buffers are freed in the shadow of the device work. A cell binds
+only once its run has finished (a failed cell leaves the namespace as it was), so the values it
+replaces would be freed right there, on the cell's time: for a 64-leaf params dict on 8 devices that
+is about 1 ms of buffer frees per step (bench section 13). Instead, replaced values made only of
+JAX arrays are handed to one background thread, which drops them a moment later, while the kernel
+goes on. Anything else (a user's object may have a finalizer that expects the main thread) is
+dropped here, as before.
+"""
+from __future__ import annotations
+
+import atexit
+import queue
+import threading
+
+_releases: list = []  # [the queue the release thread drains], once started
+_start_lock = threading.Lock()
+
+
+def bind_results(namespace: dict, bindings: dict) -> None:
+    """`namespace.update(bindings)` in one step (an interrupt leaves all or nothing); the replaced
+    values that are arrays, or plain containers of arrays, are released on the background thread."""
+    replaced = [namespace[name] for name in bindings if name in namespace]
+    namespace.update(bindings)
+    if replaced:
+        _release(replaced)
+
+
+def _release(values: list) -> None:
+    import jax
+
+    arrays = [v for v in values if _only_arrays(jax, v)]
+    values.clear()  # the rest is dropped here, on this thread
+    if arrays:
+        _queue().put(arrays)
+
+
+def _only_arrays(jax, value) -> bool:
+    if isinstance(value, jax.Array):
+        return True
+    if type(value) not in (dict, list, tuple) and not _is_namedtuple(value):
+        return False
+    leaves = jax.tree.leaves(value)
+    return bool(leaves) and all(isinstance(leaf, jax.Array) for leaf in leaves)
+
+
+def _is_namedtuple(value) -> bool:
+    """optax's states are NamedTuples of arrays: tuples with fields and no finalizer of their own."""
+    return isinstance(value, tuple) and hasattr(type(value), "_fields") and "__del__" not in vars(type(value))
+
+
+def _queue() -> queue.SimpleQueue:
+    if not _releases:
+        with _start_lock:
+            if not _releases:
+                releases = queue.SimpleQueue()
+                thread = threading.Thread(target=_drain, args=(releases,), daemon=True, name="jaxpar-release")
+                thread.start()
+                atexit.register(_stop, releases, thread)
+                _releases.append(releases)
+    return _releases[0]
+
+
+def _drain(releases: queue.SimpleQueue) -> None:
+    while (values := releases.get()) is not None:
+        values.clear()  # the last references: the arrays' buffers are freed here, off the cell's time
+
+
+def _stop(releases: queue.SimpleQueue, thread: threading.Thread) -> None:
+    """At exit, before the interpreter tears threads down: a daemon thread freeing JAX buffers while
+    Python finalizes aborts the process ("FATAL: exception not rethrown")."""
+    releases.put(None)
+    thread.join(timeout=10)
