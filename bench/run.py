@@ -335,7 +335,7 @@ def bench_shard(jax, sh, args):
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    import jaxpar_magic.engines.shard as shard_engine
+    import jaxpar_magic.stages.run.shard as shard_engine
     from jaxpar_magic.cell.hlo import collectives
 
     sh.run_line_magic("mesh", "data=8 --no-show")
