@@ -10,7 +10,7 @@ import weakref
 
 import jax.numpy as jnp
 
-from jaxpar_magic.cell.bindings import bind_results
+from jaxpar_magic.cell.bindings import RELEASE_MIN_ARRAYS, bind_results
 
 TIMEOUT_S = 10
 
@@ -23,19 +23,29 @@ def freed(ref) -> bool:
     return ref() is None
 
 
-def test_replaced_arrays_and_containers_of_arrays_are_freed():
+def test_replaced_arrays_and_containers_of_arrays_are_freed_on_the_release_thread():
     State = collections.namedtuple("State", "mu nu")
-    old = {"params": {"w": jnp.ones((4, 4)), "b": jnp.zeros(4)}, "opt": State(jnp.ones(2), jnp.ones(2)),
+    old = {"params": {f"w{i}": jnp.ones((4, 4)) for i in range(8)}, "opt": State(jnp.ones(2), jnp.ones(2)),
            "loss": jnp.float32(3.0)}
-    refs = [weakref.ref(old["params"]["w"]), weakref.ref(old["opt"].mu), weakref.ref(old["loss"])]
+    refs = [weakref.ref(old["params"]["w0"]), weakref.ref(old["opt"].mu), weakref.ref(old["loss"])]
     namespace = dict(old, kept="unchanged")
     del old
-    new = {"params": {"w": jnp.zeros((4, 4)), "b": jnp.ones(4)}, "opt": State(jnp.zeros(2), jnp.zeros(2)),
+    new = {"params": {f"w{i}": jnp.zeros((4, 4)) for i in range(8)}, "opt": State(jnp.zeros(2), jnp.zeros(2)),
            "loss": jnp.float32(1.0)}
     bind_results(namespace, new)
     assert namespace["params"] is new["params"] and namespace["opt"] is new["opt"] and namespace["kept"] == "unchanged"
     assert all(freed(ref) for ref in refs)
     assert any(t.name == "jaxpar-release" for t in threading.enumerate())
+
+
+def test_a_few_replaced_arrays_are_freed_at_once():
+    """Below RELEASE_MIN_ARRAYS, handing over would cost more than freeing here."""
+    old = [jnp.ones(3) for _ in range(RELEASE_MIN_ARRAYS - 1)]
+    refs = [weakref.ref(a) for a in old]
+    namespace = {"x": old}
+    del old
+    bind_results(namespace, {"x": 0})
+    assert all(ref() is None for ref in refs)  # already, without waiting
 
 
 def test_other_values_are_finalized_at_once_on_the_callers_thread():
@@ -77,10 +87,10 @@ def test_a_process_that_released_arrays_exits_cleanly():
     import sys
 
     code = ("import jax.numpy as jnp\n"
-            "from jaxpar_magic.cell.bindings import bind_results\n"
+            "from jaxpar_magic.cell.bindings import RELEASE_MIN_ARRAYS, bind_results\n"
             "ns = {}\n"
             "for k in range(200):\n"
-            "    bind_results(ns, {'params': {'w': jnp.full((64, 64), float(k)), 'b': jnp.ones(64)}})\n"
+            "    bind_results(ns, {'params': {f'w{i}': jnp.full((64, 64), float(k)) for i in range(16)}})\n"
             "print('done')\n")
     for _ in range(3):
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
