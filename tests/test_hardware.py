@@ -80,8 +80,11 @@ def test_gpu_float32_rates_follow_the_datasheets():
     assert h100.peak_for("f32")[0] == pytest.approx(989e12 / 2)  # TF32: 989 with sparsity, 494.5 dense
     assert h100.peak_for("f32-highest")[0] == 67e12  # FP32, about 1/15 of bf16 (gpus.md)
     assert a100.peak_for("f32")[0] == 156e12 and a100.peak_for("f32-highest")[0] == 19.5e12
-    rate, what = PROFILES["b200"].peak_for("f32")
-    assert rate == PROFILES["b200"].peak_flops and "no sourced" in what  # said, not invented
+    b200 = PROFILES["b200"]
+    assert b200.peak_for("f32")[0] == 1100e12 and b200.peak_for("f32-highest")[0] == 80e12  # HGX B200, dense
+    assert "glennklockwood.com" in b200.sources["f32"] and "TF32" in b200.sources["f32"]
+    rate, what = PROFILES["tpu-v5e"].peak_for("fp4")  # a class no profile has a sourced rate for
+    assert rate == PROFILES["tpu-v5e"].peak_flops and "no sourced" in what  # said, not invented
     assert PROFILES["h100"].dcn_bandwidth == 400e9  # gpus.md: 400 GB/s per node beyond it
 
 

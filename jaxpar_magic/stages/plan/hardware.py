@@ -121,6 +121,9 @@ def _gpu(name, *, bf16, tf32, fp32, int8, hbm, memory, nvlink, network, sources)
 
 
 H100_SHEET = "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM"
+# NVIDIA's rates for the HGX B200 at 1,000 W (BF16 2,250 dense, as gpus.md), as tabulated in
+# glennklockwood.com/garden/processors/B200 from NVIDIA's Blackwell documents.
+B200_RATES = "NVIDIA HGX B200 (1,000 W) rates, via glennklockwood.com/garden/processors/B200"
 A100_SHEET = "NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM"
 
 PROFILES = {
@@ -148,10 +151,12 @@ PROFILES = {
                           "tf32": f"{A100_SHEET}: TF32 312 TFLOP/s with sparsity, 156 dense; {PRECISION}",
                           "fp32": f"{A100_SHEET}: FP32 19.5 TFLOP/s",
                           "network": "NVIDIA DGX A100 datasheet: 8x 200 Gb/s HDR InfiniBand per node (200 GB/s)"}),
-    "b200": _gpu("b200", bf16=2250e12, tf32=None, fp32=None, int8=4500e12, hbm=8e12, memory=192 * 10**9,
+    "b200": _gpu("b200", bf16=2250e12, tf32=1100e12, fp32=80e12, int8=4500e12, hbm=8e12, memory=192 * 10**9,
                  nvlink=900e9, network=400e9,
                  sources={"datasheet": "NVIDIA DGX B200 datasheet (network)",
                           "memory": f"{GPU_TABLE}: 192 GB (10^9 bytes)",
+                          "tf32": f"{B200_RATES}: TF32 1,100 TFLOP/s dense (2,200 with sparsity); {PRECISION}",
+                          "fp32": f"{B200_RATES}: FP32 80 TFLOP/s",
                           "network": "NVIDIA DGX B200 datasheet: 8x 400 Gb/s ConnectX-7 per node (400 GB/s)"}),
 }
 
