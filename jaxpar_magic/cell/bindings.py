@@ -26,7 +26,7 @@ _start_lock = threading.Lock()
 def bind_results(namespace: dict, bindings: dict) -> None:
     """`namespace.update(bindings)` in one step (an interrupt leaves all or nothing); the replaced
     values that are arrays, or plain containers of arrays, are released on the background thread."""
-    replaced = [namespace[name] for name in bindings if name in namespace and namespace[name] is not bindings[name]]
+    replaced = [old for name, new in bindings.items() if (old := namespace.get(name, new)) is not new]
     namespace.update(bindings)
     if replaced:
         _release(replaced)

@@ -10,9 +10,9 @@ Lifecycle: `start` (local engines, owned) or `connect` (existing engines) -> run
 -> `restart` / `stop`. One cluster per kernel; `current()` returns it.
 
 This module is the lifecycle: making a cluster (starting local engines or joining existing ones
-into jax.distributed), its status, stop and restart. What runs on the engines is `cluster_runs`;
-every wait on them, with the fault handling described below, is `cluster_waits`; the errors and the status
-report are `cluster_status`; the engines' side of each request is `cluster_engine`.
+into jax.distributed), its status, stop and restart. What runs on the engines is `runs.py`;
+every wait on them, with the fault handling described below, is `waits.py`; the errors and the status
+report are `status.py`; the engines' side of each request is `engine.py`.
 
 Faults never hang the kernel: every wait has a timeout, local engines' pids are polled while waiting
 (a killed engine is named within a poll), a timed-out cell interrupts the engines and marks the

@@ -3,7 +3,7 @@ two-phase `call` whose bindings are committed only when every process succeeded,
 between the kernel and the engines (`push`, `scatter`, `gather`), with the engines' output relayed
 into the cell labelled `[process R]`.
 
-Every wait goes through `cluster_waits.WatchedEngines`, so none of these can hang the kernel.
+Every wait goes through `waits.WatchedEngines`, so none of these can hang the kernel.
 """
 from __future__ import annotations
 

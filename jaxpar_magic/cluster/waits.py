@@ -88,7 +88,7 @@ class WatchedEngines:
         on KeyboardInterrupt interrupts the engines, checks the cluster, and re-raises. Once a process
         has failed, the others get FAIL_GRACE_S more before they are interrupted: they are most
         likely waiting in a collective the failed one never reached. Returns (outcome, notes).
-        `relay` (a `cluster_runs.OutputRelay`) prints the engines' output while it arrives.
+        `relay` (a `runs.OutputRelay`) prints the engines' output while it arrives.
         """
         deadline = time.monotonic() + timeout
         outcome: dict[int, tuple] = {}

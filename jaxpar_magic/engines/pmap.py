@@ -93,11 +93,6 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=(), 
     return prepared
 
 
-# --- function mode: our pmap -------------------------------------------------------------------
-
-
-# --- the plain-Python twin of %%pmap -----------------------------------------------------------
-
 def mesh_for(axis_name: str = "i", devices=None, mesh=None):
     """The mesh a cell runs over: `mesh` (a Mesh, or 'outer=2,inner=4'), else one named axis."""
     from ..cell.meshes import build_mesh, single_axis

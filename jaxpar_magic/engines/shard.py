@@ -208,7 +208,7 @@ def split(value, devices: int | None = None, axis: int = 0):
     return place(value, mesh, spec, option="split()")
 
 
-# --- running a cell ----------------------------------------------------------------------------
+# --- the cell's program ------------------------------------------------------------------------
 
 
 def _compile(cell, inputs, namespace, mesh, out_specs) -> CellProgram:

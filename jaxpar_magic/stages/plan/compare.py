@@ -2,7 +2,7 @@
 
 NAME is a dict in the namespace mapping a label to a layout, `{"mesh": mesh, "in": {"x": P("data",
 None), "params": specs}, "out": {...}}` ("out" optional): each `in`/`out` value is one PartitionSpec
-(or a pytree of them, passed to the engine as given). Every layout is one `planned.plan_cell`, so a
+(or a pytree of them, passed to the engine as given). Every layout is one `plan_cell.plan_cell`, so a
 row is exactly what planning that layout alone gives; a layout that fails to plan is a row with its
 one-line reason. `search_layouts` proposes the standard candidates itself (`--search BATCH`).
 

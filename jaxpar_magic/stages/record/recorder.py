@@ -188,7 +188,7 @@ class Recording:
     Call it inside a `shard_map` body (or anywhere the mesh axes in `axis_names` are bound).
     Arguments that are not traced (Python numbers, NumPy arrays, objects) reach `fn` unchanged, and
     outputs that are not traced come back as the very objects `fn` returned, so callers that tell
-    traced outputs from static ones (runner.capture_outputs) see what they would without recording.
+    traced outputs from static ones (cell/programs.py: capture_outputs) see what they would without recording.
     `records` is a list (empty when nothing is recorded) of small dicts of arrays, one per record
     slot; `sites` are the calls' static facts from the latest trace.
     """

@@ -1,5 +1,5 @@
 """The run stage of `%%pmap` block mode and its plain-Python twin `pmap_cell`: find or compile the
-prepared cell's program (pmapping.prepare), run it on every device, and hand back a BlockResult;
+prepared cell's program (engines/pmap.py: prepare), run it on every device, and hand back a BlockResult;
 function mode binds each defined function as its ParallelFunction.
 
 Plain Python, no IPython. The namespace is read, never written, until the result is bound.

@@ -1,5 +1,5 @@
 """The run stage of `%%shard_map` and its plain-Python twin `shard_map_cell`: find or build the
-prepared cell's jit(shard_map) (shardmap.prepare), run it on the blocks, and hand back a
+prepared cell's jit(shard_map) (engines/shard_map.py: prepare), run it on the blocks, and hand back a
 ShardMapResult; with --collectives the same program also records what each collective did.
 
 Plain Python, no IPython. The namespace is read, never written, until the result is bound.
