@@ -99,12 +99,17 @@ def test_a_stuck_process_says_where_it_waits():
         while main_thread.status() != psutil.STATUS_SLEEPING and time.monotonic() < until:
             pass  # the main thread is about to block in its wait (it printed just before)
         proc.send_signal(signal.SIGUSR1)
-        report = proc.stderr.readline()
+        lines = []  # up to the marked line; the child's own wait(20) bounds this at EOF
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith(hang_doctor.MARK):
+                break
+        report = "".join(lines)
     finally:
         proc.kill()
         proc.communicate(timeout=10)
     frames = hang_doctor.read_report(report)
-    assert frames is not None, report
+    assert frames is not None, (proc.returncode, report)
     said = hang_doctor.describe(frames)
     assert said.startswith("at line 3 of the cell (`done.wait(20)  # stands for psum(x).block_until_ready()`), "
                            "waiting in `wait`"), said
