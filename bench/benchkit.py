@@ -251,6 +251,29 @@ def ipython_steps(sh, magic: str) -> list:
     return steps
 
 
+def replay_steps(engine, runner, program, jax) -> list:
+    """A --no-show re-run's steps when the magic replays it (face/magics.py:_replays): the engine's
+    replayer, one flat call from the magic layer down to the compiled program; the action's steps
+    (ipython_steps' last line and under_action's) then read ~0."""
+    import jaxpar_magic.cell.programs as programs
+    import jaxpar_magic.face.actions as actions
+    import jaxpar_magic.face.magics as magics
+
+    name = "jaxpar_magic/stages/run/" + engine.__name__.rsplit(".", 1)[-1] + ".py"
+    outputs = "_outputs" if hasattr(engine, "_outputs") else "_shard_result"
+    return [
+        (magics, "_replayed", "      jaxpar_magic/face/magics.py:_replayed (the replay: the line already resolved)"),
+        (engine, "replay_cached", f"        {name} -> jaxpar_magic/stages/run/program.py:replay_cached"),
+        (programs.Rerun, "args", "          jaxpar_magic/cell/programs.py:Rerun.args (the input checks)"),
+        (runner, "run_program", "          jaxpar_magic/stages/run/program.py:run_program"),
+        (program, "jitted", "            the compiled program's call (dispatch)"),
+        (jax, "block_until_ready", "            jax.block_until_ready (waiting for the devices)"),
+        (engine, outputs, f"        {name}:{outputs} (the outputs as the user's types)"),
+        (actions, "Outcome", "        jaxpar_magic/face/actions.py:Outcome (what the magic binds)"),
+        (actions.Outcome, "bind", "      jaxpar_magic/face/actions.py:Outcome.bind (binding; frees what it replaces)"),
+    ]
+
+
 def under_action(owners: list) -> list:
     """Engine steps, indented to sit under ipython_steps' last line (the action)."""
     return [(owner, attr, ENGINE_INDENT + label) for owner, attr, label in owners]

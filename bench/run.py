@@ -83,7 +83,7 @@ import sections_pytrees
 from benchkit import (
     DETAILS, DEVICES, RATIO_TARGET, ChildFailed, Timing, compare_row, detail, device_mesh, emit, fmt_bytes,
     fmt_us, interleaved, ipython_steps, log, make_shell, paired_ratio, print_profile, print_table, profile_steps, row,
-    run_child, shown_widgets, start_jax, tune, under_action,
+    replay_steps, run_child, shown_widgets, start_jax, tune, under_action,
 )
 
 PMAP_SRC = "y = lax.psum(x @ x, 'i')\n"
@@ -620,7 +620,7 @@ def profile_pmap_rerun(jax, sh, calls: int = 2000):
     engine = engine_module()
     eng = "jaxpar_magic/stages/run/" + Path(engine.__file__).name
     program = engine._block_cache[next(k for k in engine._block_cache if k[0] == PMAP_SRC)]
-    owners = ipython_steps(sh, "pmap") + under_action([
+    owners = ipython_steps(sh, "pmap") + replay_steps(engine, runner, program, jax) + under_action([
         (engine, "pmap_cell", f"    {eng}:pmap_cell"),
         (engine, "mesh_for", "      jaxpar_magic/engines/pmap.py:mesh_for"),
         (engine, "run_block", f"      {eng}:run_block"),
@@ -644,6 +644,7 @@ def profile_pmap_view(jax, sh, calls: int = 300):
 
     import jaxpar_magic.face.actions as actions
     import jaxpar_magic.face.magics as magics
+    import jaxpar_magic.stages.run.program as runner
     import jaxpar_magic.views.summaries as summaries
     from jaxpar_magic.views.base import ViewBase
 
@@ -654,7 +655,7 @@ def profile_pmap_view(jax, sh, calls: int = 300):
         # actions.run dispatches through its table of actions: the entry there is what gets called.
         (getattr(actions, "_ACTIONS", actions), "pmap", "  jaxpar_magic/face/actions.py:pmap (the run and the view's state)"),
         (engine, "pmap_cell", f"    {eng}:pmap_cell (the run itself, with want_facts)"),
-        (engine, "facts_for", "      jaxpar_magic/stages/run/program.py:facts_for (the program's collectives and costs, cached)"),
+        (runner, "facts_for", "      jaxpar_magic/stages/run/program.py:facts_for (the program's collectives and costs, cached)"),
         (summaries, "result_state", "    jaxpar_magic/views/summaries.py:result_state"),
         (summaries, "per_device_summary", "      jaxpar_magic/views/summaries.py:per_device_summary (one jitted call per output, then formatting)"),
         (magics, "view_of", "  jaxpar_magic/face/magics.py:view_of (the widget for a state)"),
@@ -691,7 +692,7 @@ def profile_shard_rerun(jax, sh, calls: int = 2000):
 
     line = "--mesh mesh --in a=None,data b=data,None --no-show"
     program = shard_run._cache[next(k for k in shard_run._cache if k[0] == SHARD_SRC)]
-    owners = ipython_steps(sh, "shard") + under_action([
+    owners = ipython_steps(sh, "shard") + replay_steps(shard_run, runner, program, jax) + under_action([
         (shard_run, "shard_cell", "    jaxpar_magic/stages/run/shard.py:shard_cell"),
         (shard_run, "resolve_mesh", "      jaxpar_magic/engines/shard.py:resolve_mesh"),
         (shard_run, "run_shard", "      jaxpar_magic/stages/run/shard.py:run_shard"),

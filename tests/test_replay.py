@@ -4,6 +4,7 @@ path); whatever that skipped must still be noticed: a rebound mesh, changed inpu
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -51,7 +52,7 @@ def test_a_named_mesh_rebound_is_followed(jx):
 def test_replays_notice_changed_inputs_and_errors(jx):
     jx.push({"x": jnp.arange(float(N_DEVICES))})
     jx.run_cell_magic("pmap", "--no-show", "y = x * 3")
-    key = ("pmap", "--no-show", "y = x * 3", "i", True)
+    key = ("pmap", "--no-show", "y = x * 3", ("i", True))  # (magic, line, cell, (axis_name, show))
     assert key in magics._replays
     jx.push({"x": jnp.ones((N_DEVICES, 2))})  # a new shape: the engine checks again and recompiles
     jx.run_cell_magic("pmap", "--no-show", "y = x * 3")
@@ -79,4 +80,39 @@ def test_shown_cells_are_not_replayed(jx):
         jx.run_cell_magic("pmap", "", "y = x + 1")
         jx.run_cell_magic("pmap", "", "y = x + 1")
     assert len(captured.outputs) == 2  # each run shows its view
-    assert ("pmap", "", "y = x + 1", "i", True) not in magics._replays
+    assert ("pmap", "", "y = x + 1", ("i", True)) not in magics._replays
+
+
+def test_the_very_same_input_skips_its_checks_and_a_new_one_is_checked_again(jx):
+    """A jax.Array is immutable, so a replay passes the very same input straight through; an equal
+    array laid out differently (same shape and dtype) must still be placed where --in puts it."""
+    from jax.sharding import NamedSharding
+
+    from jaxpar_magic.stages.run import shard as shard_run
+
+    mesh(jx, "data=8")
+    x = jnp.arange(16.0)
+    jx.push({"x": x})
+    line, source = "--in x=data --no-show", "y = x * 2"
+    jx.run_cell_magic("shard", line, source)  # places x (binds the placed x) and compiles
+    placed = jx.user_ns["x"]
+    jx.run_cell_magic("shard", line, source)  # the replay checks the placed x once...
+    (rerun,) = [r for k, r in shard_run._reruns.items() if k[0].strip() == source and k[1] is jx.user_ns["mesh"]]
+    assert rerun.checked[0] is not None and rerun.checked[0]() is placed
+    jx.run_cell_magic("shard", line, source)  # ...and then knows it by identity
+    assert jx.user_ns["x"] is placed
+    replicated = jax.device_put(x, NamedSharding(jx.user_ns["mesh"], P()))
+    jx.push({"x": replicated})  # same shape and dtype, another layout: not the checked object
+    jx.run_cell_magic("shard", line, source)
+    assert jx.user_ns["x"] is not replicated and jx.user_ns["x"].sharding.spec == P("data")
+    np.testing.assert_allclose(jx.user_ns["y"], np.arange(16.0) * 2)
+    jx.push({"x": jnp.arange(24.0)})  # a new shape: checked, recompiled, right
+    jx.run_cell_magic("shard", line, source)
+    np.testing.assert_allclose(jx.user_ns["y"], np.arange(24.0) * 2)
+
+
+def test_a_split_input_known_by_identity_is_still_reshaped(jx):
+    jx.push({"x": jnp.arange(float(2 * N_DEVICES))})
+    for _ in range(3):  # full path, replay checking x, replay knowing x by identity
+        jx.run_cell_magic("pmap", "--split x --no-show", "y = x.sum()")
+        np.testing.assert_allclose(jx.user_ns["y"], np.arange(2.0 * N_DEVICES).reshape(N_DEVICES, 2).sum(axis=1))

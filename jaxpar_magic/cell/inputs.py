@@ -39,7 +39,7 @@ def is_abstract(value) -> bool:
 class TreeInput:
     """One named input: its structure, where its array leaves sit, and its static leaves."""
 
-    __slots__ = ("name", "graphdef", "treedef", "positions", "statics", "static_key", "signature", "_paths")
+    __slots__ = ("name", "graphdef", "treedef", "positions", "statics", "static_key", "signature", "_paths", "_bare")
 
     def __init__(self, name, graphdef, treedef, positions, statics, signature):
         self.name = name
@@ -50,6 +50,7 @@ class TreeInput:
         self.static_key = tuple((i, fingerprint(leaf)) for i, leaf in statics)
         self.signature = signature  # ((shape, dtype), ...) of the traced leaves
         self._paths = None
+        self._bare = not self.is_tree  # one array and nothing around it: rebuilding is the array itself
 
     @classmethod
     def of(cls, name: str, value, abstract: bool = False) -> "TreeInput | None":
@@ -117,6 +118,8 @@ class TreeInput:
 
     def rebuild(self, arrays):
         """The value the cell sees, inside the trace: traced leaves where the arrays were."""
+        if self._bare:
+            return arrays[0]
         return _rebuild(self.treedef, self.positions, self.statics, arrays, self.graphdef)
 
     def tree_of(self, arrays):
@@ -176,10 +179,12 @@ def _numeric_types() -> tuple:
 class OutputTree:
     """An output computed on the devices: its traced leaves leave the program, the rest is kept."""
 
-    __slots__ = ("graphdef", "treedef", "positions", "statics")
+    __slots__ = ("graphdef", "treedef", "positions", "statics", "bare")
 
     def __init__(self, graphdef, treedef, positions, statics):
         self.graphdef, self.treedef, self.positions, self.statics = graphdef, treedef, positions, statics
+        # One array and nothing around it: rebuilding is the array itself (re-runs' hot path).
+        self.bare = graphdef is None and not statics and treedef.num_nodes == 1 and positions == (0,)
 
     @classmethod
     def split(cls, value) -> "tuple[OutputTree, list] | None":
@@ -202,6 +207,8 @@ class OutputTree:
 
     def rebuild(self, arrays):
         """The output as the user's type (a dataclass, an eqx.Module, an nnx.State...) around `arrays`."""
+        if self.bare:
+            return arrays[0]
         return _rebuild(self.treedef, self.positions, self.statics, arrays, self.graphdef)
 
 

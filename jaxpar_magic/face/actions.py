@@ -119,11 +119,10 @@ def pmap(options, source, namespace, defaults) -> Outcome:
         return Outcome(text="\n".join(lines), bindings=result)
     outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final)
     if not (show or options.report or options.collectives):
-        from ..stages.run.pmap import run_block
+        from ..stages.run.pmap import replayer
 
-        cell, mesh = result.cell, result.mesh  # never the result: it holds the user's arrays
-        outcome.replay = _replaying(lambda ns: run_block(
-            cell, ns, mesh, broadcast=tuple(options.broadcast), split=tuple(options.split), merge=tuple(options.merge)))
+        outcome.replay = _replaying(replayer(result.cell, result.mesh, tuple(options.broadcast), tuple(options.split),
+                                             tuple(options.merge)), result.cell)
     if show:
         outputs = dict(result.per_device)
         if result.has_final and result.final_per_device and not result.cell.final_is_output \
@@ -156,11 +155,10 @@ def shard(options, source, namespace, defaults) -> Outcome:
                         out_specs=options.out_specs, want_facts=options.report, bind=False)
     outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, commit=result.commit)
     if not (show or options.report):
-        from ..stages.run.shard import run_shard
+        from ..stages.run.shard import replayer
 
-        cell, mesh = result.cell, result.mesh  # never the result: it holds the user's arrays
-        outcome.replay = _replaying(lambda ns: run_shard(cell, ns, mesh, options.in_specs, options.out_specs),
-                                    options, mesh)
+        outcome.replay = _replaying(replayer(result.cell, result.mesh, options.in_specs, options.out_specs),
+                                    result.cell, options, result.mesh)
     if show:
         shown = dict(result.placed)
         shown.update({n: result.outputs[n] for n in result.device_outputs})
@@ -188,11 +186,10 @@ def shard_map(options, source, namespace, defaults) -> Outcome:
                             want_facts=show or options.report, bind=False, collectives=options.collectives)
     outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final)
     if not (show or options.report or options.collectives):
-        from ..stages.run.shard_map import run_shard_map
+        from ..stages.run.shard_map import replayer
 
-        cell, mesh = result.cell, result.mesh  # never the result: it holds the user's arrays
-        outcome.replay = _replaying(lambda ns: run_shard_map(
-            cell, ns, mesh, options.in_specs, options.out_specs, options.check_vma), options, mesh)
+        outcome.replay = _replaying(replayer(result.cell, result.mesh, options.in_specs, options.out_specs,
+                                             options.check_vma), result.cell, options, result.mesh)
     if show:
         device = {n: result.outputs[n] for n in result.device_outputs}
         if result.has_final and result.final_is_array and not result.cell.final_is_output \
@@ -217,20 +214,25 @@ _ACTIONS = {"devices": devices, "mesh": mesh, "sharding": sharding, "pmap": pmap
 
 # --- shared steps --------------------------------------------------------------------------------
 
-def _replaying(run_engine, options=None, mesh=None):
-    """A replay (Outcome.replay) of a --no-show cell: the engine again, its line already resolved.
+def _replaying(replay_engine, cell, options=None, mesh=None):
+    """A replay (Outcome.replay) of a --no-show cell: the engine's replayer (never the result: it
+    holds the user's arrays), its line already resolved.
 
     A mesh taken from the namespace (named by --mesh, or the default `mesh`) must still be the very
-    mesh this run used; otherwise the replay declines and the magic starts from the line again.
+    mesh this run used; otherwise the replay declines and the magic starts from the line again, as it
+    does when the engine declines (an input or constant changed).
     """
     named = _namespace_mesh(options) if options is not None else None
+    has_final = cell.has_final_expression
 
     def replay(namespace: dict):
         if named is not None and namespace.get(named) is not mesh:
             return None
-        result = run_engine(namespace)
-        return Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, replay=replay,
-                       commit=getattr(result, "commit", None))
+        found = replay_engine(namespace)
+        if found is None:
+            return None
+        bindings, final, commit = found
+        return Outcome(bindings=bindings, final=final, has_final=has_final, replay=replay, commit=commit)
 
     return replay
 

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class, no_var_expand
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
-from traitlets import Bool, Float, Unicode
+from traitlets import Bool, Float, Unicode, observe
 from traitlets.config import Configurable
 
 from ..errors import UsageError
@@ -110,21 +110,27 @@ class JaxparMagics(Magics, Configurable):
 
     def __init__(self, shell=None, **kwargs):
         super().__init__(shell=shell, config=shell.config if shell is not None else None, **kwargs)
+        self._settings_changed()
+
+    @observe("axis_name", "show")
+    def _settings_changed(self, change=None) -> None:
+        # What a replay depends on, as a plain tuple: reading traits costs ~1 µs each on the hot path.
+        self._settings = (self.axis_name, self.show)
 
     def _run(self, magic: str, line: str, cell: str | None = None):
         """Parse, run here or on the cluster, show the outcome, then bind its names (last, in one
         step: an interrupt at any earlier moment leaves the namespace as it was)."""
-        from . import actions
-
-        from ..views.progress import kept_lines
-
-        replay_key = (magic, line, cell, self.axis_name, self.show)
+        replay_key = (magic, line, cell, self._settings)
         replay = _replays.get(replay_key)
         if replay is not None and _running_cluster() is None:
             outcome = _replayed(replay, replay_key, self.shell.user_ns)
             if outcome is not None:
                 outcome.bind(self.shell.user_ns)
                 return outcome.final if outcome.has_final and not _silenced(cell) else None
+
+        from ..views.progress import kept_lines
+        from . import actions
+
         options = parse_line(magic, line)
         source = _transformed(self.shell, cell) if cell is not None else None
         defaults = actions.Defaults(axis_name=self.axis_name, show=self.show)

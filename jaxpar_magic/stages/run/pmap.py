@@ -15,9 +15,9 @@ from ...cell.programs import BoundedCache, Rerun, analyse_cached
 from ...engines.pmap import mesh_for, prepare
 from ...engines.pmap_inputs import per_device_note
 from ...errors import UsageError
-from ..record.cell_recording import collectives_view_state, recording
+from ..record.cell_recording import recording
 from .pmap_function import ParallelFunction
-from .program import RunResult, facts_for, run_program
+from .program import RunResult, complete, replay_cached, run_program
 
 
 @dataclass
@@ -33,32 +33,39 @@ _block_cache = BoundedCache()
 _reruns = BoundedCache()  # (source, mesh, options) -> Rerun of the last successful run
 
 
+def rerun_key(cell: cells.Cell, mesh, broadcast=(), split=(), merge=(), collectives: bool = False) -> tuple:
+    """What a re-run of the same cell with the same options is looked up by (a replay computes it once)."""
+    return (cell.source, mesh, tuple(broadcast), tuple(split), tuple(merge), collectives)
+
+
 def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=(), merge=(),
               want_facts: bool = False, collectives: bool = False) -> BlockResult:
     """Run a block-mode cell on every device of `mesh`; the namespace is read, never written."""
-    rerun_key = (cell.source, mesh, tuple(broadcast), tuple(split), tuple(merge), collectives)
-    rerun = _reruns.get(rerun_key)
+    key = rerun_key(cell, mesh, broadcast, split, merge, collectives)
+    rerun = _reruns.get(key)
     args = rerun.args(namespace) if rerun is not None else None
     if args is None:
         rerun, args = _full_path(cell, namespace, mesh, broadcast, split, merge, collectives)
     program = rerun.program
     try:
-        results, run_ms, signature = run_program(
-            _block_cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
+        results, run_ms, signature, result = run_program(
+            _block_cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature,
+            finish=lambda results: _block_result(cell, mesh, program, results[0], results[1], merge))
     except UsageError:
         raise
-    except Exception as exc:  # the user's own error: unchanged, with what each device saw
-        if hasattr(exc, "add_note"):
-            exc.add_note(per_device_note(cell, namespace, mesh, broadcast))
+    except Exception as exc:
+        _note_devices(exc, cell, namespace, mesh, broadcast)
         raise
-    rerun.remember(_reruns, rerun_key, signature)
-    device, final = results[0], results[1]
-    facts = facts_for(program, signature, args, mesh, cell) if want_facts or collectives else None
-    result = _block_result(cell, mesh, program, device, final, merge, facts if want_facts else None, run_ms)
-    if collectives:
-        result.collectives = collectives_view_state(
-            program, results[2], f"collectives of the %%pmap cell ({', '.join(mesh.axis_names)})", mesh, cell, facts)
-    return result
+    rerun.remember(_reruns, key, signature)
+    return complete(result, run_ms, program, signature, args, mesh, cell, want_facts,
+                    results[2] if collectives else None,
+                    f"collectives of the %%pmap cell ({', '.join(mesh.axis_names)})")
+
+
+def _note_devices(exc: Exception, cell, namespace, mesh, broadcast) -> None:
+    """The user's own error stays unchanged, with a note of what each device saw."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(per_device_note(cell, namespace, mesh, broadcast))
 
 
 def _full_path(cell, namespace, mesh, broadcast, split, merge, collectives=False):
@@ -74,27 +81,54 @@ def _full_path(cell, namespace, mesh, broadcast, split, merge, collectives=False
     return rerun, prepared.arguments
 
 
-def _block_result(cell, mesh, program, device, final, merge, facts, run_ms) -> BlockResult:
+def _outputs(program, device, mesh, merge) -> dict:
+    """The cell's outputs as the user's types, --merge's outputs with their device axes flattened."""
     k = len(mesh.axis_names)
 
     def merged(name, leaf):
         return leaf.reshape((-1,) + leaf.shape[k + 1:]) if name in merge else leaf
 
     outputs = dict(program.static_outputs)
-    outputs.update(program.outputs_of(device, merged))
+    outputs.update(program.outputs_of(device, merged if merge else None))
+    return outputs
+
+
+def _block_result(cell, mesh, program, device, final, merge) -> BlockResult:
+    """The run's outputs as the user's types (its facts and run time are filled in once it is done)."""
     final, on_devices = program.final_of(final)
     return BlockResult(
-        outputs=outputs,
+        outputs=_outputs(program, device, mesh, merge),
         device_outputs=tuple(program.device_outputs),
         final=final,
         final_per_device=on_devices,
         has_final=cell.has_final_expression,
         mesh=mesh,
-        facts=facts,
-        run_ms=run_ms,
+        facts=None,
+        run_ms=0.0,
         cell=cell,
         per_device=program.outputs_of(device),
     )
+
+
+def replayer(cell: cells.Cell, mesh, broadcast=(), split=(), merge=()):
+    """The re-run of a --no-show block-mode cell with these resolved options: a function of the
+    namespace giving (bindings, final, commit), or None when the cell must take the full path again."""
+    key, axis_names = rerun_key(cell, mesh, broadcast, split, merge), mesh.axis_names
+
+    def replay(namespace: dict):
+        try:
+            found = replay_cached(_reruns, _block_cache, key, namespace, cell, axis_names)
+        except UsageError:
+            raise
+        except Exception as exc:
+            _note_devices(exc, cell, namespace, mesh, broadcast)
+            raise
+        if found is None:
+            return None
+        program, results = found[0].program, found[2]
+        return _outputs(program, results[0], mesh, merge), program.final_of(results[1])[0], None
+
+    return replay
 
 
 def clear_cache() -> None:

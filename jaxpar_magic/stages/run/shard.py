@@ -14,7 +14,7 @@ from ...cell.inputs import absent_builtins
 from ...cell.programs import BoundedCache, Rerun, analyse_cached, apply_write_backs, split_write_backs
 from ...cell.treespecs import normalize
 from ...engines.shard import check_cell, is_mesh, prepare, resolve_mesh
-from .program import RunResult, facts_for, run_program
+from .program import RunResult, complete, replay_cached, run_program
 
 
 _cache = BoundedCache()
@@ -42,23 +42,37 @@ class ShardResult(RunResult):
         self.commit(namespace)
 
 
+def rerun_key(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict) -> tuple:
+    """What a re-run of the same cell with the same options is looked up by (a replay computes it once)."""
+    return (cell.source, mesh, tuple(sorted(in_specs.items())), tuple(sorted(out_specs.items())))
+
+
 def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict,
               want_facts: bool = False) -> ShardResult:
     """Run a cell's unchanged code on sharded inputs; the namespace is read, never written."""
-    rerun_key = (cell.source, mesh, tuple(sorted(in_specs.items())), tuple(sorted(out_specs.items())))
-    rerun = _reruns.get(rerun_key)
+    key = rerun_key(cell, mesh, in_specs, out_specs)
+    rerun = _reruns.get(key)
     args = rerun.args(namespace) if rerun is not None else None
     if args is None:
         rerun, args = _full_path(cell, namespace, mesh, in_specs, out_specs)
     program = rerun.program
-    (device, final), run_ms, signature = run_program(
-        _cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
-    rerun.remember(_reruns, rerun_key, signature, {tree.name: [leaf.sharding for leaf in arrays]
-                                                   for tree, arrays in zip(rerun.inputs, args) if tree.name in in_specs})
-    facts = facts_for(program, signature, args, mesh, cell) if want_facts else None
+
+    def finish(results) -> ShardResult:
+        return _shard_result(cell, mesh, program, rerun.inputs, args, results, namespace, in_specs)
+
+    _, run_ms, signature, result = run_program(
+        _cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature, finish=finish)
+    rerun.remember(_reruns, key, signature, {tree.name: [leaf.sharding for leaf in arrays]
+                                             for tree, arrays in zip(rerun.inputs, args) if tree.name in in_specs})
+    return complete(result, run_ms, program, signature, args, mesh, cell, want_facts)
+
+
+def _shard_result(cell, mesh, program, inputs, args, results, namespace, in_specs) -> ShardResult:
+    """The run's placed inputs and outputs as the user's types (facts and run time come once it is done)."""
+    device, final = results
     computed, write_backs = split_write_backs(program.outputs_of(device))
     placed = {}
-    for tree, arrays in zip(rerun.inputs, args):
+    for tree, arrays in zip(inputs, args):
         if tree.name not in in_specs:
             continue
         if tree.graphdef is None:
@@ -77,11 +91,27 @@ def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs
         final_is_array=final_is_array,
         has_final=cell.has_final_expression,
         mesh=mesh,
-        facts=facts,
-        run_ms=run_ms,
+        facts=None,
+        run_ms=0.0,
         cell=cell,
         write_backs=write_backs,
     )
+
+
+def replayer(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict):
+    """The re-run of a --no-show cell with these resolved options: a function of the namespace giving
+    (bindings, final, commit), or None when the cell must take the full path again."""
+    key, axis_names = rerun_key(cell, mesh, in_specs, out_specs), mesh.axis_names
+
+    def replay(namespace: dict):
+        found = replay_cached(_reruns, _cache, key, namespace, cell, axis_names)
+        if found is None:
+            return None
+        rerun, args, results = found
+        result = _shard_result(cell, mesh, rerun.program, rerun.inputs, args, results, namespace, in_specs)
+        return result.bindings, result.final, result.commit
+
+    return replay
 
 
 def _full_path(cell, namespace, mesh, in_specs, out_specs):

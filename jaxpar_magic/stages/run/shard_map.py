@@ -16,8 +16,8 @@ from ...cell.treespecs import normalize
 from ...engines.shard import is_mesh, resolve_mesh
 from ...engines.shard_map import check_cell, prepare
 from ...errors import explaining
-from ..record.cell_recording import collectives_view_state, recording
-from .program import RunResult, facts_for, run_program
+from ..record.cell_recording import recording
+from .program import RunResult, complete, replay_cached, run_program
 
 
 _cache = BoundedCache()
@@ -52,42 +52,66 @@ def _full_path(cell, namespace, mesh, in_specs, out_specs, check_vma, collective
     return rerun, prepared.arguments
 
 
+def rerun_key(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True,
+              collectives: bool = False) -> tuple:
+    """What a re-run of the same cell with the same options is looked up by (a replay computes it once)."""
+    return (cell.source, mesh, tuple(sorted(in_specs.items())), tuple(sorted(out_specs.items())), check_vma,
+            collectives)
+
+
 def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True,
                   want_facts: bool = False, collectives: bool = False) -> ShardMapResult:
     """Run the cell as the body of jit(shard_map); the namespace is read, never written."""
-    rerun_key = (cell.source, mesh, tuple(sorted(in_specs.items())), tuple(sorted(out_specs.items())), check_vma,
-                 collectives)
-    rerun = _reruns.get(rerun_key)
+    key = rerun_key(cell, mesh, in_specs, out_specs, check_vma, collectives)
+    rerun = _reruns.get(key)
     args = rerun.args(namespace) if rerun is not None else None
     if args is None:
         with explaining(cell.filename, mesh.axis_names):  # discovering the outputs traces the cell
             rerun, args = _full_path(cell, namespace, mesh, in_specs, out_specs, check_vma, collectives)
     program = rerun.program
-    chosen = program.assembled
-    results, run_ms, signature = run_program(
-        _cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
-    rerun.remember(_reruns, rerun_key, signature)
-    device, final = results[0], results[1]
-    facts = facts_for(program, signature, args, mesh, cell) if want_facts or collectives else None
-    cards = (collectives_view_state(program, results[2], "collectives of the %%shard_map cell", mesh, cell, facts)
-             if collectives else None)
+
+    def finish(results) -> ShardMapResult:
+        outputs, (final, final_is_array) = _outputs(program, results), program.final_of(results[1])
+        return ShardMapResult(
+            outputs=outputs,
+            device_outputs=tuple(program.device_outputs),
+            out_specs=program.assembled,
+            in_specs=dict(in_specs),
+            final=final,
+            final_is_array=final_is_array,
+            has_final=cell.has_final_expression,
+            mesh=mesh,
+            facts=None,
+            run_ms=0.0,
+            cell=cell,
+        )
+
+    results, run_ms, signature, result = run_program(
+        _cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature, finish=finish)
+    rerun.remember(_reruns, key, signature)
+    return complete(result, run_ms, program, signature, args, mesh, cell, want_facts,
+                    results[2] if collectives else None, "collectives of the %%shard_map cell")
+
+
+def _outputs(program, results) -> dict:
     outputs = dict(program.static_outputs)
-    outputs.update(program.outputs_of(device))
-    final, final_is_array = program.final_of(final)
-    return ShardMapResult(
-        outputs=outputs,
-        device_outputs=tuple(program.device_outputs),
-        out_specs=chosen,
-        in_specs=dict(in_specs),
-        final=final,
-        final_is_array=final_is_array,
-        has_final=cell.has_final_expression,
-        mesh=mesh,
-        facts=facts if want_facts else None,
-        run_ms=run_ms,
-        cell=cell,
-        collectives=cards,
-    )
+    outputs.update(program.outputs_of(results[0]))
+    return outputs
+
+
+def replayer(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True):
+    """The re-run of a --no-show cell with these resolved options: a function of the namespace giving
+    (bindings, final, commit), or None when the cell must take the full path again."""
+    key, axis_names = rerun_key(cell, mesh, in_specs, out_specs, check_vma), mesh.axis_names
+
+    def replay(namespace: dict):
+        found = replay_cached(_reruns, _cache, key, namespace, cell, axis_names)
+        if found is None:
+            return None
+        program, results = found[0].program, found[2]
+        return _outputs(program, results), program.final_of(results[1])[0], None
+
+    return replay
 
 
 def shard_map_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None, check_vma: bool = True,
