@@ -114,11 +114,8 @@ def profile_shard_map_rerun(jax, sh, calls: int = 2000):
         (engine, "shard_map_cell", "    jaxpar_magic/stages/run/shard_map.py:shard_map_cell"),
         (engine, "resolve_mesh", "      jaxpar_magic/engines/shard.py:resolve_mesh"),
         (engine, "run_shard_map", "      jaxpar_magic/stages/run/shard_map.py:run_shard_map"),
-        (programs.Rerun, "args", "        jaxpar_magic/cell/programs.py:Rerun.args (the short path's input checks)"),
         (engine, "_full_path", "        jaxpar_magic/stages/run/shard_map.py:_full_path (prepare and compile: only when the short path declines)"),
         (engine, "run_program", "        jaxpar_magic/stages/run/program.py:run_program"),
-        (program, "jitted", "          the compiled program's call (dispatch)"),
-        (jax, "block_until_ready", "          jax.block_until_ready (waiting for the devices)"),
         (programs.Rerun, "remember", "        jaxpar_magic/cell/programs.py:Rerun.remember"),
     ])
     return profile_steps(owners, lambda: sh.run_cell_magic("shard_map", SHARD_MAP_LINE, SHARD_MAP_SRC), calls)
