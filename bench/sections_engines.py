@@ -2,7 +2,8 @@
 
 9. a cached `%%shard_map` re-run (the block matmul of JAX's shard_map tutorial on a 4x2 mesh,
    --no-show) vs the hand-written `jax.jit(jax.shard_map(...))`; 9b: control, the cell's cached
-   program called directly; 9c: both as whole `run_cell` cells.
+   program called directly; 9c: both as whole `run_cell` cells; 9d: control, a cell magic that only
+   makes the hand-written call (what IPython's `run_cell_magic` costs any magic).
 10. what `--collectives` costs: a cell's first run with it vs its first run without it (a fresh
    cell text each time, so both compile), and a cached re-run without the flag of a cell that
    once ran with it vs a cached re-run of a cell that never did.
@@ -36,6 +37,7 @@ mine = lax.psum_scatter(table, 'i')
 def bench_shard_map(jax, sh, args) -> dict:
     import jax.numpy as jnp
     import numpy as np
+    from IPython.core.magic import no_var_expand
     from IPython.utils.capture import capture_output
     from jax import lax
     from jax.sharding import NamedSharding, PartitionSpec as P
@@ -80,11 +82,17 @@ def bench_shard_map(jax, sh, args) -> dict:
     def program_call():  # the engine enters the mesh inside its traced function, so a plain call
         jax.block_until_ready(program.jitted([lhs], [rhs]))  # one flat list of leaves per input
 
+    def hand_magic(line, cell):  # a cell magic that only runs the hand-written call: IPython's own cost
+        hand_call()
+
+    hand_magic.__name__ = "jpm_bench_hand"
+    sh.register_magic_function(no_var_expand(hand_magic), "cell", "jpm_bench_hand")  # ours are no_var_expand too
     sh.user_ns.update(shard_map_hand=hand, jax=jax)
     events = compile_events()
     compiled_before = len(events)
     t = interleaved({"ours": lambda: sh.run_cell_magic("shard_map", SHARD_MAP_LINE, SHARD_MAP_SRC), "hand": hand_call,
                      "ours' program": program_call,
+                     "hand (a no-op magic)": lambda: sh.run_cell_magic("jpm_bench_hand", SHARD_MAP_LINE, SHARD_MAP_SRC),
                      "ours (run_cell)": lambda: sh.run_cell(f"%%shard_map {SHARD_MAP_LINE}\n{SHARD_MAP_SRC}"),
                      "hand (run_cell)": lambda: sh.run_cell(
                          "out = shard_map_hand(lhs, rhs)\n_ = jax.block_until_ready(out)")},
@@ -96,6 +104,9 @@ def bench_shard_map(jax, sh, args) -> dict:
                       "the hand-written `jax.jit(jax.shard_map(...))` + block", t, "ours' program", "hand", target=None)
     compare_row("9c", "same as 9, both through `shell.run_cell` (a whole notebook cell each side)", t,
                 "ours (run_cell)", "hand (run_cell)", target=None)
+    compare_row("9d", "control: a cell magic that only makes the hand-written call, through "
+                      "`shell.run_cell_magic` like 9's, vs the direct call: what any cell magic costs", t,
+                "hand (a no-op magic)", "hand", target=None)
     ours_out, hand_out = sh.user_ns["out"], ns["out"]
     assert np.allclose(np.asarray(ours_out), np.asarray(hand_out), rtol=1e-5, atol=1e-3)
     assert ours_out.sharding.is_equivalent_to(hand_out.sharding, ours_out.ndim)
