@@ -147,18 +147,8 @@ def run_program(cache: BoundedCache, key, program: CellProgram, args, cell: cell
             if finish is not None:
                 finished = finish(results)
             jax.block_until_ready(results)  # the views read them; also avoids the 2-core CPU hang
-    except UsageError:
-        cache.pop(key, None)
-        raise
-    except Exception as exc:
-        cache.pop(key, None)
-        explained = explain_trace_error(exc, cell.filename, tuple(axis_names))
-        if explained is not None:
-            raise explained from None
-        raise
-    except BaseException:  # KeyboardInterrupt: the next run starts from a clean cache
-        cache.pop(key, None)
-        raise
+    except BaseException as exc:
+        _forget_and_raise(cache, key, exc, cell, axis_names)
     elapsed = (time.perf_counter() - start) * 1e3
     if not first:
         return results, elapsed, signature, finished
@@ -167,19 +157,36 @@ def run_program(cache: BoundedCache, key, program: CellProgram, args, cell: cell
     return results, max(0.0, elapsed - compile_ms), signature, finish(results) if finish is not None else None
 
 
+def _forget_and_raise(cache: BoundedCache, key, exc: BaseException, cell: cells.Cell, axis_names):
+    """Whatever stopped a run (an error, Kernel -> Interrupt) removes its program from the cache, so
+    the next run starts clean; a foreseeable trace error is raised as our UsageError instead."""
+    cache.pop(key, None)
+    if isinstance(exc, Exception) and not isinstance(exc, UsageError):
+        explained = explain_trace_error(exc, cell.filename, tuple(axis_names))
+        if explained is not None:
+            raise explained from None
+    raise exc
+
+
 def replay_cached(reruns: BoundedCache, cache: BoundedCache, key, namespace: dict, cell: cells.Cell, axis_names):
     """A re-run's shortest path (a --no-show cell run again, its line already resolved): (rerun,
     args, results) when nothing the last successful run checked has changed, else None, and the
     caller takes the full path. One flat call: each layer between the magic and the program costs a
     few microseconds a re-run (bench section 9)."""
+    import jax
+
     rerun = reruns.get(key)
     if rerun is None:
         return None
     args = rerun.args(namespace)
     if args is None:
         return None
-    return rerun, args, run_program(cache, rerun.key, rerun.program, args, cell, axis_names,
-                                    signature=rerun.signature)[0]
+    try:  # run_program's cached branch, without its clock: a replay reports no run time
+        results = rerun.program.jitted(*args)
+        jax.block_until_ready(results)
+    except BaseException as exc:
+        _forget_and_raise(cache, rerun.key, exc, cell, axis_names)
+    return rerun, args, results
 
 
 def complete(result: RunResult, run_ms: float, program: CellProgram, signature, args, mesh, cell: cells.Cell,
