@@ -10,8 +10,8 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
-import psutil
 import pytest
 
 from jaxpar_magic.cluster import hang_doctor
@@ -89,15 +89,26 @@ STUCK = textwrap.dedent("""
 """)
 
 
+def all_threads_sleep(pid: int) -> bool:
+    """Every thread of `pid` blocked (state S in /proc): faulthandler's dump of all threads reads
+    their frames without the GIL, safe only while none of them is running Python."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            states.append(task.joinpath("stat").read_text().rsplit(")", 1)[1].split()[0])
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue  # a thread that ended meanwhile
+    return bool(states) and all(state == "S" for state in states)
+
+
 def test_a_stuck_process_says_where_it_waits():
     proc = subprocess.Popen([sys.executable, "-c", STUCK], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
         assert proc.stdout.readline() == "waiting\n"
-        main_thread = psutil.Process(proc.pid)
         until = time.monotonic() + 10
-        while main_thread.status() != psutil.STATUS_SLEEPING and time.monotonic() < until:
-            pass  # the main thread is about to block in its wait (it printed just before)
+        while not all_threads_sleep(proc.pid) and time.monotonic() < until:
+            time.sleep(0.01)  # the main thread is about to block in its wait (it printed just before)
         proc.send_signal(signal.SIGUSR1)
         lines = []  # up to the marked line; the child's own wait(20) bounds this at EOF
         for line in proc.stderr:

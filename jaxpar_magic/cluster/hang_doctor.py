@@ -37,15 +37,21 @@ def install() -> None:
     if _installed:
         return
     read_end, write_end = os.pipe()
+    # The reader first, and only then the handler: faulthandler reads every thread's frames without
+    # the GIL, so a thread still starting up (its frames half built) when the signal comes can
+    # crash the dump. install() returns once the reader waits in os.read, its frames settled.
+    ready = threading.Event()
+    threading.Thread(target=_answer, args=(read_end, ready), daemon=True, name="jaxpar-doctor").start()
+    ready.wait(5)
     faulthandler.register(SIGNAL, file=write_end, all_threads=True, chain=False)
     _installed = True
-    threading.Thread(target=_answer, args=(read_end,), daemon=True, name="jaxpar-doctor").start()
 
 
-def _answer(read_end: int) -> None:
+def _answer(read_end: int, ready: threading.Event) -> None:
     import select
 
     main = f"0x{threading.main_thread().ident:016x}"
+    ready.set()
     while True:
         text = os.read(read_end, 65536)
         if not text:
