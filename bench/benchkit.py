@@ -260,7 +260,10 @@ def replay_steps(engine, runner, program, jax) -> list:
     import jaxpar_magic.face.magics as magics
 
     name = "jaxpar_magic/stages/run/" + engine.__name__.rsplit(".", 1)[-1] + ".py"
-    outputs = "_outputs" if hasattr(engine, "_outputs") else "_shard_result"
+    # The outputs as the user's types: pmap's _outputs (--merge), shard's _shard_result (placed inputs,
+    # NNX write-backs), else the program's own bound_outputs.
+    owner, outputs, where = next(((engine, n, name) for n in ("_outputs", "_shard_result") if hasattr(engine, n)),
+                                 (programs.CellProgram, "bound_outputs", "jaxpar_magic/cell/programs.py"))
     return [
         (magics, "_replayed", "      jaxpar_magic/face/magics.py:_replayed (the replay: the line already resolved)"),
         (engine, "replay_cached", f"        {name} -> jaxpar_magic/stages/run/program.py:replay_cached"),
@@ -268,7 +271,7 @@ def replay_steps(engine, runner, program, jax) -> list:
         (runner, "run_program", "          jaxpar_magic/stages/run/program.py:run_program"),
         (program, "jitted", "            the compiled program's call (dispatch)"),
         (jax, "block_until_ready", "            jax.block_until_ready (waiting for the devices)"),
-        (engine, outputs, f"        {name}:{outputs} (the outputs as the user's types)"),
+        (owner, outputs, f"        {where}:{outputs} (the outputs as the user's types)"),
         (actions, "Outcome", "        jaxpar_magic/face/actions.py:Outcome (what the magic binds)"),
         (actions.Outcome, "bind", "      jaxpar_magic/face/actions.py:Outcome.bind (binding; frees what it replaces)"),
     ]

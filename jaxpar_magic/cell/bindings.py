@@ -13,9 +13,10 @@ object may have a finalizer that expects the main thread) is dropped here, as be
 from __future__ import annotations
 
 import atexit
-import functools
 import queue
 import threading
+
+from .inputs import jax_array_type
 
 # Fewer replaced arrays than this are freed in place: each costs a few microseconds per device
 # (bench section 13: ~1.3 ms for 128 arrays on 8 devices), about what handing them over costs.
@@ -28,24 +29,17 @@ def bind_results(namespace: dict, bindings: dict) -> None:
     """`namespace.update(bindings)` in one step (an interrupt leaves all or nothing); the replaced
     values that are arrays, or plain containers of arrays, are released on the background thread."""
     # Plain loops, not comprehensions: this runs on every re-run of a cell (bench sections 1, 4, 9).
-    replaced, few_arrays = [], len(bindings) < RELEASE_MIN_ARRAYS
-    array = _array_type()
+    replaced, only_arrays = [], True
+    array = jax_array_type()
     for name, new in bindings.items():
         old = namespace.get(name, new)
         if old is not new:
             replaced.append(old)
-            few_arrays = few_arrays and isinstance(old, array)
+            only_arrays = only_arrays and isinstance(old, array)
     namespace.update(bindings)
-    if replaced and not few_arrays:
+    if replaced and not (only_arrays and len(replaced) < RELEASE_MIN_ARRAYS):
         _release(replaced)
     # else: a few arrays, freed here as `replaced` goes (the re-run of a cell with one or two outputs)
-
-
-@functools.lru_cache(maxsize=1)
-def _array_type() -> type:
-    import jax
-
-    return jax.Array
 
 
 def _release(values: list) -> None:

@@ -29,6 +29,14 @@ def is_array(value) -> bool:
     return isinstance(value, (jax.Array, np.ndarray))
 
 
+@functools.lru_cache(maxsize=1)
+def jax_array_type() -> type:
+    """jax.Array, imported once (JAX is imported only when a cell first needs it); for hot-path checks."""
+    import jax
+
+    return jax.Array
+
+
 def is_abstract(value) -> bool:
     """A jax.ShapeDtypeStruct: a shape, a dtype and maybe a sharding, no values (what --plan takes)."""
     import jax
@@ -39,7 +47,7 @@ def is_abstract(value) -> bool:
 class TreeInput:
     """One named input: its structure, where its array leaves sit, and its static leaves."""
 
-    __slots__ = ("name", "graphdef", "treedef", "positions", "statics", "static_key", "signature", "_paths", "_bare")
+    __slots__ = ("name", "graphdef", "treedef", "positions", "statics", "static_key", "signature", "_paths", "bare")
 
     def __init__(self, name, graphdef, treedef, positions, statics, signature):
         self.name = name
@@ -50,7 +58,7 @@ class TreeInput:
         self.static_key = tuple((i, fingerprint(leaf)) for i, leaf in statics)
         self.signature = signature  # ((shape, dtype), ...) of the traced leaves
         self._paths = None
-        self._bare = not self.is_tree  # one array and nothing around it: rebuilding is the array itself
+        self.bare = not self.is_tree  # one array and nothing around it: rebuilding is the array itself
 
     @classmethod
     def of(cls, name: str, value, abstract: bool = False) -> "TreeInput | None":
@@ -118,7 +126,7 @@ class TreeInput:
 
     def rebuild(self, arrays):
         """The value the cell sees, inside the trace: traced leaves where the arrays were."""
-        if self._bare:
+        if self.bare:
             return arrays[0]
         return _rebuild(self.treedef, self.positions, self.statics, arrays, self.graphdef)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from ..errors import UsageError
 from . import analysis as cells
 from .fingerprints import Ref, fingerprint
-from .inputs import OutputTree, TreeInput, rebuilt
+from .inputs import OutputTree, TreeInput, jax_array_type, rebuilt
 
 
 CACHE_SIZE = 64
@@ -64,6 +64,12 @@ class CellProgram:
         if on_devices:
             return self.final_tree[0].rebuild(traced_final), True
         return (self.static_final[0] if self.static_final else None), False
+
+    def bound_outputs(self, device: dict, leaf_map=None) -> dict:
+        """Everything the cell binds: its plain Python outputs and its device outputs (outputs_of)."""
+        outputs = dict(self.static_outputs)
+        outputs.update(self.outputs_of(device, leaf_map))
+        return outputs
 
     def outputs_of(self, device: dict, leaf_map=None) -> dict:
         """The device outputs rebuilt as the user's types around the program's leaves (each leaf
@@ -216,13 +222,6 @@ def capture_outputs(program: CellProgram, outs: dict, final, to_device):
 _MISSING = object()
 
 
-@functools.lru_cache(maxsize=1)
-def _jax_array() -> type:
-    import jax
-
-    return jax.Array
-
-
 class Rerun:
     """What a successful run checked, so that re-running the same cell on the same kind of inputs
     goes straight to the compiled program (the bench's "cached re-run" path).
@@ -234,7 +233,7 @@ class Rerun:
     """
 
     __slots__ = ("inputs", "reshape", "constants", "constants_checked", "absent", "program", "key", "signature",
-                 "placements", "bare", "checked")
+                 "placements", "checked")
 
     def __init__(self, inputs, reshape, constants, absent, program, key):
         self.inputs = inputs  # TreeInputs, in argument order
@@ -246,7 +245,6 @@ class Rerun:
         self.key = key
         self.signature = None  # set by the first successful run
         self.placements: dict = {}  # name -> each leaf's sharding: placed inputs must still be laid out so
-        self.bare = tuple(not tree.is_tree for tree in inputs)  # inputs that are one array, not a pytree
         # Per bare input: a weak reference to the last jax.Array that passed the checks. A jax.Array is
         # immutable (shape, dtype, sharding), so the very same object passes them again: re-running a
         # cell on unchanged inputs skips them (in-place re-checks cost ~15 µs a call, bench section 9).
@@ -267,7 +265,7 @@ class Rerun:
                 placed = self.placements.get(tree.name)
                 if placed is not None and any(getattr(a, "sharding", None) != s for a, s in zip(arrays, placed)):
                     return None  # not where --in puts it: the full path places it again
-                if self.bare[i] and self.signature is not None and isinstance(value, _jax_array()):
+                if tree.bare and self.signature is not None and isinstance(value, jax_array_type()):
                     self.checked[i] = weakref.ref(value)
             if reshape is not None:
                 arrays = [a.reshape(shape) for a, shape in zip(arrays, reshape)]

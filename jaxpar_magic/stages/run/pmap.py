@@ -48,16 +48,16 @@ def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=()
         rerun, args = _full_path(cell, namespace, mesh, broadcast, split, merge, collectives)
     program = rerun.program
     try:
-        results, run_ms, signature, result = run_program(
-            _block_cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature,
-            finish=lambda results: _block_result(cell, mesh, program, results[0], results[1], merge))
+        results, run_ms, signature = run_program(
+            _block_cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
     except UsageError:
         raise
     except Exception as exc:
         _note_devices(exc, cell, namespace, mesh, broadcast)
         raise
     rerun.remember(_reruns, key, signature)
-    return complete(result, run_ms, program, signature, args, mesh, cell, want_facts,
+    result = _block_result(cell, mesh, program, results[0], results[1], merge, run_ms)
+    return complete(result, program, signature, args, mesh, cell, want_facts,
                     results[2] if collectives else None,
                     f"collectives of the %%pmap cell ({', '.join(mesh.axis_names)})")
 
@@ -83,18 +83,18 @@ def _full_path(cell, namespace, mesh, broadcast, split, merge, collectives=False
 
 def _outputs(program, device, mesh, merge) -> dict:
     """The cell's outputs as the user's types, --merge's outputs with their device axes flattened."""
+    if not merge:
+        return program.bound_outputs(device)
     k = len(mesh.axis_names)
 
     def merged(name, leaf):
         return leaf.reshape((-1,) + leaf.shape[k + 1:]) if name in merge else leaf
 
-    outputs = dict(program.static_outputs)
-    outputs.update(program.outputs_of(device, merged if merge else None))
-    return outputs
+    return program.bound_outputs(device, merged)
 
 
-def _block_result(cell, mesh, program, device, final, merge) -> BlockResult:
-    """The run's outputs as the user's types (its facts and run time are filled in once it is done)."""
+def _block_result(cell, mesh, program, device, final, merge, run_ms) -> BlockResult:
+    """The run's outputs as the user's types (complete() adds its facts)."""
     final, on_devices = program.final_of(final)
     return BlockResult(
         outputs=_outputs(program, device, mesh, merge),
@@ -104,7 +104,7 @@ def _block_result(cell, mesh, program, device, final, merge) -> BlockResult:
         has_final=cell.has_final_expression,
         mesh=mesh,
         facts=None,
-        run_ms=0.0,
+        run_ms=run_ms,
         cell=cell,
         per_device=program.outputs_of(device),
     )

@@ -113,16 +113,9 @@ def has_collectives_on_cpu(mesh, jitted, args) -> bool:
     return bool(collectives(jitted.lower(*args).compile().as_text()))
 
 
-def run_program(cache: BoundedCache, key, program: CellProgram, args, cell: cells.Cell, axis_names, signature=None,
-                finish=None):
-    """Call a compiled cell, explaining foreseeable errors; returns (results, run_ms, shape signature,
-    finish(results)).
+def run_program(cache: BoundedCache, key, program: CellProgram, args, cell: cells.Cell, axis_names, signature=None):
+    """Call a compiled cell, explaining foreseeable errors; returns (results, run_ms, shape signature).
 
-    `finish` builds what the caller makes of the results (the outputs as the user's types) without
-    reading their values: on a cached run it runs while the devices compute (dispatch is
-    asynchronous), as a hand-written loop's Python overlaps the device work. With simulated CPU
-    devices the gain is within noise (their threads already use every core); the results are ready
-    on return either way.
     A first run for these input shapes shows a status line while it compiles and records the
     compile time. Whatever stops the run (an error, Kernel -> Interrupt) removes the program from
     the cache: no half-built entry. Later runs take the shortest path: the bench's re-runs.
@@ -135,7 +128,6 @@ def run_program(cache: BoundedCache, key, program: CellProgram, args, cell: cell
     else:  # a Rerun's signature: that run compiled it (hashing the signature costs ~1 µs per 10 leaves)
         first = False
     compiled_before = compile_clock() if first else 0.0
-    finished = None
     start = time.perf_counter()
     try:
         if first:
@@ -144,17 +136,15 @@ def run_program(cache: BoundedCache, key, program: CellProgram, args, cell: cell
                 jax.block_until_ready(results)
         else:
             results = program.jitted(*args)
-            if finish is not None:
-                finished = finish(results)
             jax.block_until_ready(results)  # the views read them; also avoids the 2-core CPU hang
     except BaseException as exc:
         _forget_and_raise(cache, key, exc, cell, axis_names)
     elapsed = (time.perf_counter() - start) * 1e3
     if not first:
-        return results, elapsed, signature, finished
+        return results, elapsed, signature
     compile_ms = (compile_clock() - compiled_before) * 1e3
     program.compile_ms[signature] = compile_ms
-    return results, max(0.0, elapsed - compile_ms), signature, finish(results) if finish is not None else None
+    return results, max(0.0, elapsed - compile_ms), signature
 
 
 def _forget_and_raise(cache: BoundedCache, key, exc: BaseException, cell: cells.Cell, axis_names):
@@ -189,12 +179,10 @@ def replay_cached(reruns: BoundedCache, cache: BoundedCache, key, namespace: dic
     return rerun, args, results
 
 
-def complete(result: RunResult, run_ms: float, program: CellProgram, signature, args, mesh, cell: cells.Cell,
+def complete(result: RunResult, program: CellProgram, signature, args, mesh, cell: cells.Cell,
              want_facts: bool = False, recorded=None, title: str = "") -> RunResult:
-    """Fill in what is known once a run is done: its time and, when asked for (want_facts) or
-    needed (`recorded`: what --collectives recorded), the compiled program's facts and the
-    collectives' cards (titled `title`)."""
-    result.run_ms = run_ms
+    """Add to a run's result, when asked for (want_facts) or needed (`recorded`: what --collectives
+    recorded), the compiled program's facts and the collectives' cards (titled `title`)."""
     if want_facts or recorded is not None:
         facts = facts_for(program, signature, args, mesh, cell)
         result.facts = facts if want_facts else None

@@ -56,19 +56,16 @@ def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs
     if args is None:
         rerun, args = _full_path(cell, namespace, mesh, in_specs, out_specs)
     program = rerun.program
-
-    def finish(results) -> ShardResult:
-        return _shard_result(cell, mesh, program, rerun.inputs, args, results, namespace, in_specs)
-
-    _, run_ms, signature, result = run_program(
-        _cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature, finish=finish)
+    results, run_ms, signature = run_program(
+        _cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
     rerun.remember(_reruns, key, signature, {tree.name: [leaf.sharding for leaf in arrays]
                                              for tree, arrays in zip(rerun.inputs, args) if tree.name in in_specs})
-    return complete(result, run_ms, program, signature, args, mesh, cell, want_facts)
+    result = _shard_result(cell, mesh, program, rerun.inputs, args, results, namespace, in_specs, run_ms)
+    return complete(result, program, signature, args, mesh, cell, want_facts)
 
 
-def _shard_result(cell, mesh, program, inputs, args, results, namespace, in_specs) -> ShardResult:
-    """The run's placed inputs and outputs as the user's types (facts and run time come once it is done)."""
+def _shard_result(cell, mesh, program, inputs, args, results, namespace, in_specs, run_ms=0.0) -> ShardResult:
+    """The run's placed inputs and outputs as the user's types (complete() adds its facts)."""
     device, final = results
     computed, write_backs = split_write_backs(program.outputs_of(device))
     placed = {}
@@ -92,7 +89,7 @@ def _shard_result(cell, mesh, program, inputs, args, results, namespace, in_spec
         has_final=cell.has_final_expression,
         mesh=mesh,
         facts=None,
-        run_ms=0.0,
+        run_ms=run_ms,
         cell=cell,
         write_backs=write_backs,
     )

@@ -69,34 +69,25 @@ def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_s
         with explaining(cell.filename, mesh.axis_names):  # discovering the outputs traces the cell
             rerun, args = _full_path(cell, namespace, mesh, in_specs, out_specs, check_vma, collectives)
     program = rerun.program
-
-    def finish(results) -> ShardMapResult:
-        outputs, (final, final_is_array) = _outputs(program, results), program.final_of(results[1])
-        return ShardMapResult(
-            outputs=outputs,
-            device_outputs=tuple(program.device_outputs),
-            out_specs=program.assembled,
-            in_specs=dict(in_specs),
-            final=final,
-            final_is_array=final_is_array,
-            has_final=cell.has_final_expression,
-            mesh=mesh,
-            facts=None,
-            run_ms=0.0,
-            cell=cell,
-        )
-
-    results, run_ms, signature, result = run_program(
-        _cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature, finish=finish)
+    results, run_ms, signature = run_program(
+        _cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
     rerun.remember(_reruns, key, signature)
-    return complete(result, run_ms, program, signature, args, mesh, cell, want_facts,
+    final, final_is_array = program.final_of(results[1])
+    result = ShardMapResult(
+        outputs=program.bound_outputs(results[0]),
+        device_outputs=tuple(program.device_outputs),
+        out_specs=program.assembled,
+        in_specs=dict(in_specs),
+        final=final,
+        final_is_array=final_is_array,
+        has_final=cell.has_final_expression,
+        mesh=mesh,
+        facts=None,
+        run_ms=run_ms,
+        cell=cell,
+    )
+    return complete(result, program, signature, args, mesh, cell, want_facts,
                     results[2] if collectives else None, "collectives of the %%shard_map cell")
-
-
-def _outputs(program, results) -> dict:
-    outputs = dict(program.static_outputs)
-    outputs.update(program.outputs_of(results[0]))
-    return outputs
 
 
 def replayer(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True):
@@ -109,7 +100,7 @@ def replayer(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, check_vma:
         if found is None:
             return None
         program, results = found[0].program, found[2]
-        return _outputs(program, results), program.final_of(results[1])[0], None
+        return program.bound_outputs(results[0]), program.final_of(results[1])[0], None
 
     return replay
 
