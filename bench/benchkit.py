@@ -252,28 +252,23 @@ def ipython_steps(sh, magic: str) -> list:
 
 
 def replay_steps(engine, runner, program, jax) -> list:
-    """A --no-show re-run's steps when the magic replays it (face/magics.py:_replays): the engine's
-    replayer, one flat call from the magic layer down to the compiled program; the action's steps
+    """A --no-show re-run's steps when the magic replays it (face/magics.py:_replays): JaxparMagics._run
+    calls the engine's replay (stages/run/program.py:replay_function), one flat function down to the
+    compiled program and the binding, so these steps sit right under _run; the action's steps
     (ipython_steps' last line and under_action's) then read ~0."""
     import jaxpar_magic.cell.programs as programs
-    import jaxpar_magic.face.actions as actions
-    import jaxpar_magic.face.magics as magics
 
     name = "jaxpar_magic/stages/run/" + engine.__name__.rsplit(".", 1)[-1] + ".py"
-    # The outputs as the user's types: pmap's _outputs (--merge), shard's _shard_result (placed inputs,
+    # The outputs as the user's types: pmap's _outputs (--merge), shard's _placed_and_outputs (placed inputs,
     # NNX write-backs), else the program's own bound_outputs.
-    owner, outputs, where = next(((engine, n, name) for n in ("_outputs", "_shard_result") if hasattr(engine, n)),
+    owner, outputs, where = next(((engine, n, name) for n in ("_outputs", "_placed_and_outputs") if hasattr(engine, n)),
                                  (programs.CellProgram, "bound_outputs", "jaxpar_magic/cell/programs.py"))
     return [
-        (magics, "_replayed", "      jaxpar_magic/face/magics.py:_replayed (the replay: the line already resolved)"),
-        (engine, "replay_cached", f"        {name} -> jaxpar_magic/stages/run/program.py:replay_cached"),
-        (programs.Rerun, "args", "          jaxpar_magic/cell/programs.py:Rerun.args (the input checks)"),
-        (runner, "run_program", "          jaxpar_magic/stages/run/program.py:run_program"),
-        (program, "jitted", "            the compiled program's call (dispatch)"),
-        (jax, "block_until_ready", "            jax.block_until_ready (waiting for the devices)"),
-        (owner, outputs, f"        {where}:{outputs} (the outputs as the user's types)"),
-        (actions, "Outcome", "        jaxpar_magic/face/actions.py:Outcome (what the magic binds)"),
-        (actions.Outcome, "bind", "      jaxpar_magic/face/actions.py:Outcome.bind (binding; frees what it replaces)"),
+        (programs.Rerun, "args", "      replay: jaxpar_magic/cell/programs.py:Rerun.args (the input checks)"),
+        (program, "jitted", "      replay: the compiled program's call (dispatch)"),
+        (jax, "block_until_ready", "      replay: jax.block_until_ready (waiting for the devices)"),
+        (owner, outputs, f"      replay: {where}:{outputs} (the outputs as the user's types)"),
+        (runner, "bind_results", "      replay: jaxpar_magic/cell/bindings.py:bind_results (binding; frees what it replaces)"),
     ]
 
 

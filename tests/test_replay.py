@@ -116,3 +116,65 @@ def test_a_split_input_known_by_identity_is_still_reshaped(jx):
     for _ in range(3):  # full path, replay checking x, replay knowing x by identity
         jx.run_cell_magic("pmap", "--split x --no-show", "y = x.sum()")
         np.testing.assert_allclose(jx.user_ns["y"], np.arange(2.0 * N_DEVICES).reshape(N_DEVICES, 2).sum(axis=1))
+
+
+def test_a_replay_that_jax_refuses_leaves_the_namespace_and_is_forgotten(jx):
+    """An error JAX raises at the call on the replay path (today: an input committed to one device,
+    which jit will not move onto the mesh): the namespace keeps the last outputs, the replay is
+    forgotten, and %%pmap's note of what each device saw is added to JAX's error."""
+    jx.push({"x": jnp.arange(float(N_DEVICES))})
+    line, cell = "--no-show", "y = x * 3"
+    key = ("pmap", line, cell, ("i", True))
+    jx.run_cell_magic("pmap", line, cell)
+    jx.run_cell_magic("pmap", line, cell)  # a replay
+    assert key in magics._replays
+    before = jx.user_ns["y"]
+    jx.push({"x": jax.device_put(jnp.arange(float(N_DEVICES)), jax.devices()[3])})  # same shape, one device
+    with pytest.raises(ValueError, match="incompatible devices") as raised:
+        jx.run_cell_magic("pmap", line, cell)
+    assert jx.user_ns["y"] is before  # nothing bound
+    assert key not in magics._replays
+    assert any("each device sees its own slice" in note and "x: float32[]" in note
+               for note in getattr(raised.value, "__notes__", []))
+    jx.push({"x": jnp.ones(N_DEVICES)})
+    jx.run_cell_magic("pmap", line, cell)  # uncommitted again: right
+    np.testing.assert_allclose(jx.user_ns["y"], np.full(N_DEVICES, 3.0))
+
+
+@pytest.mark.parametrize("magic, line", [
+    ("pmap", "--no-show"),
+    ("pmap", "--split x --no-show"),
+    ("shard", "--mesh data=8 --in x=data --no-show"),
+    ("shard_map", "--mesh data=8 --in x=data --out y=data --no-show"),
+])
+def test_a_deleted_input_is_named_on_the_replay_and_the_full_path(jx, magic, line):
+    """A donated (deleted) array passes the replay's identity check no more: the magic says which
+    name, on the replay and on the full path alike, and binds nothing."""
+    cell, size = "y = x * 2", N_DEVICES if line == "--no-show" else 16  # one row per device, or split / sharded
+    jx.push({"x": jnp.arange(float(size))})
+    jx.run_cell_magic(magic, line, cell)
+    jx.run_cell_magic(magic, line, cell)  # the replay knows x now
+    before = jx.user_ns["y"]
+    jx.user_ns["x"].delete()  # what a function with donate_argnums does to its argument
+    for _ in range(2):  # the replay declines to the full path, then the full path alone
+        with pytest.raises(UsageError, match=r"`x` was deleted: its device buffers are gone \(read on line 1"):
+            jx.run_cell_magic(magic, line, cell)
+        assert jx.user_ns["y"] is before
+    jx.push({"x": jnp.ones(size)})
+    jx.run_cell_magic(magic, line, cell)
+    assert float(np.asarray(jx.user_ns["y"]).sum()) == 2.0 * size
+
+
+def test_a_deleted_leaf_of_a_pytree_input_is_named_by_its_path(jx):
+    params = {"w": jnp.ones((8, 4)), "b": jnp.zeros(4)}
+    jx.push({"params": params})
+    line, cell = "--mesh data=8 --no-show", "out = params['w'].sum() + params['b'].sum()"
+    jx.run_cell_magic("shard", line, cell)
+    params["b"].delete()
+    with pytest.raises(UsageError, match=r"`params\['b'\]` was deleted"):
+        jx.run_cell_magic("shard", line, cell)
+    new = {"w": jnp.ones((8, 4)), "b": jnp.zeros(4)}
+    jx.push({"params": new})
+    new["w"].delete()  # a new object: not known by identity, checked by structure, caught at the run
+    with pytest.raises(UsageError, match=r"`params\['w'\]` was deleted"):
+        jx.run_cell_magic("shard", line, cell)

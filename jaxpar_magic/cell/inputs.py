@@ -243,6 +243,10 @@ def classify(cell, namespace: dict, named: dict | None = None, abstract: bool = 
                 constants.append(name)
             else:
                 _check_traceable(tree, value, cell)
+                if not abstract:
+                    deleted = deleted_leaf(tree, tree.arrays(value))
+                    if deleted is not None:
+                        raise deleted_input_error(tree, deleted, cell)
                 inputs.append(tree)
         elif not hasattr(builtins, name):
             lineno = cell.first_read(name)
@@ -267,14 +271,36 @@ def _check_traceable(tree: TreeInput, value, cell) -> None:
     as a static leaf (it is an array): say which leaf, before JAX says "not a valid JAX type"."""
     for index, (_, dtype) in enumerate(tree.signature):
         if getattr(dtype, "kind", "f") in "OSU":  # not "V": bfloat16 and the float8s are kind "V" too
-            label = tree.label(index)
-            lineno = cell.first_read(tree.name)
             raise UsageError(
-                f"`{label}` is a NumPy array of {dtype} (read on line {lineno} of the cell: `{cell.line(lineno)}`): "
-                f"JAX traces arrays of numbers and booleans only, and an array is never a static leaf. Make it a "
-                f"tuple or a list (its items are then static, part of what the program is compiled for), or keep "
-                f"it out of {tree.name!r}."
+                f"`{tree.label(index)}` is a NumPy array of {dtype} ({_where_read(tree, cell)}): JAX traces "
+                f"arrays of numbers and booleans only, and an array is never a static leaf. Make it a tuple or a "
+                f"list (its items are then static, part of what the program is compiled for), or keep it out of "
+                f"{tree.name!r}."
             )
+
+
+def deleted_leaf(tree: TreeInput, arrays) -> int | None:
+    """The index of the first of an input's traced leaves whose device buffers are gone, or None."""
+    array = jax_array_type()
+    for index, leaf in enumerate(arrays):
+        if isinstance(leaf, array) and leaf.is_deleted():
+            return index
+    return None
+
+
+def deleted_input_error(tree: TreeInput, index: int, cell) -> UsageError:
+    """What to say when a cell reads an array whose buffers were deleted (donated, most often)."""
+    return UsageError(
+        f"`{tree.label(index)}` was deleted: its device buffers are gone ({_where_read(tree, cell)}). Most "
+        f"often a function with donate_argnums (jax.jit's, or %%pmap --donate-argnums) took it as an argument "
+        f"and reused its memory for its result; `.delete()` does the same. Use the value that function "
+        f"returned instead, or give {tree.name!r} a new value first."
+    )
+
+
+def _where_read(tree: TreeInput, cell) -> str:
+    lineno = cell.first_read(tree.name)
+    return f"read on line {lineno} of the cell: `{cell.line(lineno)}`"
 
 
 def absent_builtins(cell, namespace: dict) -> tuple[str, ...]:

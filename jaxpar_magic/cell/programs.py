@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from ..errors import UsageError
 from . import analysis as cells
 from .fingerprints import Ref, fingerprint
-from .inputs import OutputTree, TreeInput, jax_array_type, rebuilt
+from .inputs import OutputTree, TreeInput, deleted_input_error, deleted_leaf, jax_array_type, rebuilt
 
 
 CACHE_SIZE = 64
@@ -256,7 +256,7 @@ class Rerun:
         for i, (tree, reshape) in enumerate(zip(self.inputs, self.reshape)):
             value = namespace.get(tree.name, _MISSING)
             checked = self.checked[i]
-            if checked is not None and checked() is value:
+            if checked is not None and checked() is value and not value.is_deleted():  # deleted: donated
                 arrays = [value]
             else:
                 arrays = tree.matching_arrays(value)
@@ -268,6 +268,8 @@ class Rerun:
                 if tree.bare and self.signature is not None and isinstance(value, jax_array_type()):
                     self.checked[i] = weakref.ref(value)
             if reshape is not None:
+                if deleted_leaf(tree, arrays) is not None:
+                    return None  # reshaping would raise JAX's error: the full path says what happened
                 arrays = [a.reshape(shape) for a, shape in zip(arrays, reshape)]
             args.append(arrays)
         for name, fp, by_identity in self.constants_checked:
@@ -281,6 +283,15 @@ class Rerun:
             if name in namespace:
                 return None
         return args
+
+    def deleted_input_error(self, args, cell: cells.Cell) -> UsageError | None:
+        """The UsageError naming the first input leaf among `args` whose buffers were deleted (a
+        donated array), or None: asked only once a run has failed, so re-runs pay nothing for it."""
+        for tree, arrays in zip(self.inputs, args):
+            index = deleted_leaf(tree, arrays)
+            if index is not None:
+                return deleted_input_error(tree, index, cell)
+        return None
 
     def remember(self, reruns: "BoundedCache", key, signature, placements=None) -> None:
         """After a successful run: later identical runs may take the short path. `placements`: the

@@ -26,8 +26,9 @@ class Outcome:
     final: object = None  # the cell's value (IPython's Out), when it has one
     has_final: bool = False
     # The same magic run again on a namespace, with this run's cell analysis and mesh already
-    # resolved (re-runs are the hot path); None where a re-run must start from the line again.
-    replay: Callable[[dict], "Outcome | None"] | None = None
+    # resolved (re-runs are the hot path): it binds and returns (final,), or None when it declines
+    # (program.replay_function). None where a re-run must start from the line again.
+    replay: Callable[[dict], object] | None = None
     # Run right after the bindings (same step): writes Flax NNX objects' new state into them.
     commit: Callable[[dict], None] | None = None
 
@@ -121,8 +122,8 @@ def pmap(options, source, namespace, defaults) -> Outcome:
     if not (show or options.report or options.collectives):
         from ..stages.run.pmap import replayer
 
-        outcome.replay = _replaying(replayer(result.cell, result.mesh, tuple(options.broadcast), tuple(options.split),
-                                             tuple(options.merge)), result.cell)
+        outcome.replay = replayer(result.cell, result.mesh, tuple(options.broadcast), tuple(options.split),
+                                  tuple(options.merge))
     if show:
         outputs = dict(result.per_device)
         if result.has_final and result.final_per_device and not result.cell.final_is_output \
@@ -157,8 +158,8 @@ def shard(options, source, namespace, defaults) -> Outcome:
     if not (show or options.report):
         from ..stages.run.shard import replayer
 
-        outcome.replay = _replaying(replayer(result.cell, result.mesh, options.in_specs, options.out_specs),
-                                    result.cell, options, result.mesh)
+        outcome.replay = replayer(result.cell, result.mesh, options.in_specs, options.out_specs,
+                                  mesh_name=_namespace_mesh(options))
     if show:
         shown = dict(result.placed)
         shown.update({n: result.outputs[n] for n in result.device_outputs})
@@ -188,8 +189,8 @@ def shard_map(options, source, namespace, defaults) -> Outcome:
     if not (show or options.report or options.collectives):
         from ..stages.run.shard_map import replayer
 
-        outcome.replay = _replaying(replayer(result.cell, result.mesh, options.in_specs, options.out_specs,
-                                             options.check_vma), result.cell, options, result.mesh)
+        outcome.replay = replayer(result.cell, result.mesh, options.in_specs, options.out_specs, options.check_vma,
+                                  mesh_name=_namespace_mesh(options))
     if show:
         device = {n: result.outputs[n] for n in result.device_outputs}
         if result.has_final and result.final_is_array and not result.cell.final_is_output \
@@ -214,36 +215,15 @@ _ACTIONS = {"devices": devices, "mesh": mesh, "sharding": sharding, "pmap": pmap
 
 # --- shared steps --------------------------------------------------------------------------------
 
-def _replaying(replay_engine, cell, options=None, mesh=None):
-    """A replay (Outcome.replay) of a --no-show cell: the engine's replayer (never the result: it
-    holds the user's arrays), its line already resolved.
-
-    A mesh taken from the namespace (named by --mesh, or the default `mesh`) must still be the very
-    mesh this run used; otherwise the replay declines and the magic starts from the line again, as it
-    does when the engine declines (an input or constant changed).
-    """
-    named = _namespace_mesh(options) if options is not None else None
-    has_final = cell.has_final_expression
-
-    def replay(namespace: dict):
-        if named is not None and namespace.get(named) is not mesh:
-            return None
-        found = replay_engine(namespace)
-        if found is None:
-            return None
-        bindings, final, commit = found
-        return Outcome(bindings=bindings, final=final, has_final=has_final, replay=replay, commit=commit)
-
-    return replay
-
-
 def _namespace_mesh(options) -> str | None:
-    """The name of the namespace's mesh a %%shard/%%shard_map line uses, if it uses one."""
+    """The name of the namespace's mesh a %%shard/%%shard_map line uses, if it uses one: a replay of
+    the cell declines once that name is bound to another mesh (the magic then starts from the line)."""
     if isinstance(options.mesh, str):
         return options.mesh
     counted = any(isinstance(e, int) for spec in [*options.in_specs.values(), *options.out_specs.values()]
                   if isinstance(spec, tuple) for e in spec)
     return "mesh" if options.mesh is None and not counted else None
+
 
 def sharding_views(name: str, value) -> list:
     """The one view of a named value: a sharding view of an array, a tree view (its leaves by

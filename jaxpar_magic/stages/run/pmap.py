@@ -14,10 +14,9 @@ from ...cell.inputs import absent_builtins
 from ...cell.programs import BoundedCache, Rerun, analyse_cached
 from ...engines.pmap import mesh_for, prepare
 from ...engines.pmap_inputs import per_device_note
-from ...errors import UsageError
 from ..record.cell_recording import recording
 from .pmap_function import ParallelFunction
-from .program import RunResult, complete, replay_cached, run_program
+from .program import RunResult, complete, replay_function, run_program
 
 
 @dataclass
@@ -47,14 +46,9 @@ def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=()
     if args is None:
         rerun, args = _full_path(cell, namespace, mesh, broadcast, split, merge, collectives)
     program = rerun.program
-    try:
-        results, run_ms, signature = run_program(
-            _block_cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
-    except UsageError:
-        raise
-    except Exception as exc:
-        _note_devices(exc, cell, namespace, mesh, broadcast)
-        raise
+    results, run_ms, signature = run_program(
+        _block_cache, rerun, args, cell, mesh.axis_names,
+        note=lambda exc: _note_devices(exc, cell, namespace, mesh, broadcast))
     rerun.remember(_reruns, key, signature)
     result = _block_result(cell, mesh, program, results[0], results[1], merge, run_ms)
     return complete(result, program, signature, args, mesh, cell, want_facts,
@@ -111,24 +105,18 @@ def _block_result(cell, mesh, program, device, final, merge, run_ms) -> BlockRes
 
 
 def replayer(cell: cells.Cell, mesh, broadcast=(), split=(), merge=()):
-    """The re-run of a --no-show block-mode cell with these resolved options: a function of the
-    namespace giving (bindings, final, commit), or None when the cell must take the full path again."""
-    key, axis_names = rerun_key(cell, mesh, broadcast, split, merge), mesh.axis_names
+    """The re-run of a --no-show block-mode cell with these resolved options
+    (program.replay_function): binds the outputs and returns (the final value,), or None when the
+    cell must take the full path again."""
 
-    def replay(namespace: dict):
-        try:
-            found = replay_cached(_reruns, _block_cache, key, namespace, cell, axis_names)
-        except UsageError:
-            raise
-        except Exception as exc:
-            _note_devices(exc, cell, namespace, mesh, broadcast)
-            raise
-        if found is None:
-            return None
-        program, results = found[0].program, found[2]
-        return _outputs(program, results[0], mesh, merge), program.final_of(results[1])[0], None
+    def finish(rerun, args, results, namespace):
+        return _outputs(rerun.program, results[0], mesh, merge), None
 
-    return replay
+    def note(exc, namespace):
+        _note_devices(exc, cell, namespace, mesh, broadcast)
+
+    return replay_function(_reruns, _block_cache, rerun_key(cell, mesh, broadcast, split, merge), cell, mesh,
+                           finish, note=note)
 
 
 def clear_cache() -> None:

@@ -10,8 +10,9 @@ import time
 from dataclasses import dataclass
 
 from ...cell import analysis as cells
+from ...cell.bindings import bind_results
 from ...cell.hlo import Collective, collectives
-from ...cell.programs import BoundedCache, CellProgram, shape_signature
+from ...cell.programs import BoundedCache, CellProgram, Rerun, shape_signature
 from ...errors import UsageError, explain_trace_error
 from ...views.progress import Progress
 from ..record.cell_recording import collectives_view_state
@@ -113,15 +114,18 @@ def has_collectives_on_cpu(mesh, jitted, args) -> bool:
     return bool(collectives(jitted.lower(*args).compile().as_text()))
 
 
-def run_program(cache: BoundedCache, key, program: CellProgram, args, cell: cells.Cell, axis_names, signature=None):
-    """Call a compiled cell, explaining foreseeable errors; returns (results, run_ms, shape signature).
+def run_program(cache: BoundedCache, rerun: Rerun, args, cell: cells.Cell, axis_names, note=None):
+    """Call a cell's compiled program (rerun.program) on `args`, explaining foreseeable errors;
+    returns (results, run_ms, shape signature).
 
     A first run for these input shapes shows a status line while it compiles and records the
     compile time. Whatever stops the run (an error, Kernel -> Interrupt) removes the program from
-    the cache: no half-built entry. Later runs take the shortest path: the bench's re-runs.
+    the cache: no half-built entry; `note(exc)` annotates an error the cell's code raised. Later
+    runs take the shortest path: the bench's re-runs.
     """
     import jax
 
+    program, signature = rerun.program, rerun.signature
     if signature is None:
         signature = shape_signature(args)
         first = signature not in program.compile_ms
@@ -138,7 +142,7 @@ def run_program(cache: BoundedCache, key, program: CellProgram, args, cell: cell
             results = program.jitted(*args)
             jax.block_until_ready(results)  # the views read them; also avoids the 2-core CPU hang
     except BaseException as exc:
-        _forget_and_raise(cache, key, exc, cell, axis_names)
+        _forget_and_raise(cache, rerun, args, exc, cell, axis_names, note)
     elapsed = (time.perf_counter() - start) * 1e3
     if not first:
         return results, elapsed, signature
@@ -147,36 +151,61 @@ def run_program(cache: BoundedCache, key, program: CellProgram, args, cell: cell
     return results, max(0.0, elapsed - compile_ms), signature
 
 
-def _forget_and_raise(cache: BoundedCache, key, exc: BaseException, cell: cells.Cell, axis_names):
+def _forget_and_raise(cache: BoundedCache, rerun: Rerun, args, exc: BaseException, cell: cells.Cell, axis_names,
+                      note=None):
     """Whatever stopped a run (an error, Kernel -> Interrupt) removes its program from the cache, so
-    the next run starts clean; a foreseeable trace error is raised as our UsageError instead."""
-    cache.pop(key, None)
+    the next run starts clean. A foreseeable error is raised as our UsageError instead (an input
+    whose buffers were donated, a trace error we can explain); any other error gets the engine's
+    `note` (pmap: what each device saw) before it goes on."""
+    cache.pop(rerun.key, None)
     if isinstance(exc, Exception) and not isinstance(exc, UsageError):
-        explained = explain_trace_error(exc, cell.filename, tuple(axis_names))
+        explained = rerun.deleted_input_error(args, cell) or explain_trace_error(exc, cell.filename, tuple(axis_names))
         if explained is not None:
             raise explained from None
+        if note is not None:
+            note(exc)
     raise exc
 
 
-def replay_cached(reruns: BoundedCache, cache: BoundedCache, key, namespace: dict, cell: cells.Cell, axis_names):
-    """A re-run's shortest path (a --no-show cell run again, its line already resolved): (rerun,
-    args, results) when nothing the last successful run checked has changed, else None, and the
-    caller takes the full path. One flat call: each layer between the magic and the program costs a
-    few microseconds a re-run (bench section 9)."""
+def replay_function(reruns: BoundedCache, cache: BoundedCache, key, cell: cells.Cell, mesh, finish, *,
+                    mesh_name: str | None = None, note=None):
+    """The re-run of a --no-show cell, its line already resolved: a function of the namespace that
+    runs the cached program, binds what the cell binds, and returns `(final,)`: the cell's final
+    value (None without one); or None, binding nothing, when anything the last successful run
+    checked has changed (an input, a constant, the mesh bound to `mesh_name`), and the caller takes
+    the full path.
+
+    `finish(rerun, args, results, namespace)` gives the engine's (bindings, commit); `note(exc,
+    namespace)` annotates an error the cell raised. One flat function on purpose: each layer between
+    the magic and the program costs a few microseconds a re-run, measured in place (bench section 9),
+    where the simulated devices' threads share the machine's cores with this one.
+    """
     import jax
 
-    rerun = reruns.get(key)
-    if rerun is None:
-        return None
-    args = rerun.args(namespace)
-    if args is None:
-        return None
-    try:  # run_program's cached branch, without its clock: a replay reports no run time
-        results = rerun.program.jitted(*args)
-        jax.block_until_ready(results)
-    except BaseException as exc:
-        _forget_and_raise(cache, rerun.key, exc, cell, axis_names)
-    return rerun, args, results
+    axis_names, has_final = mesh.axis_names, cell.has_final_expression
+
+    def replay(namespace: dict):
+        if mesh_name is not None and namespace.get(mesh_name) is not mesh:
+            return None
+        rerun = reruns.get(key)
+        if rerun is None:
+            return None
+        args = rerun.args(namespace)
+        if args is None:
+            return None
+        try:
+            results = rerun.program.jitted(*args)
+            jax.block_until_ready(results)
+        except BaseException as exc:
+            noted = None if note is None else (lambda e: note(e, namespace))
+            _forget_and_raise(cache, rerun, args, exc, cell, axis_names, noted)
+        bindings, commit = finish(rerun, args, results, namespace)
+        bind_results(namespace, bindings)  # one step, after the run succeeded
+        if commit is not None:
+            commit(namespace)
+        return (rerun.program.final_of(results[1])[0] if has_final else None),
+
+    return replay
 
 
 def complete(result: RunResult, program: CellProgram, signature, args, mesh, cell: cells.Cell,

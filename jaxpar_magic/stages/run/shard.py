@@ -14,7 +14,7 @@ from ...cell.inputs import absent_builtins
 from ...cell.programs import BoundedCache, Rerun, analyse_cached, apply_write_backs, split_write_backs
 from ...cell.treespecs import normalize
 from ...engines.shard import check_cell, is_mesh, prepare, resolve_mesh
-from .program import RunResult, complete, replay_cached, run_program
+from .program import RunResult, complete, replay_function, run_program
 
 
 _cache = BoundedCache()
@@ -56,17 +56,15 @@ def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs
     if args is None:
         rerun, args = _full_path(cell, namespace, mesh, in_specs, out_specs)
     program = rerun.program
-    results, run_ms, signature = run_program(
-        _cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
+    results, run_ms, signature = run_program(_cache, rerun, args, cell, mesh.axis_names)
     rerun.remember(_reruns, key, signature, {tree.name: [leaf.sharding for leaf in arrays]
                                              for tree, arrays in zip(rerun.inputs, args) if tree.name in in_specs})
     result = _shard_result(cell, mesh, program, rerun.inputs, args, results, namespace, in_specs, run_ms)
     return complete(result, program, signature, args, mesh, cell, want_facts)
 
 
-def _shard_result(cell, mesh, program, inputs, args, results, namespace, in_specs, run_ms=0.0) -> ShardResult:
-    """The run's placed inputs and outputs as the user's types (complete() adds its facts)."""
-    device, final = results
+def _placed_and_outputs(program, inputs, args, device, namespace, in_specs):
+    """(placed inputs, outputs, computed output names, NNX write-backs) of a run, as the user's types."""
     computed, write_backs = split_write_backs(program.outputs_of(device))
     placed = {}
     for tree, arrays in zip(inputs, args):
@@ -79,6 +77,13 @@ def _shard_result(cell, mesh, program, inputs, args, results, namespace, in_spec
             write_backs.setdefault(tree.name, tree.tree_of(arrays))
     outputs = dict(program.static_outputs)
     outputs.update(computed)
+    return placed, outputs, computed, write_backs
+
+
+def _shard_result(cell, mesh, program, inputs, args, results, namespace, in_specs, run_ms=0.0) -> ShardResult:
+    """The run's placed inputs and outputs as the user's types (complete() adds its facts)."""
+    device, final = results
+    placed, outputs, computed, write_backs = _placed_and_outputs(program, inputs, args, device, namespace, in_specs)
     final, final_is_array = program.final_of(final)
     return ShardResult(
         outputs=outputs,
@@ -95,20 +100,19 @@ def _shard_result(cell, mesh, program, inputs, args, results, namespace, in_spec
     )
 
 
-def replayer(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict):
-    """The re-run of a --no-show cell with these resolved options: a function of the namespace giving
-    (bindings, final, commit), or None when the cell must take the full path again."""
-    key, axis_names = rerun_key(cell, mesh, in_specs, out_specs), mesh.axis_names
+def replayer(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, mesh_name: str | None = None):
+    """The re-run of a --no-show cell with these resolved options (program.replay_function): binds
+    the placed inputs and outputs, writes NNX objects' new state, and returns (the final value,), or
+    None when the cell must take the full path again."""
 
-    def replay(namespace: dict):
-        found = replay_cached(_reruns, _cache, key, namespace, cell, axis_names)
-        if found is None:
-            return None
-        rerun, args, results = found
-        result = _shard_result(cell, mesh, rerun.program, rerun.inputs, args, results, namespace, in_specs)
-        return result.bindings, result.final, result.commit
+    def finish(rerun, args, results, namespace):  # what ShardResult.bind binds, without building one
+        placed, outputs, _, write_backs = _placed_and_outputs(rerun.program, rerun.inputs, args, results[0],
+                                                              namespace, in_specs)
+        placed.update(outputs)
+        return placed, (lambda ns: apply_write_backs(ns, write_backs)) if write_backs else None
 
-    return replay
+    return replay_function(_reruns, _cache, rerun_key(cell, mesh, in_specs, out_specs), cell, mesh, finish,
+                           mesh_name=mesh_name)
 
 
 def _full_path(cell, namespace, mesh, in_specs, out_specs):

@@ -17,7 +17,7 @@ from ...engines.shard import is_mesh, resolve_mesh
 from ...engines.shard_map import check_cell, prepare
 from ...errors import explaining
 from ..record.cell_recording import recording
-from .program import RunResult, complete, replay_cached, run_program
+from .program import RunResult, complete, replay_function, run_program
 
 
 _cache = BoundedCache()
@@ -69,8 +69,7 @@ def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_s
         with explaining(cell.filename, mesh.axis_names):  # discovering the outputs traces the cell
             rerun, args = _full_path(cell, namespace, mesh, in_specs, out_specs, check_vma, collectives)
     program = rerun.program
-    results, run_ms, signature = run_program(
-        _cache, rerun.key, program, args, cell, mesh.axis_names, signature=rerun.signature)
+    results, run_ms, signature = run_program(_cache, rerun, args, cell, mesh.axis_names)
     rerun.remember(_reruns, key, signature)
     final, final_is_array = program.final_of(results[1])
     result = ShardMapResult(
@@ -90,19 +89,16 @@ def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_s
                     results[2] if collectives else None, "collectives of the %%shard_map cell")
 
 
-def replayer(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True):
-    """The re-run of a --no-show cell with these resolved options: a function of the namespace giving
-    (bindings, final, commit), or None when the cell must take the full path again."""
-    key, axis_names = rerun_key(cell, mesh, in_specs, out_specs, check_vma), mesh.axis_names
+def replayer(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True,
+             mesh_name: str | None = None):
+    """The re-run of a --no-show cell with these resolved options (program.replay_function): binds
+    the outputs and returns (the final value,), or None when the cell must take the full path again."""
 
-    def replay(namespace: dict):
-        found = replay_cached(_reruns, _cache, key, namespace, cell, axis_names)
-        if found is None:
-            return None
-        program, results = found[0].program, found[2]
-        return program.bound_outputs(results[0]), program.final_of(results[1])[0], None
+    def finish(rerun, args, results, namespace):
+        return rerun.program.bound_outputs(results[0]), None
 
-    return replay
+    return replay_function(_reruns, _cache, rerun_key(cell, mesh, in_specs, out_specs, check_vma), cell, mesh,
+                           finish, mesh_name=mesh_name)
 
 
 def shard_map_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None, check_vma: bool = True,
