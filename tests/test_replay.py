@@ -13,7 +13,7 @@ from IPython.utils.capture import capture_output
 from jax.sharding import PartitionSpec as P
 
 from jaxpar_magic.face import magics
-from shell_helpers import N_DEVICES
+from shell_helpers import N_DEVICES, run_python
 
 
 def mesh(ip, line: str):
@@ -118,27 +118,77 @@ def test_a_split_input_known_by_identity_is_still_reshaped(jx):
         np.testing.assert_allclose(jx.user_ns["y"], np.arange(2.0 * N_DEVICES).reshape(N_DEVICES, 2).sum(axis=1))
 
 
-def test_a_replay_that_jax_refuses_leaves_the_namespace_and_is_forgotten(jx):
-    """An error JAX raises at the call on the replay path (today: an input committed to one device,
-    which jit will not move onto the mesh): the namespace keeps the last outputs, the replay is
-    forgotten, and %%pmap's note of what each device saw is added to JAX's error."""
+def test_a_replay_whose_run_fails_leaves_the_namespace_and_is_forgotten():
+    """An error only the run shows (a host callback raising), on the replay path: the namespace keeps
+    the last outputs, the replay is forgotten, and %%pmap's note of what each device saw is added. In
+    a fresh process: JAX keeps a failed callback's runtime token, which later effects barriers raise."""
+    done = run_python("""
+        import jax
+        jax.config.update("jax_num_cpu_devices", 8)
+        import jax.numpy as jnp, numpy as np
+        from IPython.core.interactiveshell import InteractiveShell
+        from jaxpar_magic.face import magics
+        shell = InteractiveShell.instance()
+        shell.run_line_magic("load_ext", "jaxpar_magic")
+        state = {"fail": False}
+        def host(v):
+            if state["fail"]:
+                raise ValueError("the host refuses")
+            return np.asarray(v) * 2
+        shell.push({"x": jnp.arange(8.0), "host": host, "jax": jax})
+        line, cell = "--no-show", "y = jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x)"
+        shell.run_cell_magic("pmap", line, cell)
+        shell.run_cell_magic("pmap", line, cell)  # a replay
+        key = ("pmap", line, cell, ("i", True))
+        assert key in magics._replays
+        before = shell.user_ns["y"]
+        state["fail"] = True
+        try:
+            shell.run_cell_magic("pmap", line, cell)
+        except Exception as exc:
+            assert "the host refuses" in str(exc), exc
+            notes = getattr(exc, "__notes__", [])
+            assert any("each device sees its own slice" in n and "x: float32[]" in n for n in notes), notes
+        else:
+            raise AssertionError("the failing callback raised nothing")
+        assert shell.user_ns["y"] is before and key not in magics._replays
+        print("checked")
+    """)
+    assert "checked" in done.stdout, done.stderr[-3000:]
+
+
+def test_an_input_committed_to_other_devices_is_named_on_the_replay_and_the_full_path(jx):
+    """jit moves no committed array: one placed on a single device, or computed by a cell over fewer
+    devices, gets a UsageError naming it and its devices (JAX's own says `blocks[0][0]` of an inner
+    function), and the advice given works."""
+    from IPython.core.error import UsageError as IPythonUsageError
+
     jx.push({"x": jnp.arange(float(N_DEVICES))})
     line, cell = "--no-show", "y = x * 3"
-    key = ("pmap", line, cell, ("i", True))
     jx.run_cell_magic("pmap", line, cell)
     jx.run_cell_magic("pmap", line, cell)  # a replay
-    assert key in magics._replays
     before = jx.user_ns["y"]
-    jx.push({"x": jax.device_put(jnp.arange(float(N_DEVICES)), jax.devices()[3])})  # same shape, one device
-    with pytest.raises(ValueError, match="incompatible devices") as raised:
-        jx.run_cell_magic("pmap", line, cell)
-    assert jx.user_ns["y"] is before  # nothing bound
-    assert key not in magics._replays
-    assert any("each device sees its own slice" in note and "x: float32[]" in note
-               for note in getattr(raised.value, "__notes__", []))
-    jx.push({"x": jnp.ones(N_DEVICES)})
-    jx.run_cell_magic("pmap", line, cell)  # uncommitted again: right
-    np.testing.assert_allclose(jx.user_ns["y"], np.full(N_DEVICES, 3.0))
+    jx.push({"x": jax.device_put(jnp.arange(float(N_DEVICES)), jax.devices()[3])})
+    for _ in range(2):  # the replay, then the full path
+        with pytest.raises(IPythonUsageError, match=r"`x` is committed to device 3 \(read on line 1 .*runs on devices "
+                                                    rf"0-{N_DEVICES - 1}\b"):
+            jx.run_cell_magic("pmap", line, cell)
+        assert jx.user_ns["y"] is before
+    jx.run_cell("x = jax.tree.map(jnp.asarray, jax.device_get(x))").raise_error()  # the advice
+    jx.run_cell_magic("pmap", line, cell)
+    np.testing.assert_allclose(jx.user_ns["y"], np.arange(N_DEVICES) * 3.0)
+
+    half = N_DEVICES // 2
+    mesh(jx, f"data={half} --devices {half} --name half")
+    jx.push({"v": jnp.arange(16.0)})
+    jx.run_cell_magic("shard", "--mesh half --in v=data --no-show", "w = v + 1")  # w: committed to half the devices
+    with pytest.raises(IPythonUsageError, match=rf"`w` is committed to devices 0-{half - 1} "):
+        jx.run_cell_magic("pmap", "--split w --no-show", "t = w.sum()")
+
+    mesh(jx, "data=8")
+    jx.push({"a": jax.device_put(jnp.arange(16.0), jax.devices()[0])})
+    with pytest.raises(IPythonUsageError, match=r"`a` is committed to device 0 "):
+        jx.run_cell_magic("shard_map", "--in a=data --out b=data --no-show", "b = a * 2")
 
 
 @pytest.mark.parametrize("magic, line", [

@@ -298,6 +298,40 @@ def deleted_input_error(tree: TreeInput, index: int, cell) -> UsageError:
     )
 
 
+def misplaced_leaf(tree: TreeInput, arrays, mesh) -> int | None:
+    """The index of the first of an input's traced leaves committed to other devices than `mesh`'s
+    (jit moves an uncommitted array where it is needed, never a committed one), or None."""
+    array, devices = jax_array_type(), set(mesh.devices.flat)
+    for index, leaf in enumerate(arrays):
+        if isinstance(leaf, array) and leaf.committed and leaf.sharding.device_set != devices:
+            return index
+    return None
+
+
+def misplaced_input_error(tree: TreeInput, index: int, leaf, cell, mesh) -> UsageError:
+    """What to say when a cell reads an array committed to devices its mesh does not span."""
+    on = _device_ids(leaf.sharding.device_set)
+    return UsageError(
+        f"`{tree.label(index)}` is committed to device{'s' if len(on) > 1 else ''} {_id_list(on)} "
+        f"({_where_read(tree, cell)}), and this cell runs on devices {_id_list(_device_ids(mesh.devices.flat))}. "
+        f"JAX moves an uncommitted array where a program needs it, but never a committed one (placed by "
+        f"jax.device_put, or computed on those devices, e.g. by a cell over fewer devices). Give the cell an "
+        f"uncommitted copy, `{tree.name} = jax.tree.map(jnp.asarray, jax.device_get({tree.name}))`, or place it on "
+        f"this cell's devices with jax.device_put and a NamedSharding of its mesh."
+    )
+
+
+def _device_ids(devices) -> list[int]:
+    return sorted(d.id for d in devices)
+
+
+def _id_list(ids: list[int]) -> str:
+    """`3`, `0-7`, or `0, 2, 5`: device ids as a reader scans them."""
+    if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}-{ids[-1]}"
+    return ", ".join(map(str, ids))
+
+
 def _where_read(tree: TreeInput, cell) -> str:
     lineno = cell.first_read(tree.name)
     return f"read on line {lineno} of the cell: `{cell.line(lineno)}`"

@@ -14,7 +14,10 @@ from dataclasses import dataclass, field
 from ..errors import UsageError
 from . import analysis as cells
 from .fingerprints import Ref, fingerprint
-from .inputs import OutputTree, TreeInput, deleted_input_error, deleted_leaf, jax_array_type, rebuilt
+from .inputs import (
+    OutputTree, TreeInput, deleted_input_error, deleted_leaf, jax_array_type, misplaced_input_error, misplaced_leaf,
+    rebuilt,
+)
 
 
 CACHE_SIZE = 64
@@ -291,6 +294,15 @@ class Rerun:
             index = deleted_leaf(tree, arrays)
             if index is not None:
                 return deleted_input_error(tree, index, cell)
+        return None
+
+    def misplaced_input_error(self, args, cell: cells.Cell, mesh) -> UsageError | None:
+        """The UsageError naming the first input leaf among `args` committed to other devices than
+        the mesh's (jit moves no committed array), or None; asked only once a run has failed."""
+        for tree, arrays in zip(self.inputs, args):
+            index = misplaced_leaf(tree, arrays, mesh)
+            if index is not None:
+                return misplaced_input_error(tree, index, arrays[index], cell, mesh)
         return None
 
     def remember(self, reruns: "BoundedCache", key, signature, placements=None) -> None:

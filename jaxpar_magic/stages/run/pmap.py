@@ -47,7 +47,7 @@ def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=()
         rerun, args = _full_path(cell, namespace, mesh, broadcast, split, merge, collectives)
     program = rerun.program
     results, run_ms, signature = run_program(
-        _block_cache, rerun, args, cell, mesh.axis_names,
+        _block_cache, rerun, args, cell, mesh,
         note=lambda exc: _note_devices(exc, cell, namespace, mesh, broadcast))
     rerun.remember(_reruns, key, signature)
     result = _block_result(cell, mesh, program, results[0], results[1], merge, run_ms)

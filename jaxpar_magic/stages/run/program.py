@@ -114,7 +114,7 @@ def has_collectives_on_cpu(mesh, jitted, args) -> bool:
     return bool(collectives(jitted.lower(*args).compile().as_text()))
 
 
-def run_program(cache: BoundedCache, rerun: Rerun, args, cell: cells.Cell, axis_names, note=None):
+def run_program(cache: BoundedCache, rerun: Rerun, args, cell: cells.Cell, mesh, note=None):
     """Call a cell's compiled program (rerun.program) on `args`, explaining foreseeable errors;
     returns (results, run_ms, shape signature).
 
@@ -142,7 +142,7 @@ def run_program(cache: BoundedCache, rerun: Rerun, args, cell: cells.Cell, axis_
             results = program.jitted(*args)
             jax.block_until_ready(results)  # the views read them; also avoids the 2-core CPU hang
     except BaseException as exc:
-        _forget_and_raise(cache, rerun, args, exc, cell, axis_names, note)
+        _forget_and_raise(cache, rerun, args, exc, cell, mesh, note)
     elapsed = (time.perf_counter() - start) * 1e3
     if not first:
         return results, elapsed, signature
@@ -151,15 +151,17 @@ def run_program(cache: BoundedCache, rerun: Rerun, args, cell: cells.Cell, axis_
     return results, max(0.0, elapsed - compile_ms), signature
 
 
-def _forget_and_raise(cache: BoundedCache, rerun: Rerun, args, exc: BaseException, cell: cells.Cell, axis_names,
+def _forget_and_raise(cache: BoundedCache, rerun: Rerun, args, exc: BaseException, cell: cells.Cell, mesh,
                       note=None):
     """Whatever stopped a run (an error, Kernel -> Interrupt) removes its program from the cache, so
     the next run starts clean. A foreseeable error is raised as our UsageError instead (an input
-    whose buffers were donated, a trace error we can explain); any other error gets the engine's
+    whose buffers were donated, one committed to other devices than the mesh's, a trace error we
+    can explain); any other error gets the engine's
     `note` (pmap: what each device saw) before it goes on."""
     cache.pop(rerun.key, None)
     if isinstance(exc, Exception) and not isinstance(exc, UsageError):
-        explained = rerun.deleted_input_error(args, cell) or explain_trace_error(exc, cell.filename, tuple(axis_names))
+        explained = (rerun.deleted_input_error(args, cell) or rerun.misplaced_input_error(args, cell, mesh)
+                     or explain_trace_error(exc, cell.filename, tuple(mesh.axis_names)))
         if explained is not None:
             raise explained from None
         if note is not None:
@@ -182,7 +184,7 @@ def replay_function(reruns: BoundedCache, cache: BoundedCache, key, cell: cells.
     """
     import jax
 
-    axis_names, has_final = mesh.axis_names, cell.has_final_expression
+    has_final = cell.has_final_expression
 
     def replay(namespace: dict):
         if mesh_name is not None and namespace.get(mesh_name) is not mesh:
@@ -198,7 +200,7 @@ def replay_function(reruns: BoundedCache, cache: BoundedCache, key, cell: cells.
             jax.block_until_ready(results)
         except BaseException as exc:
             noted = None if note is None else (lambda e: note(e, namespace))
-            _forget_and_raise(cache, rerun, args, exc, cell, axis_names, noted)
+            _forget_and_raise(cache, rerun, args, exc, cell, mesh, noted)
         bindings, commit = finish(rerun, args, results, namespace)
         bind_results(namespace, bindings)  # one step, after the run succeeded
         if commit is not None:

@@ -56,7 +56,7 @@ def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs
     if args is None:
         rerun, args = _full_path(cell, namespace, mesh, in_specs, out_specs)
     program = rerun.program
-    results, run_ms, signature = run_program(_cache, rerun, args, cell, mesh.axis_names)
+    results, run_ms, signature = run_program(_cache, rerun, args, cell, mesh)
     rerun.remember(_reruns, key, signature, {tree.name: [leaf.sharding for leaf in arrays]
                                              for tree, arrays in zip(rerun.inputs, args) if tree.name in in_specs})
     result = _shard_result(cell, mesh, program, rerun.inputs, args, results, namespace, in_specs, run_ms)

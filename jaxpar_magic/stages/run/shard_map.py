@@ -69,7 +69,7 @@ def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_s
         with explaining(cell.filename, mesh.axis_names):  # discovering the outputs traces the cell
             rerun, args = _full_path(cell, namespace, mesh, in_specs, out_specs, check_vma, collectives)
     program = rerun.program
-    results, run_ms, signature = run_program(_cache, rerun, args, cell, mesh.axis_names)
+    results, run_ms, signature = run_program(_cache, rerun, args, cell, mesh)
     rerun.remember(_reruns, key, signature)
     final, final_is_array = program.final_of(results[1])
     result = ShardMapResult(
