@@ -232,7 +232,8 @@ def classify(cell, namespace: dict, named: dict | None = None, abstract: bool = 
         if name in namespace:
             value = namespace[name]
             tree = TreeInput.of(name, value, abstract=True)
-            if tree is not None and not abstract and any(is_abstract(leaf) for leaf in tree.arrays(value)):
+            leaves = tree.arrays(value) if tree is not None and not abstract else ()  # flattened once, for both checks
+            if any(is_abstract(leaf) for leaf in leaves):
                 lineno = cell.first_read(name)
                 raise UsageError(
                     f"{name!r} is an abstract array (jax.ShapeDtypeStruct: a shape and a layout, no values), read on "
@@ -243,10 +244,9 @@ def classify(cell, namespace: dict, named: dict | None = None, abstract: bool = 
                 constants.append(name)
             else:
                 _check_traceable(tree, value, cell)
-                if not abstract:
-                    deleted = deleted_leaf(tree, tree.arrays(value))
-                    if deleted is not None:
-                        raise deleted_input_error(tree, deleted, cell)
+                deleted = deleted_leaf(tree, leaves)
+                if deleted is not None:
+                    raise deleted_input_error(tree, deleted, cell)
                 inputs.append(tree)
         elif not hasattr(builtins, name):
             lineno = cell.first_read(name)
@@ -279,13 +279,18 @@ def _check_traceable(tree: TreeInput, value, cell) -> None:
             )
 
 
-def deleted_leaf(tree: TreeInput, arrays) -> int | None:
-    """The index of the first of an input's traced leaves whose device buffers are gone, or None."""
+def _first_jax_array(arrays, test) -> int | None:
+    """The index of the first jax.Array among an input's traced leaves that passes `test`, or None."""
     array = jax_array_type()
     for index, leaf in enumerate(arrays):
-        if isinstance(leaf, array) and leaf.is_deleted():
+        if isinstance(leaf, array) and test(leaf):
             return index
     return None
+
+
+def deleted_leaf(tree: TreeInput, arrays) -> int | None:
+    """The index of the first of an input's traced leaves whose device buffers are gone, or None."""
+    return _first_jax_array(arrays, lambda leaf: leaf.is_deleted())
 
 
 def deleted_input_error(tree: TreeInput, index: int, cell) -> UsageError:
@@ -301,11 +306,8 @@ def deleted_input_error(tree: TreeInput, index: int, cell) -> UsageError:
 def misplaced_leaf(tree: TreeInput, arrays, mesh) -> int | None:
     """The index of the first of an input's traced leaves committed to other devices than `mesh`'s
     (jit moves an uncommitted array where it is needed, never a committed one), or None."""
-    array, devices = jax_array_type(), set(mesh.devices.flat)
-    for index, leaf in enumerate(arrays):
-        if isinstance(leaf, array) and leaf.committed and leaf.sharding.device_set != devices:
-            return index
-    return None
+    devices = set(mesh.devices.flat)
+    return _first_jax_array(arrays, lambda leaf: leaf.committed and leaf.sharding.device_set != devices)
 
 
 def misplaced_input_error(tree: TreeInput, index: int, leaf, cell, mesh) -> UsageError:

@@ -293,19 +293,17 @@ class Rerun:
                 return None
         return args
 
-    def deleted_input_error(self, args, cell: cells.Cell) -> UsageError | None:
-        """The UsageError naming the first input leaf among `args` whose buffers were deleted (a
-        donated array), or None: asked only once a run has failed, so re-runs pay nothing for it."""
-        for tree, arrays in zip(self.inputs, args):
+    def input_error(self, args, cell: cells.Cell, mesh) -> UsageError | None:
+        """The UsageError naming the first input leaf among `args` that JAX cannot take: one whose
+        buffers were deleted (donated), else one committed to other devices than the mesh's (jit moves
+        no committed array); None when there is none. Asked only once a run has failed: re-runs pay
+        nothing for it."""
+        pairs = list(zip(self.inputs, args))
+        for tree, arrays in pairs:
             index = deleted_leaf(tree, arrays)
             if index is not None:
                 return deleted_input_error(tree, index, cell)
-        return None
-
-    def misplaced_input_error(self, args, cell: cells.Cell, mesh) -> UsageError | None:
-        """The UsageError naming the first input leaf among `args` committed to other devices than
-        the mesh's (jit moves no committed array), or None; asked only once a run has failed."""
-        for tree, arrays in zip(self.inputs, args):
+        for tree, arrays in pairs:
             index = misplaced_leaf(tree, arrays, mesh)
             if index is not None:
                 return misplaced_input_error(tree, index, arrays[index], cell, mesh)

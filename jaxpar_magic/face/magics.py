@@ -158,8 +158,9 @@ class JaxparMagics(Magics, Configurable):
                     display(view)
             status_lines.close()
         outcome.bind(namespace)
-        _remember_replay(replay_key, outcome.replay if cluster is None else None, cell is not None and _silenced(cell))
-        if cell is not None and outcome.has_final and not _silenced(cell):
+        silenced = cell is not None and _silenced(cell)
+        _remember_replay(replay_key, outcome.replay if cluster is None else None, silenced)
+        if cell is not None and outcome.has_final and not silenced:
             return outcome.final
         return None
 

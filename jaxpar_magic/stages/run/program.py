@@ -156,11 +156,11 @@ def _forget_and_raise(cache: BoundedCache, rerun: Rerun, args, exc: BaseExceptio
     """Whatever stopped a run (an error, Kernel -> Interrupt) removes its program from the cache, so
     the next run starts clean. A foreseeable error is raised as our UsageError instead (an input
     whose buffers were donated, one committed to other devices than the mesh's, a trace error we
-    can explain); any other error gets the engine's
-    `note` (pmap: what each device saw) before it goes on."""
+    can explain); any other error gets the engine's `note` (pmap: what each device saw) before it
+    goes on."""
     cache.pop(rerun.key, None)
     if isinstance(exc, Exception) and not isinstance(exc, UsageError):
-        explained = (rerun.deleted_input_error(args, cell) or rerun.misplaced_input_error(args, cell, mesh)
+        explained = (rerun.input_error(args, cell, mesh)
                      or explain_trace_error(exc, cell.filename, tuple(mesh.axis_names)))
         if explained is not None:
             raise explained from None
