@@ -15,8 +15,8 @@ from ..errors import UsageError
 from . import analysis as cells
 from .fingerprints import Ref, fingerprint
 from .inputs import (
-    OutputTree, TreeInput, deleted_input_error, deleted_leaf, jax_array_type, misplaced_input_error, misplaced_leaf,
-    rebuilt,
+    OutputTree, TreeInput, deleted_input_error, deleted_leaf, jax_array_type, matching_group, merged_inputs,
+    misplaced_input_error, misplaced_leaf, rebuilt,
 )
 
 
@@ -86,45 +86,46 @@ class CellProgram:
         return rebuilt
 
 
-WRITE_BACK = "<state of {}>"  # an output carrying an NNX input's new state (never a Python name)
+WRITE_BACK = "<state of {}>"  # an output carrying the new state of the inputs' NNX objects (never a Python name)
 
 
 def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = False):
     """The cell as a function of its inputs' traced leaves (one list per input): each input is
-    rebuilt as the user's own type (cell/inputs.py) before the cell's code sees it.
+    rebuilt as the user's own type (cell/inputs.py) before the cell's code sees it, the NNX objects
+    of all of them merged as one graph, as `nnx.jit(f)(a, b)` does.
 
-    NNX objects the cell changes in place (`optimizer.update(model, grads)`): with `write_back`,
-    their new state leaves the program as an output named WRITE_BACK.format(name), written into the
-    user's objects once the cell succeeded (`apply_write_backs`); without it (a per-device engine,
-    where each device would hold its own copy), the change is refused with what to do instead.
+    NNX objects the cell changes in place (`optimizer.update(model, grads)`, a BatchNorm's
+    statistics, an `Rngs` draw): with `write_back`, their new joint state leaves the program as an
+    output named WRITE_BACK.format(the names of the inputs holding them), written into the user's
+    objects once the cell succeeded (`write_backs_of`, `apply_write_backs`); without it (a
+    per-device engine, where each device would hold its own copy), the change is refused with what
+    to do instead.
     """
     fn = cells.build_function(cell, tuple(tree.name for tree in inputs), namespace)
-    graphs = [i for i, tree in enumerate(inputs) if tree.graphdef is not None]
-    if not graphs:
+    if not any(tree.graphdef is not None for tree in inputs):
         return lambda *args: fn(*rebuilt(inputs, args))
+    group = next(tree.group for tree in inputs if tree.graphdef is not None)
 
     def on_leaves(*args):
-        import jax
-
-        from . import nnx_graphs
-
-        values = rebuilt(inputs, args)
+        values, merged = merged_inputs(inputs, args)
         outs, final = fn(*values)
-        for i in graphs:
-            tree = inputs[i]
-            leaves, treedef = jax.tree.flatten(nnx_graphs.state(values[i]))
-            if treedef == tree.treedef and all(leaves[j] is a for j, a in zip(tree.positions, args[i])):
-                continue  # read, not changed
-            if not write_back:
-                raise UsageError(
-                    f"the cell changes the Flax NNX object {tree.name!r} in place (its state after the cell differs "
-                    f"from before). Here every device runs the cell on its own copy, so there is no one new state to "
-                    f"write back. Run the training step with %%shard (it writes {tree.name!r}'s new state back, like "
-                    f"nnx.jit), or use the functional form: `graphdef, state = nnx.split({tree.name})` before the "
-                    f"cell, `nnx.merge(graphdef, state)` inside it, and assign the new `nnx.state(...)` to a name."
-                )
-            outs = dict(outs)
-            outs[WRITE_BACK.format(tree.name)] = nnx_graphs.state(values[i])
+        after = merged.after()
+        changed = merged.changed(after)
+        if changed is None:
+            return outs, final  # read, not changed
+        if not write_back:
+            holder, where = changed
+            raise UsageError(
+                f"the cell changes the Flax NNX object {where!r} in place (its state after the cell differs "
+                f"from before: new parameters, BatchNorm statistics, an Rngs draw...). Here every device runs "
+                f"the cell on its own copy, so there is no one new state to write back. Run the training step "
+                f"with %%shard (it writes the new state back, like nnx.jit), or use the functional form: "
+                f"`graphdef, state = nnx.split({holder})` before the cell, `nnx.merge(graphdef, state)` inside "
+                f"it, and assign the new `nnx.state(...)` to a name (for a BatchNorm, call `.eval()` on it "
+                f"first if the cell should only read its statistics)."
+            )
+        outs = dict(outs)
+        outs[WRITE_BACK.format(", ".join(group))] = after
         return outs, final
 
     return on_leaves
@@ -134,24 +135,32 @@ _WRITE_BACK_PREFIX, _WRITE_BACK_SUFFIX = WRITE_BACK.split("{}")
 
 
 def split_write_backs(outputs: dict) -> tuple[dict, dict]:
-    """(the cell's own outputs, {input name: its new NNX state}) from an engine's rebuilt outputs."""
+    """(the cell's own outputs, {names of the inputs holding NNX objects: their new joint state})
+    from an engine's rebuilt outputs."""
     prefix, suffix = _WRITE_BACK_PREFIX, _WRITE_BACK_SUFFIX
     for name in outputs:  # a plain loop, not any(...): this runs on every %%shard re-run (bench section 4)
         if name.startswith(prefix):
             break
     else:  # the common case: no NNX object changed
         return outputs, {}
-    states = {n[len(prefix):-len(suffix)]: v for n, v in outputs.items() if n.startswith(prefix) and n.endswith(suffix)}
+    states = {tuple(n[len(prefix):-len(suffix)].split(", ")): v for n, v in outputs.items()
+              if n.startswith(prefix) and n.endswith(suffix)}
     own = {n: v for n, v in outputs.items() if not (n.startswith(prefix) and n.endswith(suffix))}
     return own, states
 
 
-def apply_write_backs(namespace: dict, states: dict) -> None:
-    """Write each changed NNX input's new state into the user's very object (after the cell succeeded)."""
+def write_backs_of(namespace: dict, states: dict) -> list:
+    """[(the values holding NNX objects, their new joint state)]: the user's objects are looked up
+    now, before the cell's outputs are bound (a cell may rebind a name that held one)."""
+    return [([namespace[name] for name in names], state) for names, state in states.items()]
+
+
+def apply_write_backs(write_backs: list) -> None:
+    """Write each new joint state into the user's very objects (after the cell succeeded)."""
     from . import nnx_graphs
 
-    for name, state in states.items():
-        nnx_graphs.update(namespace[name], state)
+    for values, state in write_backs:
+        nnx_graphs.write(values, state)
 
 
 def traced(value) -> bool:
@@ -242,7 +251,7 @@ class Rerun:
     """
 
     __slots__ = ("inputs", "reshape", "constants", "constants_checked", "absent", "program", "key", "signature",
-                 "placements", "checked")
+                 "placements", "checked", "graphs")
 
     def __init__(self, inputs, reshape, constants, absent, program, key):
         self.inputs = inputs  # TreeInputs, in argument order
@@ -258,9 +267,17 @@ class Rerun:
         # immutable (shape, dtype, sharding), so the very same object passes them again: re-running a
         # cell on unchanged inputs skips them (in-place re-checks cost ~15 µs a call, bench section 9).
         self.checked: list = [None] * len(inputs)
+        self.graphs = tuple(i for i, tree in enumerate(inputs) if tree.graphdef is not None)  # NNX inputs
 
     def args(self, namespace: dict):
         """The program's arguments if nothing the first run checked has changed, else None."""
+        joint = None
+        if self.graphs:  # the inputs holding NNX objects are split together, as they were, and matched so
+            joint = matching_group([self.inputs[i] for i in self.graphs],
+                                   [namespace.get(self.inputs[i].name, _MISSING) for i in self.graphs])
+            if joint is None:
+                return None
+            joint = dict(zip(self.graphs, joint))
         args = []
         for i, (tree, reshape) in enumerate(zip(self.inputs, self.reshape)):
             value = namespace.get(tree.name, _MISSING)
@@ -268,7 +285,7 @@ class Rerun:
             if checked is not None and checked() is value and not value.is_deleted():  # deleted: donated
                 arrays = [value]
             else:
-                arrays = tree.matching_arrays(value)
+                arrays = tree.matching_arrays(value) if joint is None or i not in joint else joint[i]
                 if arrays is None:
                     return None
                 placed = self.placements.get(tree.name)

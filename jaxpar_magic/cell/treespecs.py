@@ -71,8 +71,9 @@ def spec_tree_of(spec, namespace: dict, name: str, option: str):
     return namespace[spec.name]
 
 
-def leaf_specs(tree, value, spec, namespace: dict, option: str = "--in") -> list[tuple]:
-    """One spec (our tuple form) per traced leaf of `value` (whose input model is `tree`)."""
+def leaf_specs(tree, value, spec, namespace: dict, option: str = "--in", *, arrays=None) -> list[tuple]:
+    """One spec (our tuple form) per traced leaf of `value` (whose input model is `tree`; `arrays`:
+    its traced leaves, which for an input holding NNX objects come from the cell's joint split)."""
     import jax
 
     specs = spec_tree_of(spec, namespace, tree.name, option)
@@ -80,9 +81,11 @@ def leaf_specs(tree, value, spec, namespace: dict, option: str = "--in") -> list
         return [tuple(spec)] * len(tree.positions)
     from . import nnx_graphs
 
-    target = nnx_graphs.split(value)[1] if tree.graphdef is not None else value
-    if nnx_graphs.holds_graph_nodes(specs):
-        specs = nnx_graphs.split(specs)[1]
+    target = value
+    if tree.graphdef is not None:  # the NNX objects' state, as nnx.state(...) gives it, where they sit
+        slotted = tree.tree_of(arrays) if arrays is not None else nnx_graphs.split_values([value])[1][0]
+        target = nnx_graphs.unslotted(slotted)
+    specs = nnx_graphs.with_states(specs)
     per_leaf: list = []
 
     def cover(entry, subtree):

@@ -7,7 +7,7 @@ Also the plain-Python twins of `%mesh` and `%sharding`: `make_mesh`, `place`, `p
 from __future__ import annotations
 
 from ..cell import analysis as cells
-from ..cell.inputs import TreeInput, classify
+from ..cell.inputs import TreeInput, classify, input_arrays
 from ..cell.layout import spec_axes
 from ..cell.prepared import PreparedCell
 from ..cell.programs import CellProgram, capture_outputs, cell_function, within_mesh
@@ -168,8 +168,9 @@ def place(value, mesh, spec, name: str = "value", namespace: dict | None = None,
         return tree.rebuild(placed)
     from ..cell import nnx_graphs
 
-    nnx_graphs.update(value, tree.tree_of(placed))  # the user's own object, as `nnx.update` lays it out
-    return value
+    slotted = tree.tree_of(placed)  # the user's own NNX objects, laid out in place as `nnx.update` does
+    nnx_graphs.write([value], nnx_graphs.joint_state([slotted]))
+    return nnx_graphs.with_objects(slotted, nnx_graphs.nodes_of([value]))
 
 
 def place_leaves(tree, arrays, value, mesh, spec, namespace, option: str = "--in") -> list:
@@ -180,7 +181,8 @@ def place_leaves(tree, arrays, value, mesh, spec, namespace, option: str = "--in
     from ..cell.treespecs import leaf_specs
 
     placed = []
-    for index, (leaf, leaf_spec) in enumerate(zip(arrays, leaf_specs(tree, value, spec, namespace, option))):
+    for index, (leaf, leaf_spec) in enumerate(zip(arrays, leaf_specs(tree, value, spec, namespace, option,
+                                                                      arrays=arrays))):
         leaf_spec = with_auto_axis(leaf_spec)
         check_spec(tree.label(index), tuple(leaf.shape), leaf_spec, mesh, option)
         target = NamedSharding(mesh, P(*leaf_spec))
@@ -290,14 +292,14 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: 
     abstract = describe if abstract is None else abstract
     inputs, constants, out_specs = _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=abstract)
     args, specs = [], []
-    for tree in inputs:
+    for tree, arrays in zip(inputs, input_arrays(inputs, namespace)):
         value = namespace[tree.name]
-        arrays = tree.arrays(value)
         if tree.name not in in_specs:
             args.append(arrays)
             specs.append((None,) * len(arrays))
             continue
-        per_leaf = [with_auto_axis(spec) for spec in leaf_specs(tree, value, in_specs[tree.name], namespace)]
+        per_leaf = [with_auto_axis(spec) for spec in leaf_specs(tree, value, in_specs[tree.name], namespace,
+                                                                arrays=arrays)]
         if describe:
             for index, (leaf, spec) in enumerate(zip(arrays, per_leaf)):
                 check_spec(tree.label(index), tuple(leaf.shape), spec, mesh)
