@@ -18,7 +18,7 @@ import builtins
 import functools
 
 from ..errors import UsageError
-from . import nnx_graphs
+from . import dict_keys, nnx_graphs
 from .fingerprints import fingerprint
 
 
@@ -167,21 +167,48 @@ class TreeInput:
         return self.name + (self.paths()[index] if self.is_tree else "")
 
 
-def trees_of(named: list, abstract: bool = False) -> list:
+def trees_of(named: list, abstract: bool = False, cell=None) -> list:
     """The TreeInput (or None: a constant) of each (name, value), the NNX objects of all of them
-    split as one graph, the way `nnx.jit(f)(a, b)` splits its arguments."""
-    holders = [i for i, (_, value) in enumerate(named)
-               if nnx_graphs.holds_graph_nodes(value) and _has_arrays(value, abstract)]
+    split as one graph, the way `nnx.jit(f)(a, b)` splits its arguments. `cell`, when given, is
+    where messages say the value is read."""
+    flat = [i for i, (name, value) in enumerate(named) if _flattens(name, value, abstract, cell)]
+    holders = [i for i in flat if nnx_graphs.holds_graph_nodes(named[i][1]) and _has_arrays(named[i][1], abstract)]
     found = [None] * len(named)
     if holders:
         graphdef, trees = nnx_graphs.split_values([named[i][1] for i in holders])
         group = tuple(named[i][0] for i in holders)
         for i, tree in zip(holders, trees):
             found[i] = TreeInput._of_tree(named[i][0], tree, abstract, graphdef, group)
-    for i, (name, value) in enumerate(named):
+    for i in flat:
         if i not in holders:
-            found[i] = TreeInput._of_tree(name, value, abstract)
+            found[i] = TreeInput._of_tree(named[i][0], named[i][1], abstract)
     return found
+
+
+def _flattens(name: str, value, abstract: bool, cell) -> bool:
+    """Whether JAX flattens `value`. A dict mixing key types (`{0: .5, 'lr': .1}`) it cannot flatten
+    is a constant when it holds no arrays (plain jax.jit closes over it the same way); with arrays
+    it is a UsageError that names it."""
+    import jax
+
+    try:
+        jax.tree.structure(value)
+        return True
+    except (ValueError, TypeError):
+        found = dict_keys.first_unsortable(value)
+        if found is None:
+            raise
+    path, mapping = found
+    if not dict_keys.holds(value, lambda leaf: is_array(leaf) or (abstract and is_abstract(leaf))):
+        return False
+    label = name + path
+    where = _where_name_read(name, cell) if cell is not None else "an input of the cell"
+    raise UsageError(
+        f"`{label}` is a dict whose keys mix {dict_keys.key_types(mapping)} ({where}), and it holds arrays: JAX "
+        f"sorts a dict's keys to flatten it into the arrays a compiled cell takes, and cannot order these. Give "
+        f"its keys one type (e.g. `{{str(k): v for k, v in {label}.items()}}`), or keep the arrays out of it: a "
+        f"dict without arrays is read as a constant, as jax.jit closing over it does."
+    )
 
 
 def _has_arrays(value, abstract: bool) -> bool:
@@ -311,7 +338,7 @@ def classify(cell, namespace: dict, named: dict | None = None, abstract: bool = 
     """
     inputs, constants = [], []
     present = [name for name in cell.reads if name in namespace]
-    trees = dict(zip(present, trees_of([(name, namespace[name]) for name in present], abstract=True)))
+    trees = dict(zip(present, trees_of([(name, namespace[name]) for name in present], abstract=True, cell=cell)))
     found = [tree for tree in trees.values() if tree is not None]
     leaves_of = dict(zip((t.name for t in found), input_arrays(found, namespace))) if not abstract else {}
     for name in cell.reads:
@@ -353,16 +380,31 @@ def classify(cell, namespace: dict, named: dict | None = None, abstract: bool = 
 
 
 def _check_traceable(tree: TreeInput, value, cell) -> None:
-    """A NumPy leaf of strings or objects can be neither traced (JAX computes on numbers) nor kept
-    as a static leaf (it is an array): say which leaf, before JAX says "not a valid JAX type"."""
+    """A NumPy leaf of strings, objects, records or dates can be neither traced (JAX computes on
+    numbers) nor kept as a static leaf (it is an array): say which leaf, before JAX says "not a
+    valid JAX type" of `args[0][0]`."""
+    import numpy as np
+
     for index, (_, dtype) in enumerate(tree.signature):
-        if getattr(dtype, "kind", "f") in "OSU":  # not "V": bfloat16 and the float8s are kind "V" too
-            raise UsageError(
-                f"`{tree.label(index)}` is a NumPy array of {dtype} ({_where_read(tree, cell)}): JAX traces "
-                f"arrays of numbers and booleans only, and an array is never a static leaf. Make it a tuple or a "
-                f"list (its items are then static, part of what the program is compiled for), or keep it out of "
-                f"{tree.name!r}."
-            )
+        # Not every kind "V": bfloat16 and the float8s are kind "V" too; a record or raw bytes is np.void.
+        kind = getattr(dtype, "kind", "f")
+        if kind not in "OSUMm" and getattr(dtype, "type", None) is not np.void:
+            continue
+        label = tree.label(index)
+        if dtype.names:
+            fix = (f"Give each field an array of its own (`{label}[{dtype.names[0]!r}]`, ...), or keep it out of "
+                   f"{tree.name!r}.")
+        elif kind in "Mm":
+            unit = np.datetime_data(dtype)[0]
+            counts = f"whole {unit} since 1970" if kind == "M" else f"whole {unit}"
+            fix = f"Turn it into numbers first, e.g. `{label}.astype('int64')` ({counts}), or keep it out of {tree.name!r}."
+        else:
+            fix = (f"Make it a tuple or a list (its items are then static, part of what the program is compiled "
+                   f"for), or keep it out of {tree.name!r}.")
+        raise UsageError(
+            f"`{label}` is a NumPy array of {dtype} ({_where_read(tree, cell)}): JAX traces arrays of numbers and "
+            f"booleans only, and an array is never a static leaf. {fix}"
+        )
 
 
 def _first_jax_array(arrays, test) -> int | None:
@@ -421,7 +463,11 @@ def _id_list(ids: list[int]) -> str:
 
 
 def _where_read(tree: TreeInput, cell) -> str:
-    lineno = cell.first_read(tree.name)
+    return _where_name_read(tree.name, cell)
+
+
+def _where_name_read(name: str, cell) -> str:
+    lineno = cell.first_read(name)
     return f"read on line {lineno} of the cell: `{cell.line(lineno)}`"
 
 

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ..errors import UsageError
-from . import analysis as cells
+from . import analysis as cells, dict_keys
 from .fingerprints import Ref, fingerprint
 from .inputs import (
     OutputTree, TreeInput, deleted_input_error, deleted_leaf, jax_array_type, matching_group, merged_inputs,
@@ -223,18 +223,44 @@ def capture_outputs(program: CellProgram, outs: dict, final, to_device):
     program.static_outputs, program.device_outputs, program.output_trees = {}, [], {}
     device = {}
     for name, value in outs.items():
-        split = OutputTree.split(value)
+        split = _output_split(name, value)
         if split is None:
             program.static_outputs[name] = value
             continue
         program.output_trees[name], leaves = split
         program.device_outputs.append(name)
         device[name] = to_device(leaves)
-    split = OutputTree.split(final)
+    split = _output_split(None, final)
     program.final_per_device[:] = [split is not None]
     program.static_final[:] = [None if split is not None else final]
     program.final_tree[:] = [split[0]] if split is not None else []
     return device, (to_device(split[1]) if split is not None else None)
+
+
+def _output_split(name: str | None, value):
+    """OutputTree.split, with a dict JAX cannot flatten (keys of mixed types) kept as a plain Python
+    value when nothing in it was computed on the devices, and named in a UsageError when something was.
+    `name` None: the cell's final expression."""
+    try:
+        return OutputTree.split(value)
+    except (ValueError, TypeError):
+        found = dict_keys.first_unsortable(value)
+        if found is None:
+            raise
+    import jax
+
+    if not dict_keys.holds(value, lambda leaf: isinstance(leaf, jax.core.Tracer)):
+        return None
+    path, mapping = found
+    what = f"output `{name}{path}`" if name is not None else f"final expression{f' (at {path})' if path else ''}"
+    otherwise = f"`del {name}` at the end of the cell if it is only a temporary" if name is not None else \
+        "end the cell with another expression"
+    raise UsageError(
+        f"the cell's {what} is a dict whose keys mix {dict_keys.key_types(mapping)}, and it holds values computed "
+        f"on the devices: JAX sorts a dict's keys to flatten a program's results, and cannot order these (plain "
+        f"jax.jit cannot return it either). Give its keys one type (e.g. `{{str(k): v for k, v in d.items()}}`), "
+        f"or {otherwise}."
+    )
 
 
 _MISSING = object()

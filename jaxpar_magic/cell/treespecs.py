@@ -63,10 +63,17 @@ def spec_tree_of(spec, namespace: dict, name: str, option: str):
         return spec.tree
     if not isinstance(spec, SpecTree):
         return None
+    example = f"`{spec.name} = jax.tree.map(lambda leaf: P(), {name})`"
     if spec.name not in namespace:
         raise UsageError(
             f"{option} {name}=@{spec.name}: {spec.name!r} is not defined. Bind a pytree of PartitionSpecs with the "
-            f"structure of {name!r} first, e.g. `{spec.name} = jax.tree.map(lambda leaf: P(), {name})`."
+            f"structure of {name!r} first, e.g. {example}."
+        )
+    if namespace[spec.name] is None:  # JAX reads None as "no subtree", so it would match nothing
+        raise UsageError(
+            f"{option} {name}=@{spec.name}: {spec.name!r} is None, not a pytree of PartitionSpecs. Bind one with the "
+            f"structure of {name!r} (or a prefix of it), e.g. {example}; or, to replicate every leaf of {name!r}, "
+            f"write `{name}=None`."
         )
     return namespace[spec.name]
 

@@ -220,16 +220,24 @@ def _compile(cell, inputs, namespace, mesh, out_specs) -> CellProgram:
     fn = cell_function(cell, inputs, namespace, write_back=True)
     program = CellProgram(jitted=None)
 
-    def constrained(value, spec):
+    def constrained(name, value, spec):
+        """The output laid out by its --out spec, each traced leaf checked as --in checks an input:
+        JAX would silently replicate a dimension the spec's axes do not divide."""
         sharding = NamedSharding(mesh, P(*spec))
-        return jax.tree.map(lambda leaf: jax.lax.with_sharding_constraint(leaf, sharding)
-                            if isinstance(leaf, jax.core.Tracer) else leaf, value)
+
+        def one(path, leaf):
+            if not isinstance(leaf, jax.core.Tracer):
+                return leaf
+            check_spec(name + jax.tree_util.keystr(path), tuple(leaf.shape), spec, mesh, "--out")
+            return jax.lax.with_sharding_constraint(leaf, sharding)
+
+        return jax.tree_util.tree_map_with_path(one, value)
 
     def whole_program(*args):
         with within_mesh(mesh):
             outs, final = fn(*args)
             for name, spec in out_specs.items():
-                outs[name] = constrained(outs[name], spec)
+                outs[name] = constrained(name, outs[name], spec)
             return capture_outputs(program, outs, final, lambda v: v)
 
     program.jitted = jax.jit(whole_program)
@@ -263,10 +271,7 @@ def _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):
                 f"--out {name}: the cell does not assign {name!r}; --out constrains names the cell assigns "
                 f"({', '.join(cell.writes) or 'none'})."
             )
-        for axes in spec_axes(out_specs[name], len(out_specs[name])):
-            for axis in axes:
-                if axis not in mesh.axis_names:
-                    raise UsageError(f"--out {name}: {axis!r} is not an axis of the mesh {tuple(mesh.axis_names)}.")
+        spec_mesh_axes(name, out_specs[name], mesh, "--out")  # axes of the mesh, each used once, as --in
     return inputs, constants + spec_names(in_specs), out_specs
 
 
