@@ -297,3 +297,79 @@ def test_shard_in_places_an_nnx_model_by_its_partition_specs_and_one_inside_a_da
     placed = nnx_ns.user_ns["box"]
     assert type(placed) is Box and placed.inner is inner  # the user's own module, laid out in place
     assert inner.kernel[...].sharding.is_fully_replicated and inner.kernel[...].sharding.mesh.shape == mesh.shape
+
+
+# --- what nnx.jit also carries back: static attributes, new and deleted attributes, identity -----------
+
+class Net(nnx.Module):
+    def __init__(self):
+        self.lin = nnx.Linear(3, 3, rngs=nnx.Rngs(0))
+        self.bn = nnx.BatchNorm(3, rngs=nnx.Rngs(1))
+
+    def __call__(self, x):
+        return self.bn(self.lin(x))
+
+
+STRUCTURE = """
+y = net(x)
+net.eval()
+net.extra = nnx.Param(jnp.ones(2))
+del net.lin
+"""
+
+
+@nnx.jit
+def _structure_step(net, x):
+    y = net(x)
+    net.eval()
+    net.extra = nnx.Param(jnp.ones(2))
+    del net.lin
+    return y
+
+
+@pytest.mark.parametrize("show", ["--no-show", "--show"])
+def test_shard_writes_back_static_attributes_and_the_graph_like_nnx_jit(nnx_ns, show):
+    for _ in range(2):  # the second run replays the compiled program on fresh objects of the same structure
+        mine, twin = Net(), Net()
+        nnx_ns.push({"net": mine, "x": _batch()})
+        cell(nnx_ns, "shard", show, STRUCTURE)
+        expected = _structure_step(twin, _batch())
+        np.testing.assert_array_equal(nnx_ns.user_ns["y"], expected)
+        assert mine.bn.use_running_average is True and twin.bn.use_running_average is True  # .eval() kept
+        assert not hasattr(mine, "lin") and not hasattr(twin, "lin")
+        assert_same_state(mine, twin)
+        assert nnx_ns.user_ns["net"] is mine
+        assert not any(name.startswith("<") for name in nnx_ns.user_ns)
+
+
+def test_shard_binds_an_output_that_is_an_object_read_as_that_object(nnx_ns):
+    model, twin = Outer(), Outer()
+    x = jnp.ones((1, 2))
+    nnx_ns.push({"model": model, "x": x})
+    source = "sub = model.lin\nsame = model\nk = model.lin.kernel\npair = (model.lin, sub(x))\nsub.kernel[...] += 1\n"
+
+    @nnx.jit
+    def step(model, x):
+        sub = model.lin
+        pair = (model.lin, sub(x))
+        sub.kernel[...] += 1
+        return sub, model, model.lin.kernel, pair
+
+    for _ in range(3):  # full path, then the re-run path
+        cell(nnx_ns, "shard", "--no-show", source)
+        sub, same, k, pair = step(twin, x)
+        assert sub is twin.lin and same is twin and k is twin.lin.kernel and pair[0] is twin.lin  # nnx.jit's way
+        ns = nnx_ns.user_ns
+        assert ns["sub"] is model.lin and ns["same"] is model and ns["k"] is model.lin.kernel
+        assert ns["pair"][0] is model.lin
+        np.testing.assert_array_equal(ns["pair"][1], pair[1])
+        assert_same_state(model, twin)
+
+
+def test_pmap_refuses_a_static_change_it_cannot_write_back(nnx_ns):
+    net = Net()
+    nnx_ns.push({"net": net, "x": jnp.ones((8, 3))})
+    before = snapshot(nnx_ns.user_ns)
+    with pytest.raises(UsageError, match="changes the Flax NNX object 'net' in place.*eval"):
+        cell(nnx_ns, "pmap", "--no-show --broadcast net", "net.eval()\ny = net(x)")
+    assert snapshot(nnx_ns.user_ns) == before and net.bn.use_running_average is False

@@ -304,16 +304,17 @@ class OutputTree:
         self.bare = graphdef is None and not statics and treedef.num_nodes == 1 and positions == (0,)
 
     @classmethod
-    def split(cls, value) -> "tuple[OutputTree, list] | None":
-        """(the output's shape of things, its traced leaves), or None for a plain Python value."""
+    def split(cls, value, always: bool = False) -> "tuple[OutputTree, list] | None":
+        """(the output's shape of things, its traced leaves), or None for a plain Python value
+        (with `always`, a value without traced leaves is an OutputTree too)."""
         import jax
 
         graphdef = None
         tree = value
-        if nnx_graphs.holds_graph_nodes(value):
+        if nnx_graphs.holds_graph_nodes(value, variables=False):  # an nnx.State's Variables flatten as pytrees
             graphdef, tree = nnx_graphs.split(value)
         leaves, treedef = jax.tree.flatten(tree)
-        if not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+        if not always and not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
             return None
         # Numbers beside traced leaves come back as arrays, as jax.jit and jax.pmap return them;
         # other leaves (an activation function, a string) stay as they are.
@@ -478,12 +479,16 @@ def absent_builtins(cell, namespace: dict) -> tuple[str, ...]:
 
 def rebuilt(inputs, args) -> list:
     """Inside a traced program: each input's value, rebuilt around its traced leaves."""
-    return merged_inputs(inputs, args)[0]
+    values, merged = merged_inputs(inputs, args)
+    if merged is not None:
+        merged.close()  # nothing will be written back from here
+    return values
 
 
 def merged_inputs(inputs, args) -> tuple[list, "nnx_graphs.MergedGraph | None"]:
     """Inside a traced program: each input's value rebuilt around its traced leaves, the NNX objects
-    of all of them merged as one graph; and that MergedGraph (None when no input holds NNX objects)."""
+    of all of them merged as one graph; and that MergedGraph (None when no input holds NNX objects),
+    which the caller closes once the cell has run."""
     members = _graph_members(inputs)
     if not members:
         return [tree.rebuild(arrays) for tree, arrays in zip(inputs, args)], None

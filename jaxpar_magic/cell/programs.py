@@ -12,7 +12,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ..errors import UsageError
-from . import analysis as cells, dict_keys
+from . import analysis as cells, dict_keys, nnx_graphs
 from .fingerprints import Ref, fingerprint
 from .inputs import (
     OutputTree, TreeInput, deleted_input_error, deleted_leaf, jax_array_type, matching_group, merged_inputs,
@@ -59,6 +59,7 @@ class CellProgram:
     output_trees: dict = field(default_factory=dict)  # device output name -> OutputTree (its type, its statics)
     final_tree: list = field(default_factory=list)  # [OutputTree] when the final expression is computed on devices
     assembled: dict = field(default_factory=dict)  # %%shard_map: device output name -> the spec it is assembled by
+    input_objects: bool = False  # some output holds NNX objects the cell read (nnx_graphs.NodeRef), bound as them
 
     def final_of(self, traced_final) -> tuple[object, bool]:
         """The cell's final expression, and whether it was computed on the devices (traced)
@@ -108,25 +109,29 @@ def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = 
 
     def on_leaves(*args):
         values, merged = merged_inputs(inputs, args)
-        outs, final = fn(*values)
-        after = merged.after()
-        changed = merged.changed(after)
-        if changed is None:
-            return outs, final  # read, not changed
-        if not write_back:
-            holder, where = changed
-            raise UsageError(
-                f"the cell changes the Flax NNX object {where!r} in place (its state after the cell differs "
-                f"from before: new parameters, BatchNorm statistics, an Rngs draw...). Here every device runs "
-                f"the cell on its own copy, so there is no one new state to write back. Run the training step "
-                f"with %%shard (it writes the new state back, like nnx.jit), or use the functional form: "
-                f"`graphdef, state = nnx.split({holder})` before the cell, `nnx.merge(graphdef, state)` inside "
-                f"it, and assign the new `nnx.state(...)` to a name (for a BatchNorm, call `.eval()` on it "
-                f"first if the cell should only read its statistics)."
-            )
-        outs = dict(outs)
-        outs[WRITE_BACK.format(", ".join(group))] = after
-        return outs, final
+        try:
+            outs, final = fn(*values)
+            if write_back:  # an output that is an object read binds as that very object, as nnx.jit returns it
+                outs = {name: merged.referred(value) for name, value in outs.items()}
+            changed = merged.changed()
+            if changed is None:
+                return outs, final  # read, not changed
+            if not write_back:
+                holder, where = changed
+                raise UsageError(
+                    f"the cell changes the Flax NNX object {where!r} in place (its state or attributes after the "
+                    f"cell differ from before: new parameters, BatchNorm statistics, an Rngs draw, `.eval()`...). "
+                    f"Here every device runs the cell on its own copy, so there is no one new state to write back. "
+                    f"Run the training step with %%shard (it writes the new state back, like nnx.jit), or use the "
+                    f"functional form: `graphdef, state = nnx.split({holder})` before the cell, `nnx.merge(graphdef, "
+                    f"state)` inside it, and assign the new `nnx.state(...)` to a name (for a BatchNorm, call "
+                    f"`.eval()` on it before the cell if the cell should only read its statistics)."
+                )
+            outs = dict(outs)
+            outs[WRITE_BACK.format(", ".join(group))] = merged.written()
+            return outs, final
+        finally:
+            merged.close()
 
     return on_leaves
 
@@ -224,12 +229,15 @@ def capture_outputs(program: CellProgram, outs: dict, final, to_device):
     device = {}
     for name, value in outs.items():
         split = _output_split(name, value)
+        if split is None and name.startswith(_WRITE_BACK_PREFIX):  # NNX objects left without state: still one
+            split = OutputTree.split(value, always=True)
         if split is None:
             program.static_outputs[name] = value
             continue
         program.output_trees[name], leaves = split
         program.device_outputs.append(name)
         device[name] = to_device(leaves)
+    program.input_objects = any(nnx_graphs.holds_node_refs(value) for value in outs.values())
     split = _output_split(None, final)
     program.final_per_device[:] = [split is not None]
     program.static_final[:] = [None if split is not None else final]

@@ -79,6 +79,11 @@ def _placed_and_outputs(program, inputs, args, device, namespace, in_specs):
                 states[tree.group] = graph_state(inputs, args)
     outputs = dict(program.static_outputs)
     outputs.update(computed)
+    if program.input_objects:  # outputs that are NNX objects the cell read: the user's very objects
+        group = next(tree.group for tree in inputs if tree.graphdef is not None)
+        values = [namespace[name] for name in group]  # as they were before the cell: nothing is bound yet
+        outputs = {name: nnx_graphs.resolved(value, values) for name, value in outputs.items()}
+        computed = {name: outputs[name] for name in computed}
     return placed, outputs, computed, write_backs_of(namespace, states) if states else []
 
 
