@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from ..errors import UsageError
 from . import analysis as cells
-from .fingerprints import Ref, fingerprint
+from .fingerprints import Ref, fingerprint, traced_callables
+from .jax_traces import forget_traces
 from .inputs import (
     OutputTree, TreeInput, deleted_input_error, deleted_leaf, jax_array_type, misplaced_input_error, misplaced_leaf,
     rebuilt,
@@ -125,7 +126,10 @@ def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = 
     user's objects once the cell succeeded (`apply_write_backs`); without it (a per-device engine,
     where each device would hold its own copy), the change is refused with what to do instead.
     """
-    fn = cells.build_function(cell, tuple(tree.name for tree in inputs), namespace)
+    names = tuple(tree.name for tree in inputs)
+    fn = cells.build_function(cell, names, namespace)
+    # Built only to be traced: the user's helpers must trace again if what they read changed.
+    forget_traces(traced_callables(namespace[n] for n in cell.reads if n in namespace and n not in names))
     graphs = [i for i, tree in enumerate(inputs) if tree.graphdef is not None]
     if not graphs:
         return lambda *args: fn(*rebuilt(inputs, args))
