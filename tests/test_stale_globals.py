@@ -215,6 +215,29 @@ def test_a_changed_global_is_seen_through_a_wrapper(jx, wrapper, magic):
         np.testing.assert_array_equal(np.signbit(y), np.signbit(expected(values, sg)))  # -0.0 is not 0.0
 
 
+INPUTS_HOLDING_FUNCTIONS = {  # an input (it has array leaves) whose structure holds a function of the user's
+    "jax.tree_util.Partial": "def f(v, w):\n    return v * w * sg\nh = jax.tree_util.Partial(f, w=jnp.float32(2.0))",
+    "an Equinox module": ("import equinox as eqx\nclass Scaled(eqx.Module):\n    w: jax.Array\n"
+                          "    def __call__(self, v):\n        return v * self.w * sg\nh = Scaled(jnp.float32(2.0))"),
+    "an Equinox static field": ("import equinox as eqx\ndef act(v):\n    return v * sg\nclass Layer(eqx.Module):\n"
+                                "    w: jax.Array\n    fn: object = eqx.field(static=True)\n"
+                                "    def __call__(self, v):\n        return self.fn(v * self.w)\nh = Layer(jnp.float32(2.0), act)"),
+}
+
+
+@pytest.mark.parametrize("magic, line", [("shard", "--mesh data=8 --no-show"), ("pmap", "--broadcast h --no-show")])
+@pytest.mark.parametrize("holder", list(INPUTS_HOLDING_FUNCTIONS))
+def test_a_global_read_by_a_function_an_input_holds(jx, x, holder, magic, line):
+    """The function is part of the input's pytree structure, which == compares by identity only."""
+    run(jx, "sg = 1.0\n" + INPUTS_HOLDING_FUNCTIONS[holder])
+    for sg in (1.0, 3.0, -0.0):
+        jx.user_ns["sg"] = sg
+        jx.push({"x": jnp.asarray(x + 1)})
+        jx.run_cell_magic(magic, line, "y = h(x)")
+        np.testing.assert_array_equal(jx.user_ns["y"], (x + 1) * 2.0 * sg)
+        np.testing.assert_array_equal(np.signbit(jx.user_ns["y"]), np.signbit((x + 1) * 2.0 * sg))
+
+
 def test_function_mode_sees_a_global_through_a_wrapper(jx, x):
     run(jx, "sg = 2.0\nh = jax.grad(lambda v: jnp.sum(v * sg))")
     with capture_output():

@@ -99,6 +99,53 @@ def traced_callables(values) -> list:
     return list({id(c): c for c in walk.callables}.values())
 
 
+def custom_nodes(treedef) -> list[tuple[type, object]]:
+    """(node type, aux data) of each node of a pytree structure that is not a plain container: a
+    jax.tree_util.Partial and its function, an Equinox module's class and static fields. A
+    structure compares these with ==, which sees neither a changed global that the function reads
+    nor -0.0 against 0.0."""
+    from jax.tree_util import treedef_children
+
+    found, stack = [], [treedef]
+    while stack:
+        node = stack.pop()
+        data = node.node_data()
+        if data is None:  # a leaf
+            continue
+        if not issubclass(data[0], _PLAIN_NODES):  # namedtuples are tuples, OrderedDicts dicts
+            found.append(data)
+        stack.extend(treedef_children(node))
+    return found
+
+
+def structure_key(nodes) -> tuple:
+    """The fingerprint of a structure's custom nodes (custom_nodes): what a cell is compiled for
+    beyond what == on the structure says (-0.0 against 0.0, 1 against 1.0, what a function or a
+    user's class, e.g. an Equinox module's __call__, reads)."""
+    return tuple((fingerprint(node_type), fingerprint(aux)) for node_type, aux in nodes)
+
+
+def held_callables(nodes) -> tuple:
+    """The user's classes among custom nodes' types (an Equinox module of theirs) and the callables
+    and objects of the user's in their aux data (a Partial's function), each with its fingerprint:
+    == on two structures compares these by identity, so an identical re-run need only fingerprint
+    these very objects again to see a global they read change."""
+    found = [(node_type, fingerprint(node_type)) for node_type, _ in nodes if _user_class(node_type)]
+    stack = [aux for _, aux in nodes]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (tuple, list)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif callable(item) or _user_class(type(item)):
+            found.append((item, fingerprint(item)))
+    return tuple(found)
+
+
+_PLAIN_NODES = (tuple, list, dict, type(None))  # their aux data: keys, or nothing
+
+
 def names_read(code: types.CodeType) -> tuple[str, ...]:
     """Global names a function's code (and the lambdas, comprehensions and nested functions in
     it) may read: a superset is fine, only names found in its globals are fingerprinted."""
