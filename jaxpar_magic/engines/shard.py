@@ -218,7 +218,6 @@ def _compile(cell, inputs, namespace, mesh, out_specs) -> CellProgram:
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     fn = cell_function(cell, inputs, namespace, write_back=True)
-    program = CellProgram(jitted=None)
 
     def constrained(name, value, spec):
         """The output laid out by its --out spec, each traced leaf checked as --in checks an input:
@@ -238,10 +237,9 @@ def _compile(cell, inputs, namespace, mesh, out_specs) -> CellProgram:
             outs, final = fn(*args)
             for name, spec in out_specs.items():
                 outs[name] = constrained(name, outs[name], spec)
-            return capture_outputs(program, outs, final, lambda v: v)
+            return capture_outputs(outs, final, lambda v: v)
 
-    program.jitted = jax.jit(whole_program)
-    return program
+    return CellProgram(jitted=jax.jit(whole_program))
 
 
 def _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):
