@@ -18,6 +18,8 @@ from html_tags import parse
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from jaxpar_magic.views.inline import inline_styles
+from jaxpar_magic.views.textwidth import fit_text, text_width
 from jaxpar_magic.views import CollectivesView, base, collectives, collectives_model
 from jaxpar_magic.views.collectives_model import hubs, movement_model, slot_text
 from jaxpar_magic.views.palette import device_color
@@ -26,7 +28,14 @@ from sample_states import collective_card, collectives_state, unrecorded_card
 HOSTILE = "<img src=x onerror=window.__xss=1>\"'&"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 #: Tags the static HTML may hold; anything else means a string got in unescaped.
-ALLOWED_TAGS = {"style", "div", "span", "b", "i", "pre", "img", "svg", "g", "path", "rect", "ellipse", "text", "title"}
+ALLOWED_TAGS = {"div", "span", "b", "i", "pre", "img", "table", "colgroup", "col", "tr", "td", "th", "br"}
+
+
+def pictures(out: str) -> list[str]:
+    """The movement pictures of a static page, decoded: each an SVG document in an <img>."""
+    import base64
+
+    return [base64.b64decode(uri).decode() for uri in re.findall(r'<img class="jpm-move" src="data:image/svg\+xml;base64,([^"]*)"', out)]
 
 
 def every_op_state(n: int = 8) -> dict[str, Any]:
@@ -145,22 +154,42 @@ def test_label_need_is_the_width_where_the_label_fits_its_block() -> None:
     assert collectives_model.label_need("0", w, total) < need
 
 
-def test_static_picture_stretches_and_its_labels_say_what_they_need() -> None:
+def test_static_picture_is_an_image_across_the_device_columns() -> None:
     card = collective_card("psum", 8)
     out = collectives.to_html(collectives_state([card], 8))
-    layout = collectives_model.stage_layout(movement_model(card, 0)["groups"])
-    _, _, total = collectives_model.stage_geometry(movement_model(card, 0)["groups"])
-    assert (f'<div class="jpm-stage-scroll"><div class="jpm-stage" style="grid-template-columns:{layout["template"]};'
-            f'min-width:{layout["min_width"]}px;max-width:{layout["max_width"]}px">') in out
-    # No fixed pixel width on the picture: the outer SVG fills its columns; the inner one is
-    # stretched from design units; labels and the combining node are placed in percentages.
-    assert '<svg class="jpm-move" width="100%" height="92"' in out
-    assert f'<svg class="jpm-move-shapes" width="100%" height="100%" viewBox="0 0 {total} 92" preserveAspectRatio="none">' in out
-    labels = re.findall(r'<text[^>]* x="([\d.]+)%" y="[\d.]+" style="--need:(\d+)px">([^<]*)</text>', out)
-    assert [t for _, _, t in labels] == [str(d) for d in range(8)] + ["Σ(0–7)"] * 8
-    for x, need, text in labels:
-        assert 0 < float(x) < 100 and int(need) <= total
-    assert re.search(r'<ellipse cx="50%" cy="46" rx="8" ry="8">', out)
+    width, _, _ = collectives_model.stage_geometry(movement_model(card, 0)["groups"])
+    total = 8 * width  # equal columns in the static table
+    # A table of a label column and 8 equal device columns, at most its design width, as narrow as
+    # the output area (8 columns fit 320 px); the picture an <img> spanning the 8 columns.
+    assert (f'<div class="jpm-stage-scroll"><table class="jpm-stage" style="'
+            f'max-width:{collectives_model.LABEL_W + total}px"><colgroup><col style="width:50px">' + "<col>" * 8) in out
+    assert f'<td colspan="8" style="padding:0"><img class="jpm-move" src="data:image/svg+xml;base64,' in out
+    (svg,) = pictures(out)
+    assert svg.startswith(f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {total} 92"')
+    labels = re.findall(r'<text x="([\d.]+)" y="[\d.]+">([^<]*)</text>', svg)
+    assert [t for _, t in labels] == [str(d) for d in range(8)] + ["Σ(0–7)"] * 8
+    assert all(0 < float(x) < total for x, _ in labels)
+    assert re.search(rf'<ellipse cx="{total / 2:g}" cy="46" rx="8" ry="8"', svg)
+
+
+def test_static_ring_steps_as_small_multiples() -> None:
+    """An exported page has no step control, so the static card lists the ring's steps: a row per
+    step, a column per device, what each device receives."""
+    out = collectives.to_html(collectives_state([collective_card("psum", 8)], 8))
+    table = out[out.index('<table class="jpm-steps-table"'):]
+    table = table[: table.index("</table>")]
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", table)
+    assert len(rows) == 1 + 2 + 14  # the head, then the reduce-scatter's 7 steps and the all-gather's 7
+    assert ">reduce-scatter</th>" in rows[1] and ">all-gather</th>" in rows[9]
+    rows = rows[2:9] + rows[10:]
+    cells = [re.findall(r"<td[^>]*>([^<]*)</td>", r) for r in rows]
+    assert all(len(c) == 8 for c in cells)
+    # Step 1: each device adds its neighbour's block to its own: sums of two devices.
+    assert all(re.fullmatch(r"Σ\(\d,\d\)", c) for c in cells[0]), cells[0]
+    # After the reduce-scatter every device holds one complete block, and the all-gather passes
+    # complete blocks around.
+    assert cells[6] == ["Σ(0–7)"] * 8 and all(c == ["Σ(0–7)"] * 8 for c in cells[7:])
+    assert [re.search(r"<th>(\d+)</th>", r).group(1) for r in rows] == [str(k) for k in range(1, 8)] * 2
 
 
 @pytest.mark.parametrize("op", ["psum", "all_gather", "psum_scatter"])
@@ -250,8 +279,11 @@ def test_to_html_escapes_hostile_strings() -> None:
     assert set(parsed.tags) <= ALLOWED_TAGS
     assert "script" not in parsed.tags
     assert not [a for a in parsed.attrs if a.startswith("on")]
-    # The only images are the heat maps, drawn from data: URIs.
-    assert all(src.startswith("data:image/png;base64,") for src in re.findall(r'<img[^>]* src="([^"]*)"', out))
+    # The only images are heat maps and pictures, drawn from data: URIs, their text escaped inside.
+    assert all(src.startswith(("data:image/png;base64,", "data:image/svg+xml;base64,"))
+               for src in re.findall(r'<img[^>]* src="([^"]*)"', out))
+    for svg in pictures(out):
+        assert "<img" not in svg and "<script" not in svg
 
 
 def test_to_text_keeps_hostile_strings_literal() -> None:
@@ -272,24 +304,24 @@ def test_to_html_any_names_stay_text(axis: str, source: str) -> None:
 def test_static_html_draws_each_card() -> None:
     state = every_op_state(8)
     out = collectives.to_html(state)
-    assert "<script" not in out and out.startswith("<style>")
+    assert "<script" not in out and "<style" not in out and "<svg" not in out
     cards = out.split('<div class="jpm-ccard">')[1:]
     assert len(cards) == 10
     # Device colours as the palette says, on tile heads and on curves.
     for d in range(8):
         assert f"background:{device_color(d)[0]}" in cards[0]
-    assert f'stroke="{device_color(3)[0]}"' in cards[1]
+    assert f'stroke="{device_color(3)[0]}"' in pictures(cards[1])[0]
     # Every recorded card with movement has one still picture; axis_index and the unrecorded none.
-    pictures = [c.count('<svg class="jpm-move"') for c in cards]
-    assert pictures == [1, 1, 1, 1, 1, 1, 1, 0, 0, 2]  # pmax ran in a loop: first and last iteration
+    assert [len(pictures(c)) for c in cards] == [1, 1, 1, 1, 1, 1, 1, 0, 0, 2]  # pmax ran in a loop: first and last
     # all-gather: one curve per (source, destination) pair, 8 sources -> one path each.
-    assert cards[1].count('class="jpm-link"') == 8
-    assert sum(p.count(" C") for p in re.findall(r'class="jpm-link" stroke="[^"]*" d="([^"]*)"', cards[1])) == 64
+    (gather,) = pictures(cards[1])
+    curves = re.findall(r'<path fill="none" stroke-width="1.6" stroke="[^"]*" d="([^"]*)"', gather)
+    assert len(curves) == 8 and sum(p.count(" C") for p in curves) == 64
     # psum through a combining node; sub-groups: two nodes and two group labels.
-    assert cards[0].count('class="jpm-hub"') == 1
-    assert cards[6].count('class="jpm-hub"') == 2 and cards[6].count('class="jpm-group-label"') == 2
+    assert pictures(cards[0])[0].count("<ellipse") == 1
+    assert pictures(cards[6])[0].count("<ellipse") == 2 and cards[6].count('class="jpm-group-label"') == 2
     # Heat maps for 2-D values (all_gather's f32[8,4] outputs), as small PNGs.
-    assert cards[1].count("<img") == 8
+    assert cards[1].count('<img class="jpm-heat') == 8
     assert "not recorded: the recorder does not know psum2" in cards[8]
     assert "first iteration" in cards[9] and "last iteration" in cards[9] and "ran 10×" in cards[9]
     assert "ring algorithm: reduce-scatter (7 steps) → all-gather (7 steps)" in cards[0]
@@ -360,17 +392,19 @@ def test_text_sub_groups_and_processes() -> None:
 
 
 def test_sizes_bounded() -> None:
-    style = len(base.style_block().encode())
+    def page_of(state: dict[str, Any]) -> str:  # the static HTML as a notebook stores it: styles inline
+        return inline_styles(collectives.to_html(state))
+
     for op, kw in [("psum", {}), ("all_gather", {}), ("psum_scatter", {"shape": (16, 2)}), ("all_to_all", {"shape": (16,)})]:
         state = collectives_state([collective_card(op, 16, **kw)], 16)
-        page = collectives.to_html(state)
-        # A 16-device card is about a small plot: under 48 KiB beside the stylesheet.
-        assert len(page.encode()) - style < 48 * 1024, (op, len(page))
-        assert len(collectives.to_text(state).splitlines()) < 30
+        page = page_of(state)
+        # A 16-device card (the most drawn) is about a small plot: under 80 KiB, styles included.
+        assert len(page.encode()) < 80 * 1024, (op, len(page))
+        assert len(collectives.to_text(state).splitlines()) < 40
     # 4,096 devices: still 16 columns per card, whatever the device count.
     state = collectives_state([collective_card("psum", 4096), collective_card("all_gather", 4096)], 4096)
-    page = collectives.to_html(state)
-    assert len(page.encode()) - style < 2 * 48 * 1024
+    page = page_of(state)
+    assert len(page.encode()) < 2 * 80 * 1024
     assert page.count('class="jpm-ctile"') == 2 * 2 * 16
     assert "4080 more devices not drawn" in page
     assert len(collectives.to_text(state).splitlines()) < 60
@@ -386,10 +420,10 @@ def test_mimebundle_has_widget_html_and_text() -> None:
     widget = CollectivesView(state=state)
     data, _ = widget._repr_mimebundle_()
     assert set(data) == {WIDGET_MIME, "text/html", "text/plain"}
-    assert data["text/html"] == collectives.to_html(state)
-    assert data["text/plain"] == collectives.to_text(state)
+    assert data["text/html"] == f'<div class="jpm-static jpm-twin-{widget._jpm_twin}">{inline_styles(collectives.to_html(state))}</div>'
+    assert data["text/plain"] == fit_text(collectives.to_text(state), text_width())
     assert CollectivesView(state).state == state
-    assert repr(widget) == collectives.to_text(state)
+    assert repr(widget) == fit_text(collectives.to_text(state), text_width())
     widget.close()
 
 

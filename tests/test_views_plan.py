@@ -10,19 +10,21 @@ from typing import Any
 import pytest
 from html_tags import parse
 
+from jaxpar_magic.views.inline import inline_styles
+from jaxpar_magic.views.textwidth import fit_text, text_width
 from jaxpar_magic.views import PlanView, base, plan
 from sample_states import plan_state
 
 HOSTILE = "<img src=x onerror=window.__xss=1>\"'&"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-ALLOWED_TAGS = {"style", "div", "span", "b", "i", "table", "thead", "tbody", "tr", "th", "td", "ul", "li", "details",
+ALLOWED_TAGS = {"div", "span", "b", "i", "table", "thead", "tbody", "tr", "th", "td", "ul", "li", "details",
                 "summary"}
 GIB = 2**30
 
 
 def body(page: str) -> str:
     """The HTML after the stylesheet (which names every class)."""
-    return page.split("</style>", 1)[1]
+    return page.split("</style>", 1)[-1]
 
 
 def hostile_state() -> dict[str, Any]:
@@ -151,7 +153,8 @@ def test_mimebundle_has_widget_html_and_text() -> None:
     widget = PlanView(state=state)
     data, _ = widget._repr_mimebundle_()
     assert set(data) == {WIDGET_MIME, "text/html", "text/plain"}
-    assert data["text/html"] == plan.to_html(state) and data["text/plain"] == plan.to_text(state)
+    assert data["text/html"] == f'<div class="jpm-static jpm-twin-{widget._jpm_twin}">{inline_styles(plan.to_html(state))}</div>'
+    assert data["text/plain"] == fit_text(plan.to_text(state), text_width())
     assert "<script" not in data["text/html"]
     widget.close()
 

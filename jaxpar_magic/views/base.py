@@ -33,9 +33,16 @@ the library up by the id in the view's ``_jpm_lib`` trait, injects the styleshee
 and imports the view's module assembled from its pieces (byte for byte what :func:`bundle_esm`
 builds), once per page.
 
-The static ``text/html`` form has the same problem, one ``<style>`` per output. Inside a kernel
-only the first view of a session carries it (see :class:`StyleCarrier`); terminal IPython and
-plain Python, where nothing is saved, always get the whole page.
+The static form
+---------------
+In a kernel a view is two outputs (:meth:`ViewBase._ipython_display_`): first its static picture
+(``text/html``, every style inline: views/inline.py) with its ``text/plain``, then the widget
+alone. The widget, once drawn, hides its static twin (js/loader.js finds it by the twin's class).
+So wherever the widget cannot be drawn (an untrusted notebook, a notebook saved without widget
+state, which shows ipywidgets' "Error displaying widget: model not found" in the widget's place,
+an exported page offline, a viewer without widgets) the static picture stays, and a terminal
+front end (``jupyter console``) prints the text once. Terminal IPython and plain Python get one
+output with both forms.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ import json
 import math
 import re
 import struct
+import uuid
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
@@ -215,62 +223,6 @@ def shared_layout() -> ipywidgets.Layout:
     return _layout
 
 
-class StyleCarrier:
-    """Which static ``text/html`` output carries the views' ``<style>``: the first view shown in
-    a kernel session, and, after the cell that carried it runs again (its output replaced), the
-    next view shown. A cell is known by the ``cellId`` JupyterLab sends with each execution;
-    without it (nbclient, some front ends) the first view of the session keeps it. A page whose
-    carrying output was cleared by hand shows the views unstyled, with the same text.
-    """
-
-    def __init__(self) -> None:
-        self.carried = False
-        self.cell: str | None = None
-
-    def take(self, cell: str | None) -> bool:
-        """Whether the view being shown now (from ``cell``) must carry the style."""
-        if self.carried:
-            return False
-        self.carried, self.cell = True, cell
-        return True
-
-    def cell_runs(self, cell: str | None) -> None:
-        """A cell starts running: if it is the one that carried the style, its output goes away."""
-        if self.carried and cell is not None and cell == self.cell:
-            self.carried = False
-
-
-_carrier = StyleCarrier()
-_watching: set[int] = set()
-
-
-def _kernel_cell() -> tuple[bool, str | None]:
-    """(running in a kernel, the id of the cell running now if the front end sent one)."""
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    kernel = getattr(shell, "kernel", None)
-    if kernel is None:
-        return False, None
-    if id(shell) not in _watching:
-        _watching.add(id(shell))
-        shell.events.register("pre_run_cell", lambda info: _carrier.cell_runs(getattr(info, "cell_id", None)))
-    try:
-        parent = kernel.get_parent()
-    except Exception:  # an older ipykernel: no parent to read
-        parent = {}
-    return True, (parent or {}).get("metadata", {}).get("cellId")
-
-
-def static_html(html: str) -> str:
-    """``html`` (a view's full static page) as this output should carry it: with or without the
-    stylesheet, by :class:`StyleCarrier`."""
-    in_kernel, cell = _kernel_cell()
-    if not in_kernel or _carrier.take(cell):
-        return html
-    return html.replace(style_block(), "", 1)
-
-
 def state_json(state: dict[str, Any]) -> str:
     """A view's state as the front end receives it: one compact JSON string. Saved notebooks
     write widget state indented, one line per list item; a string is one line (the collectives
@@ -310,6 +262,8 @@ class ViewBase(anywidget.AnyWidget):
     )
     _jpm_view = traitlets.Unicode("").tag(sync=True)
     _jpm_lib = traitlets.Unicode("").tag(sync=True)
+    #: The class (``jpm-twin-<this>``) of this view's static twin, which the drawn widget hides.
+    _jpm_twin = traitlets.Unicode("").tag(sync=True)
     _css = ""  # the stylesheet comes from the library, once per page
     _bundle: ClassVar[Bundle]
 
@@ -328,29 +282,73 @@ class ViewBase(anywidget.AnyWidget):
         lib.add(type(self)._bundle)
         kwargs.setdefault("layout", shared_layout())
         super().__init__(
-            state=dict(state or {}), _jpm_view=type(self)._bundle.view, _jpm_lib=f"IPY_MODEL_{lib.model_id}", **kwargs
+            state=dict(state or {}), _jpm_view=type(self)._bundle.view, _jpm_lib=f"IPY_MODEL_{lib.model_id}",
+            _jpm_twin=uuid.uuid4().hex[:16], **kwargs
         )
 
     def to_html(self) -> str:
-        """Static HTML for the current state (no script, every string escaped)."""
-        return type(self)._render_html(self.state)
+        """Static HTML for the current state (no script, every string escaped, every style inline)."""
+        from .inline import inline_styles
 
-    def to_text(self) -> str:
-        """Plain-text rendering of the current state."""
-        return type(self)._render_text(self.state)
+        return inline_styles(type(self)._render_html(self.state))
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    def to_text(self, width: int | None = None) -> str:
+        """Plain-text rendering of the current state, fitted to ``width`` columns (the terminal's,
+        80 in a notebook's text/plain)."""
+        from .textwidth import fit_text, text_width
+
+        return fit_text(type(self)._render_text(self.state), width or text_width())
+
+    def _widget_bundle(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
         bundle = super()._repr_mimebundle_(**kwargs)
         if bundle is None:
             return None
         data, metadata = bundle
-        data = dict(data)
-        data["text/html"] = static_html(self.to_html())
-        data["text/plain"] = self.to_text()
-        return data, metadata
+        return {WIDGET_MIME: data[WIDGET_MIME]}, metadata
+
+    def static_bundle(self) -> dict[str, str]:
+        """The static twin: the picture, marked with this widget's twin class, and the text."""
+        html = f'<div class="jpm-static jpm-twin-{self._jpm_twin}">{self.to_html()}</div>'
+        return {"text/html": html, "text/plain": self.to_text()}
+
+    def display_parts(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """What displaying this view publishes, as ``(data, metadata)`` outputs: in a kernel the
+        static twin, then the widget alone; elsewhere (a terminal prints ``text/plain``) one
+        output with every form."""
+        widget = self._widget_bundle()
+        if widget is None:
+            return [(self.static_bundle(), {})]
+        if not _in_kernel():
+            return [({**widget[0], **self.static_bundle()}, widget[1])]
+        return [(self.static_bundle(), {}), widget]
+
+    def _ipython_display_(self, **kwargs: Any) -> None:
+        from IPython.display import display
+
+        for data, metadata in self.display_parts():
+            display(data, metadata=metadata, raw=True)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """One bundle with every form (for callers that format a view themselves; IPython's display
+        calls :meth:`_ipython_display_` instead)."""
+        bundle = self._widget_bundle(**kwargs)
+        if bundle is None:
+            return None
+        data, metadata = bundle
+        return {**data, **self.static_bundle()}, metadata
 
     def __repr__(self) -> str:
         return self.to_text()
+
+
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def _in_kernel() -> bool:
+    """Whether IPython runs in a kernel (a front end draws widgets), not in a terminal."""
+    from IPython import get_ipython
+
+    return getattr(get_ipython(), "kernel", None) is not None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,8 +358,9 @@ esc = html.escape
 
 
 def style_block() -> str:
-    """The views' stylesheet as one ``<style>`` element; every rule is scoped by ``.jpm-``."""
-    return f"<style>{read_asset('views.css')}</style>"
+    """Nothing: static HTML carries no stylesheet (a sanitizer removes ``<style>``); its styles are
+    inline (views/inline.py). Kept for renderers that still prepend it."""
+    return ""
 
 
 def format_bytes(n: float | None) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ids, style_block, swatch_style
+from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ids, swatch_style
 
 
 def describe(d: dict[str, Any]) -> str:
@@ -76,7 +76,6 @@ def to_html(state: dict[str, Any]) -> str:
     total = state.get("total", len(devices))
     kinds = sorted({str(d.get("kind")) for d in devices})
     out = [
-        style_block(),
         '<div class="jpm-view jpm-devices"><div class="jpm-head"><span class="jpm-title">Devices</span>'
         f'<span class="jpm-sub">{esc(_summary(state))}</span>'
         + ('<span class="jpm-badge">simulated</span>' if state.get("simulated") else "")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_coords, format_ids, format_ms, format_shape, format_si, style_block, swatch_style
+from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_coords, format_ids, format_ms, format_shape, format_si, swatch_style
 
 GROUPS_MAX = 16
 GROUP_CELLS_MAX = 64
@@ -77,7 +77,6 @@ def to_html(state: dict[str, Any]) -> str:
     proc_of = _proc_of(state)
     chips = "".join(chip(a["name"], str(a["size"])) for a in axes)
     out = [
-        style_block(),
         '<div class="jpm-view jpm-results">',
         f'<div class="jpm-head"><span class="jpm-title jpm-mono">{esc(str(state.get("title") or "per-device results"))}</span>'
         f'<span class="jpm-chips">{chips}</span></div>',
@@ -100,7 +99,7 @@ def to_html(state: dict[str, Any]) -> str:
             )
             label = o.get("same_text") or f"same on all {len(t['devices'])} devices"
             out.append(
-                f'<div class="jpm-same"><div class="jpm-same-strip">{strip}</div><div style="flex:1;min-width:0">'
+                f'<div class="jpm-same"><div class="jpm-same-strip">{strip}</div><div class="jpm-same-value">'
                 f'<div class="jpm-same-label">{esc(label)}</div><pre class="jpm-tile-val">{esc(str(t["text"]))}</pre></div></div>'
             )
         else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import sharding
-from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_shape, style_block
+from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_shape
 
 #: Pictures the static HTML carries (the widget draws any row's on demand).
 HTML_PICTURES = 4
@@ -82,7 +82,6 @@ def to_html(state: dict[str, Any]) -> str:
     name = esc(str(state.get("name") or "tree"))
     rows = state.get("rows") or []
     out = [
-        style_block(),
         f'<div class="jpm-view jpm-tree"><div class="jpm-head"><span class="jpm-title"><code>{name}</code></span>'
         f"{_head_chips(state)}</div>",
     ]

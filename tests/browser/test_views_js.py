@@ -214,9 +214,11 @@ def test_sharding_2d(view_page: Any, samples: Any) -> None:
     assert blocks.count() == 4
     assert "P('data', None)" in host.inner_text()
     assert "replicated over model" in host.inner_text()
-    # Replicated blocks: striped with both devices' colours and labelled "0,1".
-    assert blocks.nth(0).locator(".jpm-stripes > i").count() == 2
-    assert blocks.nth(0).inner_text() == "0,1"
+    # Replicated blocks are drawn as copies, not a split: one neutral cell that names its devices,
+    # with a mark per copy in each device's colour.
+    assert "jpm-copies" in blocks.nth(0).get_attribute("class")
+    assert blocks.nth(0).locator(".jpm-copy-marks > i").count() == 2
+    assert blocks.nth(0).locator(".jpm-blabel").inner_text() == "2 copies: 0,1"
     blocks.nth(1).hover()
     detail = host.locator(".jpm-detail").inner_text()
     assert "[1000:2000, 0:10000]" in detail and "float32[1000, 10000]" in detail
@@ -303,18 +305,19 @@ def test_sharding_js_decodes_states_as_python_does(view_page: Any, samples: Any)
 def test_static_html_renders_offline(view_page: Any, samples: Any) -> None:
     """text/html as an exported notebook shows it: no script, no network; it must still draw."""
     from jaxpar_magic.views import devices, mesh, results, sharding
+    from jaxpar_magic.views.inline import inline_styles
 
     pages = {
-        "results-8": results.to_html(samples.result(8)),
-        "mesh-2x4": mesh.to_html(samples.mesh([2, 4])),
-        "mesh-16x16x16": mesh.to_html(samples.mesh([16, 16, 16])),
-        "sharding-2d": sharding.to_html(
+        "results-8": inline_styles(results.to_html(samples.result(8))),
+        "mesh-2x4": inline_styles(mesh.to_html(samples.mesh([2, 4]))),
+        "mesh-16x16x16": inline_styles(mesh.to_html(samples.mesh([16, 16, 16]))),
+        "sharding-2d": inline_styles(sharding.to_html(
             samples.sharding([4000, 10000], [("data", 4), ("model", 2)], ["data", None], name="v1s")
-        ),
-        "sharding-3d": sharding.to_html(
+        )),
+        "sharding-3d": inline_styles(sharding.to_html(
             samples.sharding([8, 1024, 512], [("a", 2), ("b", 2), ("c", 2)], ["a", "b", "c"], name="act")
-        ),
-        "devices-8": devices.to_html(samples.devices(8)),
+        )),
+        "devices-8": inline_styles(devices.to_html(samples.devices(8))),
     }
     page = view_page.page
     page.set_content(
