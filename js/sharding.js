@@ -247,7 +247,7 @@ export function draw(state) {
       { class: "jpm-head" },
       h("span", { class: "jpm-title" }, h("code", { text: state.name || "array" })),
       h("span", { class: "jpm-chip" }, h("b", { text: formatShape(dtype, shape) })),
-      state.nbytes !== null && state.nbytes !== undefined ? h("span", { class: "jpm-chip", text: formatBytes(state.nbytes) }) : null,
+      state.nbytes !== null && state.nbytes !== undefined ? h("span", { class: "jpm-chip" }, "whole array ", h("b", { text: formatBytes(state.nbytes) })) : null,
       h("span", { class: "jpm-sub", text: `${count} distinct block${count === 1 ? "" : "s"} on ${state.total_devices ?? "?"} device${state.total_devices === 1 ? "" : "s"}` }),
       state.abstract ? h("span", { class: "jpm-badge jpm-warn", text: "abstract", title: "no devices yet: positions in an abstract mesh" }) : null,
       state.process_count > 1 ? h("span", { class: "jpm-badge", text: `${state.process_count} processes` }) : null,

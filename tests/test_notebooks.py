@@ -20,13 +20,19 @@ def code_cells(nb):
     return [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
 
 
+def static_twin(outputs: list, k: int) -> dict:
+    """The static twin of the widget output ``outputs[k]``: the output just before it (in a kernel a
+    view is shown as its static HTML and text, then the widget alone: views/base.py)."""
+    return outputs[k - 1].get("data", {}) if k > 0 else {}
+
+
 def views_of(cell) -> list[str]:
     """The view kinds (``devices``, ``results``, ...) a cell displayed, from their static HTML."""
     kinds = []
-    for output in cell.get("outputs", []):
-        data = output.get("data", {})
-        if WIDGET_VIEW in data:
-            match = VIEW_ROOT.search(data.get("text/html", ""))
+    outputs = cell.get("outputs", [])
+    for k, output in enumerate(outputs):
+        if WIDGET_VIEW in output.get("data", {}):
+            match = VIEW_ROOT.search(static_twin(outputs, k).get("text/html", ""))
             kinds.append(match.group(1) if match else "?")
     return kinds
 
@@ -70,10 +76,16 @@ def test_runs_and_every_view_has_three_forms(path):
         data = output["data"]
         where = f"{path.name}, cell {index}"
         assert data[WIDGET_VIEW]["model_id"] in state, f"{where}: the widget's state was not stored"
-        html = data.get("text/html", "")
+        # The widget output is the widget alone; its static twin comes just before it.
+        assert set(data) == {WIDGET_VIEW}, f"{where}: the widget output carries {sorted(data)}"
+        outputs = nb.cells[index].outputs
+        twin = static_twin(outputs, outputs.index(output))
+        html = twin.get("text/html", "")
         assert VIEW_ROOT.search(html), f"{where}: text/html lacks a view root (class 'jpm-view jpm-<kind>')"
-        assert "<script" not in html.lower(), f"{where}: static HTML must not carry scripts"
-        assert data.get("text/plain", "").strip(), f"{where}: no text/plain form"
+        twin_id = state[data[WIDGET_VIEW]["model_id"]]["state"]["_jpm_twin"]
+        assert html.startswith(f'<div class="jpm-static jpm-twin-{twin_id}">'), f"{where}: the twin is not marked"
+        assert "<script" not in html.lower() and "<style" not in html.lower(), f"{where}: static HTML must be inline"
+        assert twin.get("text/plain", "").strip(), f"{where}: no text/plain form"
 
     # Every cell showed exactly the views its magics should, in order (notebooks.expected_views),
     # and cells tagged to fail did fail.
@@ -125,7 +137,7 @@ def test_executed_chapter_fits_its_budget_and_leaves_no_empty_output(path):
     holding = [i for i, m in models.items() if any(isinstance(v, str) and css in v for v in m["state"].values())]
     assert len(holding) == 1, f"{path.name}: the stylesheet is stored in {len(holding)} models, not once"
     pages = [o["data"].get("text/html", "") for _, o in rich_outputs(nb)]
-    assert sum(p.count("</style>") for p in pages) <= 1, f"{path.name}: more than one static <style>"
+    assert sum(p.count("</style>") for p in pages) == 0, f"{path.name}: a static <style> (the sanitizer drops it)"
     empty = empty_outputs(nb)
     assert not empty, f"{path.name}: empty outputs left in cells {[i for i, _ in empty]}: {[o for _, o in empty][:2]}"
 

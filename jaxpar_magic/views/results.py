@@ -131,7 +131,7 @@ def to_html(state: dict[str, Any]) -> str:
         if c.get("shape"):
             head += chip("", str(c["shape"]))
         if c.get("bytes") is not None:
-            head += chip(format_bytes(c["bytes"]))
+            head += chip("result buffer", format_bytes(c["bytes"]))
         if c.get("groups_text"):
             head += f'<span class="jpm-sub">{esc(str(c["groups_text"]))}</span>'
         out.append(f'<div class="jpm-coll"><div class="jpm-coll-head">{head}</div>')
@@ -203,7 +203,7 @@ def to_text(state: dict[str, Any]) -> str:
         if c.get("shape"):
             parts.append(str(c["shape"]))
         if c.get("bytes") is not None:
-            parts.append(format_bytes(c["bytes"]))
+            parts.append(f"result buffer {format_bytes(c['bytes'])}")
         if c.get("groups_text"):
             parts.append(str(c["groups_text"]))
         lines.append("  " + " · ".join(parts))

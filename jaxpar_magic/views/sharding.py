@@ -211,7 +211,7 @@ def picture_html(state: dict[str, Any]) -> str:
         "", format_shape(dtype, shape)
     )
     if state.get("nbytes") is not None:
-        head += chip(format_bytes(state["nbytes"]))
+        head += chip("whole array", format_bytes(state["nbytes"]))
     head += f'<span class="jpm-sub">{esc(_head_sub(state))}</span>'
     if state.get("abstract"):
         head += '<span class="jpm-badge jpm-warn">abstract</span>'

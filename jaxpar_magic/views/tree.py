@@ -67,7 +67,7 @@ def device_bytes_text(n: Any) -> str:
 
 def _head_chips(state: dict[str, Any]) -> str:
     out = chip("", str(state.get("type") or "")) + chip(summary(state))
-    out += chip(format_bytes(state.get("bytes")))
+    out += chip("all leaves", format_bytes(state.get("bytes")))
     if state.get("device_bytes") is not None:
         out += chip("per device", format_bytes(state["device_bytes"]))
     if state.get("abstract"):
