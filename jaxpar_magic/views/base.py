@@ -125,7 +125,7 @@ def _inline_imports(name: str, src: str, helpers: dict[str, tuple[str, set[str]]
 
 def _helper_module(name: str, helpers: dict[str, tuple[str, set[str]]], loading: tuple[str, ...]) -> tuple[str, set[str]]:
     """A helper's source as ``const __jpm_NAME = (() => {...})();`` and its exported names."""
-    src = _inline_imports(f"{name}.js", read_asset(f"{name}.js"), helpers, loading)
+    src = _without_comments(_inline_imports(f"{name}.js", read_asset(f"{name}.js"), helpers, loading))
     exports = [m.group(2) for m in _EXPORT_RE.finditer(src)]
     body = _EXPORT_RE.sub(lambda m: m.group(1) + " " + m.group(2), src)
     body = _DEFAULT_EXPORT_RE.sub("const __jpm_default = ", body)  # a view's entry point, unused here
@@ -139,8 +139,9 @@ def _helper_module(name: str, helpers: dict[str, tuple[str, set[str]]], loading:
 
 
 def _without_comments(src: str) -> str:
-    """``src`` without its ``/* */`` blocks and whole-line ``//`` comments (js/loader.js has no
-    string that contains either) and indentation, so each model carries 1.5 KB instead of 3."""
+    """``src`` without its ``/* */`` blocks and whole-line ``//`` comments and indentation: every
+    notebook stores the views' code (js/ has no string or multi-line template that holds either,
+    which the browser tests of the bundles would show), a third smaller this way."""
     src = re.sub(r"/\*.*?\*/", "", src, flags=re.S)
     lines = (line.strip() for line in src.splitlines())
     return "\n".join(line for line in lines if line and not line.startswith("//")) + "\n"
@@ -173,7 +174,7 @@ class Bundle(str):
 def bundle_esm(view: str) -> Bundle:
     """One self-contained ES module for ``js/<view>``, helpers inlined (see module docstring)."""
     helpers: dict[str, tuple[str, set[str]]] = {}
-    body = _inline_imports(view, read_asset(view), helpers, (view.removesuffix(".js"),))
+    body = _without_comments(_inline_imports(view, read_asset(view), helpers, (view.removesuffix(".js"),)))
     return Bundle(view.removesuffix(".js"), {name: code for name, (code, _) in helpers.items()}, body)
 
 
@@ -258,7 +259,8 @@ class ViewBase(anywidget.AnyWidget):
     """
 
     state = traitlets.Dict().tag(
-        sync=True, to_json=lambda value, _: state_json(value), from_json=lambda value, _: state_from_json(value)
+        sync=True, to_json=lambda value, view: state_json(view.wire_state(value)),
+        from_json=lambda value, _: state_from_json(value),
     )
     _jpm_view = traitlets.Unicode("").tag(sync=True)
     _jpm_lib = traitlets.Unicode("").tag(sync=True)
@@ -285,6 +287,11 @@ class ViewBase(anywidget.AnyWidget):
             state=dict(state or {}), _jpm_view=type(self)._bundle.view, _jpm_lib=f"IPY_MODEL_{lib.model_id}",
             _jpm_twin=uuid.uuid4().hex[:16], **kwargs
         )
+
+    def wire_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The state as the front end gets it (and a saved notebook stores it): by default all of
+        it; a view leaves out what its ES module never reads."""
+        return state
 
     def to_html(self) -> str:
         """Static HTML for the current state (no script, every string escaped, every style inline)."""
@@ -385,6 +392,37 @@ def format_si(n: float | None) -> str:
         i += 1
     sign = "-" if n < 0 else ""
     return f"{sign}{round(v, 2):g}" if i == 0 else f"{sign}{v:.2f}{prefixes[i]}"
+
+
+def to_precision(v: float, digits: int = 3) -> str:
+    """JavaScript's ``v.toPrecision(digits)``: ``digits`` significant digits, zeros kept, in fixed
+    notation unless the exponent is below -6 or at least ``digits`` (``2.92e-7``, ``1.23e+5``).
+    The one number formatter behind the widget's, the static HTML's and the text's figures."""
+    if v != v or v in (float("inf"), float("-inf")):
+        return {float("inf"): "Infinity", float("-inf"): "-Infinity"}.get(v, "NaN")
+    if v == 0:
+        return "0" if digits == 1 else "0." + "0" * (digits - 1)
+    mantissa, exponent = f"{v:.{digits - 1}e}".split("e")
+    e = int(exponent)
+    if e < -6 or e >= digits:
+        return f"{mantissa}e{'+' if e >= 0 else '-'}{abs(e)}"
+    return f"{v:.{max(0, digits - 1 - e)}f}"
+
+
+def format_seconds(s: float | None) -> str:
+    """``850 µs``, ``1.33 ms``, ``2.50 s``, ``0.00292 ns``; the twin of ``formatSeconds`` in js/plan.js."""
+    if s is None or s != s or s in (float("inf"), float("-inf")):
+        return "?"
+    a = abs(s)
+    if a == 0:
+        return "0 s"
+    if a < 1e-6:
+        return f"{to_precision(s * 1e9)} ns"
+    if a < 1e-3:
+        return f"{to_precision(s * 1e6)} µs"
+    if a < 1:
+        return f"{to_precision(s * 1e3)} ms"
+    return f"{to_precision(s)} s"
 
 
 def format_ms(ms: float | None) -> str:
@@ -488,4 +526,4 @@ def swatch_style(device_id: int) -> str:
     from .palette import device_color
 
     bg, fg = device_color(device_id)
-    return f"background:{bg};color:{fg}"
+    return f"background:{bg};color:{fg[:4]}"  # #111 or #fff: the text colours are grey or white

@@ -25,7 +25,8 @@ _HEAT_STOPS = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 
 
 
 def _fx(v: float) -> str:
-    return f"{round(v * 10) / 10:g}"
+    """A coordinate of a static picture: whole design pixels are fine at any scale it is shown at."""
+    return f"{round(v)}"
 
 
 def _curve(xa: float, ya: float, xb: float, yb: float) -> str:
@@ -227,10 +228,11 @@ def _stage_html(card: dict[str, Any], it: dict[str, Any], state: dict[str, Any])
            f'max-width:{LABEL_W + total}px"><colgroup><col style="width:{LABEL_W}px">'
            + "".join("<col>" for _ in columns) + "</colgroup>"]
 
-    def cell(i: int, body: str, title: str = "") -> str:
-        edge = ";border-left:2px solid rgba(128,128,128,0.5)" if columns[i] in first_of_group else ""
+    def cell(i: int, body: str, title: str = "", cls: str = "") -> str:
+        """A device column's cell (a tile is the cell itself: one element less per tile)."""
+        edge = ' style="border-left:2px solid #8888"' if columns[i] in first_of_group else ""
         tip = f' title="{esc(title)}"' if title else ""
-        return f'<td style="padding:0 2px{edge}"{tip}>{body}</td>'
+        return f'<td{f" class={chr(34)}{cls}{chr(34)}" if cls else ""}{edge}{tip}>{body}</td>'
 
     if len(groups) > 1:
         out.append('<tr><td class="jpm-row-label"></td>' + "".join(
@@ -249,10 +251,12 @@ def _stage_html(card: dict[str, Any], it: dict[str, Any], state: dict[str, Any])
                 row.append(cell(i, ""))
                 continue
             p = proc_of(d)
-            detail = f"{when} on device {d}{'' if p is None else f' (process {p})'}: {shape or ''} = {t.get('text')}"
-            body = _heat_img(t["heat"], width - 10) if t.get("heat") else f'<pre class="jpm-tile-val">{esc(str(t.get("text")))}</pre>'
-            row.append(cell(i, f'<div class="jpm-ctile"><div class="jpm-tile-head" style="{swatch_style(d)}"><span>dev {d}</span>'
-                              + ("" if p is None else f"<span>p{p}</span>") + f"</div>{body}</div>", detail))
+            body = _heat_img(t["heat"], width - 10) if t.get("heat") else f'<div class="jpm-tile-val">{esc(str(t.get("text")))}</div>'
+            # The value is in the tile itself; only a heat map (or a long value) needs its text on hover.
+            detail = f"{when} on device {d}: {shape or ''} = {t.get('text')}" if t.get("heat") else ""
+            head = f"dev {d}" if p is None else f"<span>dev {d}</span><span>p{p}</span>"
+            row.append(cell(i, f'<div class="jpm-tile-head" style="{swatch_style(d)}">{head}</div>{body}', detail,
+                            "jpm-ctile"))
         return "".join(row) + "</tr>"
 
     out.append(tiles_row("before", "before", card.get("in_shape")))
@@ -279,17 +283,25 @@ def _ring_steps_html(card: dict[str, Any]) -> str:
     column per device, each cell what that device receives in the step (``Σ(0,7)``: the sum of
     devices 0 and 7's blocks so far) on the sender's colour, its block and sender in the title."""
     steps = (card.get("movement") or {}).get("steps") or []
-    if not steps or not card.get("iterations"):
+    # The all-reduce's ring is what a reader cannot guess from the whole movement (its picture
+    # draws every contribution into one node); the other collectives' pictures say it all.
+    if not steps or not card.get("iterations") or movement_kind(card) != "all-reduce":
         return ""
     columns = movement_model(card, 0)["columns"]
     sym = reduce_symbol(str(card.get("op")))
     shown = _steps_shown(steps)
     rows = []
     phase = None
+    previous: list | None = None
+    folded = 0
     for k in range(1, len(steps) + 1):
         name, _, number = str(steps[k - 1].get("label")).partition(" step ")
         if name != phase:  # a row naming the phase, then its steps by number
-            phase = name
+            if folded:
+                rows.append(f'<tr><th>…</th><td colspan="{len(columns)}">{folded} more step{"s" if folded > 1 else ""} '
+                            "like the one above</td></tr>")
+                folded = 0
+            phase, previous = name, None
             rows.append(f'<tr><th colspan="{len(columns) + 1}">{esc(name)}</th></tr>')
         if k not in shown:
             if k - 1 in shown:
@@ -298,12 +310,21 @@ def _ring_steps_html(card: dict[str, Any]) -> str:
             continue
         pic = movement_model(card, k)
         into = {t["dst"]: t for t in pic["links"]}
-        cells = []
-        for i, d in enumerate(columns):
-            t = into.get(d)
-            got = slot_text(pic["bottom"][i][t["dst_block"]], False, sym, pic["partial"][i]) if t else ""
-            cells.append(f'<td style="{swatch_style(t["src"])}">{esc(got)}</td>' if t else "<td></td>")
-        rows.append(f"<tr><th>{esc(number or str(k))}</th>{''.join(cells)}</tr>")
+        texts = [(slot_text(pic["bottom"][i][into[d]["dst_block"]], False, sym, pic["partial"][i]), into[d]["src"])
+                 if d in into else None for i, d in enumerate(columns)]
+        if texts == previous:  # a step that changes nothing a reader sees here (the all-gather of sums)
+            folded += 1
+            continue
+        if folded:
+            rows.append(f'<tr><th>…</th><td colspan="{len(columns)}">{folded} more step{"s" if folded > 1 else ""} '
+                        "like the one above</td></tr>")
+            folded = 0
+        previous = texts
+        cells = "".join(f'<td style="{swatch_style(t[1])}">{esc(t[0])}</td>' if t else "<td></td>" for t in texts)
+        rows.append(f"<tr><th>{esc(number or str(k))}</th>{cells}</tr>")
+    if folded:
+        rows.append(f'<tr><th>…</th><td colspan="{len(columns)}">{folded} more step{"s" if folded > 1 else ""} '
+                    "like the one above</td></tr>")
     head = "<tr><th>step</th>" + "".join(f"<th>dev {d}</th>" for d in columns) + "</tr>"
     return (f'<div class="jpm-h">the {esc(algorithm_name(movement_kind(card)) or "steps")}, step by step: what each '
             "device receives, on the sender's colour</div>"
@@ -510,9 +531,37 @@ def to_text(state: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _packed(transfers: list[dict[str, Any]]) -> list[list[int]]:
+    return [[t["src"], t["src_block"], t["dst"], t["dst_block"], 1 if t.get("reduce") else 0] for t in transfers]
+
+
+def wire_state(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` as the widget receives it and a saved notebook stores it: each transfer packed as
+    ``[src, src_block, dst, dst_block, reduce]`` (js/collectives.js's ``unpackCard`` undoes it), and
+    no tile's first 64 values, which only the Python side reads (``fn.collectives()``, tests): the
+    collectives chapter stored 160 KB of movement as objects."""
+
+    def tiles(ts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in t.items() if k != "values"} for t in ts]
+
+    def card(c: dict[str, Any]) -> dict[str, Any]:
+        out = {**c, "iterations": [{**it, "before": tiles(it.get("before") or []), "after": tiles(it.get("after") or [])}
+                                   for it in c.get("iterations") or []]}
+        mv = c.get("movement")
+        if mv:
+            out["movement"] = {**mv, "packed": True, "transfers": _packed(mv.get("transfers") or []),
+                               "steps": [{**st, "transfers": _packed(st.get("transfers") or [])} for st in mv.get("steps") or []]}
+        return out
+
+    return {**state, "cards": [card(c) for c in state["cards"]]} if state.get("cards") else state
+
+
 class CollectivesView(ViewBase):
     """Collective cards: ``CollectivesView(state={...})`` with the CollectivesView state dict."""
 
     _esm = bundle_esm("collectives.js")
     _render_html = staticmethod(to_html)
     _render_text = staticmethod(to_text)
+
+    def wire_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        return wire_state(state)

@@ -39,6 +39,16 @@ _VOID = {"img", "br", "hr", "input", "col", "wbr"}
 _INHERITED = {"color", "font-family", "font-size", "font-weight", "line-height", "text-align", "white-space",
               "letter-spacing", "text-transform", "font-style", "overflow-wrap", "word-break", "cursor"}
 _BARE = {"div", "span", "i", "b"}
+#: Inherited properties JupyterLab's own stylesheet sets on these tags (``.jp-RenderedHTMLCommon td``
+#: and the like): below such a tag, what an ancestor of ours gave is no longer what a child inherits.
+_RESET_BY_NOTEBOOK = {
+    "table": {"color", "font-size"},
+    "tr": {"line-height", "white-space", "text-align"},
+    "td": {"line-height", "white-space", "text-align"},
+    "th": {"line-height", "white-space", "text-align", "font-weight"},
+    "pre": {"color", "font-family", "font-size", "line-height", "white-space", "word-break", "overflow-wrap"},
+    "code": {"color", "font-family", "font-size", "line-height", "white-space", "overflow-wrap"},
+}
 _COMPOUND_RE = re.compile(r"^([a-z][a-z0-9]*)?((?:\.[-a-zA-Z0-9_]+)*)$")
 
 
@@ -144,7 +154,8 @@ def inline_styles(markup: str) -> str:
         parent = inherited[-1]
         if tag not in _VOID and not selfclose:
             ancestors.append((tag, classes))
-            inherited.append({**parent, **{k: v for k, v in merged.items() if k in _INHERITED}})
+            passed = {k: v for k, v in parent.items() if k not in _RESET_BY_NOTEBOOK.get(tag, ())}
+            inherited.append({**passed, **{k: v for k, v in merged.items() if k in _INHERITED}})
         if tag in _BARE:
             merged = {k: v for k, v in merged.items() if k not in _INHERITED or parent.get(k) != v}
         if not merged and not values.get("style") and not any(k.startswith("data-") for k in values):

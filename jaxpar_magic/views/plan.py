@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ms, format_shape, format_si, format_spec, style_block
+from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ms, format_seconds, format_shape, format_si, format_spec, style_block
 
 MAX_COLLECTIVES = 256
 #: Collectives the text rendering lists (a terminal screenful).
@@ -15,28 +15,6 @@ NO_HARDWARE = (
     "no step-time estimate: give --hardware (tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, h100, a100, b200, "
     "or custom:flops=…,hbm=…,bw=…,memory=…)"
 )
-
-
-def format_seconds(s: float | None) -> str:
-    """``850 µs``, ``1.33 ms``, ``2.50 s``; the twin of ``formatSeconds`` in js/plan.js."""
-    if s is None or s != s or s in (float("inf"), float("-inf")):
-        return "?"
-    a = abs(s)
-    if a == 0:
-        return "0 s"
-    if a < 1e-6:
-        return f"{_precision(s * 1e9)} ns"
-    if a < 1e-3:
-        return f"{_precision(s * 1e6)} µs"
-    if a < 1:
-        return f"{_precision(s * 1e3)} ms"
-    return f"{_precision(s)} s"
-
-
-def _precision(v: float) -> str:
-    """JavaScript's ``toPrecision(3)`` for 1 <= |v| < 1000: three significant digits, zeros kept."""
-    r = float(f"{v:.3g}")
-    return f"{r:.{max(0, 3 - len(str(int(abs(r)))))}f}"
 
 
 def format_gib(n: float) -> str:

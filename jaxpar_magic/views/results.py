@@ -100,7 +100,7 @@ def to_html(state: dict[str, Any]) -> str:
             label = o.get("same_text") or f"same on all {len(t['devices'])} devices"
             out.append(
                 f'<div class="jpm-same"><div class="jpm-same-strip">{strip}</div><div class="jpm-same-value">'
-                f'<div class="jpm-same-label">{esc(label)}</div><pre class="jpm-tile-val">{esc(str(t["text"]))}</pre></div></div>'
+                f'<div class="jpm-same-label">{esc(label)}</div><div class="jpm-tile-val">{esc(str(t["text"]))}</div></div></div>'
             )
         else:
             out.append('<div class="jpm-tiles">')
@@ -115,7 +115,7 @@ def to_html(state: dict[str, Any]) -> str:
                     + (f'<span class="jpm-proc">{esc(proc)}</span>' if proc else "")
                     + "</div>"
                     + (f'<div class="jpm-tile-slice">{esc(str(o.get("name")) + str(t["slice"]))}</div>' if t.get("slice") else "")
-                    + f'<pre class="jpm-tile-val">{esc(str(t["text"]))}</pre></div>'
+                    + f'<div class="jpm-tile-val">{esc(str(t["text"]))}</div></div>'
                 )
             out.append("</div>")
         if o.get("omitted"):

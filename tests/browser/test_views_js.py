@@ -368,3 +368,14 @@ def test_shard_map_blocks_show_the_slice_each_device_holds(view_page: Any, sampl
     assert "blocks of float32[20]" in host.locator(".jpm-out-head").first.inner_text().replace("\n", " ")
     assert 'class="jpm-tile-slice">y[5:10]<' in to_html(state)
     assert "dev 1 (i=1) = y[5:10]:" in to_text(state)
+
+
+def test_tile_values_keep_their_padding_inside_a_notebook_output(view_page: Any, samples: Any) -> None:
+    """JupyterLab and nbconvert style `.jp-OutputArea-output pre { padding: 0 }`; a tile's value
+    keeps its own padding inside an output area all the same."""
+    page = view_page.page
+    page.add_style_tag(content=".jp-OutputArea-output pre { padding: 0; }")
+    page.evaluate("() => document.body.classList.add('jp-OutputArea-output')")
+    host = view_page.mount("results", samples.result(8))
+    pad = host.locator(".jpm-tile-val").first.evaluate("e => getComputedStyle(e).paddingLeft")
+    assert pad == "8px", pad

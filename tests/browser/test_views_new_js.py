@@ -641,3 +641,19 @@ def test_processes_sharding_legend_and_tooltips(view_page: Any, samples: Any) ->
     from jaxpar_magic.views import sharding
 
     assert "process 1: devices 4–7 · holds 2 blocks" in sharding.to_html(state)
+
+
+def test_the_wire_state_draws_what_the_state_does(view_page: Any) -> None:
+    """What the widget receives (views/collectives.py's wire_state: packed transfers, no tile values)
+    draws exactly what the full state draws, at the whole movement and at every ring step."""
+    from jaxpar_magic.views.collectives import wire_state
+
+    state = every_op_state(8)
+    packed = wire_state(state)
+    assert all(isinstance(t, list) for c in packed["cards"] for t in (c.get("movement") or {}).get("transfers") or [])
+    full, wired = view_page.mount("collectives", state), view_page.mount("collectives", packed)
+    assert full.inner_html() == wired.inner_html()
+    for host in (full, wired):
+        host.locator('.jpm-ccard[data-op="psum"] button[data-action="next"]').first.click()
+    assert full.inner_html() == wired.inner_html()
+    assert "step 1 of 14" in wired.locator('.jpm-ccard[data-op="psum"] .jpm-step-label').first.inner_text()
