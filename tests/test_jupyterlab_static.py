@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from chromium import browser, collect_errors
+from playwright.sync_api import expect
 from test_jupyterlab import STATUS_BAR_PX, lab, shut_down_kernels  # noqa: F401  (lab: a fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -46,7 +48,7 @@ KINDS = ["devices", "results", "collectives", "mesh", "sharding", "sharding", "s
 TOP = ".jpm-view:not(.jpm-view .jpm-view)"
 
 #: Layout facts about every top-level view on the page (for the views a person can see).
-FACTS_JS = """(sel) => [...document.querySelectorAll(sel)].filter((v) => v.offsetParent !== null).map((v) => {
+FACTS_JS = """(v) => {
     const kind = [...v.classList].find((c) => c.startsWith('jpm-') && c !== 'jpm-view');
     const box = v.getBoundingClientRect();
     const area = v.closest('.jp-OutputArea-output') || v.parentElement;
@@ -71,7 +73,7 @@ FACTS_JS = """(sel) => [...document.querySelectorAll(sel)].filter((v) => v.offse
     return {kind, width: box.width, height: box.height, text: v.innerText.slice(0, 80), clipped: clipped.slice(0, 5),
             scrollers, cardTops: tops('.jpm-card'), cellTops: tops('.jpm-cell'), cellLefts: lefts('.jpm-cell'),
             colour: getComputedStyle(v).color, chipBorder: (v.querySelector('.jpm-chip') ? getComputedStyle(v.querySelector('.jpm-chip')).borderTopStyle : null)};
-})"""
+}"""
 
 
 @pytest.fixture(scope="module")
@@ -123,11 +125,19 @@ def open_notebook(page, lab, name: str, *, theme: str | None = None, sidebar: bo
 
 
 def view_facts(page) -> list[dict]:
-    """Facts of every view, each scrolled into the viewport first (Lab paints off-screen cells lazily)."""
+    """Facts of every view a person can see, each read while it is in the viewport (Lab paints
+    off-screen cells lazily: their text is empty and their size a placeholder until then)."""
     views = page.locator(f".jp-OutputArea-output {TOP}")
+    facts = []
     for i in range(views.count()):
-        views.nth(i).scroll_into_view_if_needed()
-    return page.evaluate(FACTS_JS, f".jp-OutputArea-output {TOP}")
+        view = views.nth(i)
+        if not view.evaluate("v => v.offsetParent !== null"):
+            continue  # a static twin its live view hid
+        view.scroll_into_view_if_needed()
+        expect(view).to_be_in_viewport()
+        expect(view).to_have_text(re.compile(r"\S"))
+        facts.append(view.evaluate(FACTS_JS))
+    return facts
 
 
 def assert_laid_out(facts: list[dict], where: str) -> None:

@@ -194,8 +194,11 @@ def test_text_renderings() -> None:
     assert lines[2] == "  device 0 · cpu · TPU v5e · process 0 · coords [0, 0, 0]"
     assert len(lines) == 2 + 16 and lines[-1] == "  … 49 more lines like these"
 
-    assert 'class="jpm-cards jpm-compact"' in devices.to_html(devices_state(64))  # chips, as js/devices.js
-    assert '"jpm-cards jpm-compact"' not in devices.to_html(devices_state(16)) + devices.to_html(tpus)
+    # Cards that would show only their name are chips, as js/devices.js draws them: eight simulated
+    # devices in one row; cards with more to say (coordinates, memory) or that name their process stay cards.
+    assert 'class="jpm-cards jpm-compact"' in devices.to_html(devices_state(64))
+    assert 'class="jpm-cards jpm-compact"' in devices.to_html(devices_state(8))
+    assert '"jpm-cards jpm-compact"' not in devices.to_html(devices_state(16, processes=2)) + devices.to_html(tpus)
     tall = mesh.to_text(mesh_state([32, 8])).splitlines()
     assert len(tall) == 1 + 2 + 6 + 1 + 2  # title, axis lines, 6 rows, the elision, the last 2 rows
     assert "… rows 6–29 (devices 48…239) not shown" in tall[9] and tall[-1].split()[:2] == ["31", "248"]

@@ -118,6 +118,14 @@ def _roof_rows(r: dict[str, Any], hw: dict[str, Any] | None) -> list[tuple[str, 
     return rows
 
 
+def roof_value(key: str, s: Any, r: dict[str, Any]) -> str:
+    """A roofline row's time; a collectives row at 0 s beside a latency row says where its
+    collectives' time went (each too small to be bandwidth-bound, so it is booked under latency).
+    The twin of ``roofValue`` in js/plan.js."""
+    latency_bound = key in ("ici", "dcn") and not s and r.get("latency_s")
+    return format_seconds(s) + (" (latency-bound: see collective latency)" if latency_bound else "")
+
+
 def estimate_sentence(r: dict[str, Any]) -> str:
     """`estimate 560 µs per step, bound by ICI collectives, if communication overlaps compute; 611 µs if
     none of it does` (the twin of `estimateSentence` in js/plan.js)."""
@@ -136,10 +144,10 @@ def _roofline_html(r: dict[str, Any], hw: dict[str, Any] | None, topology: dict[
         bound = r.get("bound") == key
         b = " jpm-bound" if bound else ""
         detail = f"{name}: {format_seconds(s)}" + (f" ({how})" if how else "") + (" — bounds the estimate" if bound else "")
-        cells.append(
-            f'<span class="jpm-roof-name{b}">{esc(name)}</span>'
-            f'<span class="jpm-roof-track" title="{esc(detail)}"><span class="jpm-roof-bar{b}" style="width:{100 * float(s or 0) / top:.3f}%"></span></span>'
-            f'<span class="jpm-roof-val{b}">{esc(format_seconds(s))}{"  ← bounds the estimate" if bound else ""}</span>'
+        cells.append(  # a table row: a sanitizer keeps no grid template (views/inline.py)
+            f'<tr><td class="jpm-roof-name{b}">{esc(name)}</td>'
+            f'<td style="width:60%"><span class="jpm-roof-track" title="{esc(detail)}"><span class="jpm-roof-bar{b}" style="width:{100 * float(s or 0) / top:.3f}%"></span></span></td>'
+            f'<td class="jpm-roof-val{b}">{esc(roof_value(key, s, r))}{"  ← bounds the estimate" if bound else ""}</td></tr>'
         )
     hw_name = f'<span class="jpm-mono"> · {esc(str(hw["name"]))}</span>' if hw else ""
     where = (f'<div class="jpm-note">topology: {esc(str(topology["text"]))}</div>'
@@ -149,7 +157,7 @@ def _roofline_html(r: dict[str, Any], hw: dict[str, Any] | None, topology: dict[
     )
     return (
         f'<div class="jpm-section"><div class="jpm-h">Step time, roofline{hw_name}</div>'
-        f'<div class="jpm-roof">{"".join(cells)}</div>'
+        f'<table class="jpm-roof">{"".join(cells)}</table>'
         f'<div class="jpm-estimate">{esc(estimate_sentence(r))}</div>{where}{source}</div>'
     )
 
@@ -403,7 +411,8 @@ def to_text(state: dict[str, Any]) -> str:
         lines.append(f"Step time, roofline{profile}:" + (f" {topo['text']}" if topo.get("text") else ""))
         for key, name, s, how in _roof_rows(r, hw):
             mark = "  ← bounds the estimate" if r.get("bound") == key else ""
-            lines.append(f"  {name:<19}{format_seconds(s):>9}  {how}{mark}")
+            said = roof_value(key, s, r)
+            lines.append(f"  {name:<19}{format_seconds(s):>9}  {how}{said[len(format_seconds(s)):]}{mark}")
         lines.append("  " + estimate_sentence(r))
         if hw and hw.get("source"):
             lines.append(f"  profile source: {hw['source']}")

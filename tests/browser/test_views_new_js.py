@@ -657,3 +657,18 @@ def test_the_wire_state_draws_what_the_state_does(view_page: Any) -> None:
         host.locator('.jpm-ccard[data-op="psum"] button[data-action="next"]').first.click()
     assert full.inner_html() == wired.inner_html()
     assert "step 1 of 14" in wired.locator('.jpm-ccard[data-op="psum"] .jpm-step-label').first.inner_text()
+
+
+@pytest.mark.parametrize("width", [320, 332])
+def test_plan_view_fits_a_narrow_output_area(view_page: Any, width: int) -> None:
+    """At 320 px (JupyterLab 700 px wide with its file browser open) no roofline figure is cut off:
+    names and values wrap; only the tables scroll, inside their own scroller."""
+    host = view_page.mount("plan", plan_state())
+    host.evaluate("(e, w) => { e.style.width = w + 'px'; }", width)
+    right = host.evaluate("e => e.getBoundingClientRect().right")
+    for cls in ("jpm-roof-name", "jpm-roof-val", "jpm-roof-track", "jpm-estimate", "jpm-fit"):
+        boxes = host.locator(f".{cls}")
+        for k in range(boxes.count()):
+            assert boxes.nth(k).bounding_box()["x"] + boxes.nth(k).bounding_box()["width"] <= right + 0.5, (cls, k)
+    assert "bounds the estimate" in host.locator(".jpm-roof").inner_text()
+    view_page.shot(host, f"plan-{width}")
