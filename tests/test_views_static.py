@@ -276,8 +276,9 @@ def test_png_is_valid() -> None:
 
 def test_palette_fixed_values() -> None:
     # Pinned: palette.js must produce the same (the browser test compares all 4,096 ids).
-    assert device_color(0) == ("#ecacac", "#111111")
-    assert [device_color(i)[0] for i in (1, 2, 3, 7, 4095)] == ["#94dba9", "#e0c1f6", "#e8de9c", "#cbc9ed", "#e8ecac"]
+    assert device_color(0) == ("#78c1d6", "#111111")  # devices 0-7: the colour-blind-safe set (test_palette_cvd.py)
+    assert [device_color(i)[0] for i in (1, 2, 3, 7, 8, 4095)] == ["#eed936", "#aef077", "#5ef0d4", "#d4a16c", "#f6d3c1",
+                                                                    "#e8ecac"]
     assert len({device_color(i)[0] for i in range(64)}) == 64
     # Static HTML colours a device exactly as the palette says.
     page = mesh.to_html(mesh_state([2, 4]))
