@@ -94,6 +94,18 @@ def _break_points(line: str) -> list[tuple[int, int, int]]:
     return points
 
 
+def _split_comment(line: str) -> tuple[str, str]:
+    """(the code, its trailing ``# comment``) of one line, by Python's own tokenizer."""
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(line.lstrip(" ") + "\n").readline):
+            if tok.type == tokenize.COMMENT:
+                at = tok.start[1] + len(line) - len(line.lstrip(" "))
+                return (line[:at], line[at:]) if line[:at].strip() else (line, "")
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass
+    return line, ""
+
+
 def fit_code_line(line: str, width: int) -> list[str]:
     """A line of Python as lines of at most ``width`` columns where it can be broken after a comma
     inside brackets (implicit continuation: the code means the same); a comment line is wrapped as
@@ -106,6 +118,10 @@ def fit_code_line(line: str, width: int) -> list[str]:
         text = body.lstrip("#").strip()
         return textwrap.wrap(text, width=width, initial_indent=indent + "# ", subsequent_indent=indent + "# ",
                              break_long_words=False, break_on_hyphens=False) or [line]
+    code, comment = _split_comment(line)
+    if comment:  # a trailing comment goes on its own lines above the code it explains
+        above = fit_code_line(indent + comment, width)
+        return above + fit_code_line(code.rstrip(), width)
     points = _break_points(line)
     out: list[str] = []
     start, lead = 0, ""
