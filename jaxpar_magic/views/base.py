@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import base64
 import html
-import importlib.resources
 import json
 import math
 import re
@@ -63,37 +62,13 @@ import anywidget
 import ipywidgets
 import traitlets
 
+from .assets import assets, read_asset  # noqa: F401  (the views import them from here)
+
 _IMPORT_RE = re.compile(r'^import\s*\{([^}]*)\}\s*from\s*"\./([A-Za-z_][\w-]*)\.js";[ \t]*$', re.M)
 _ANY_IMPORT_RE = re.compile(r"^\s*import\b", re.M)
 _EXPORT_RE = re.compile(r"^export\s+(function|const|class)\s+([A-Za-z_$][\w$]*)", re.M)
 _ANY_EXPORT_RE = re.compile(r"^\s*export\b", re.M)
 _NAME_RE = re.compile(r"^[A-Za-z_$][\w$]*$")
-
-
-def assets():
-    """The folder of the views' ES modules and stylesheet.
-
-    An installed copy (wheel) carries them as the package ``jaxpar_magic.js``. A source checkout
-    (``pip install -e .``, or ``python -m pytest`` from the repository root) has them in the
-    top-level ``js/`` folder beside the package, which is where we look when that package is absent.
-    """
-    try:
-        return importlib.resources.files("jaxpar_magic.js")
-    except ModuleNotFoundError:
-        pass
-    checkout = importlib.resources.files("jaxpar_magic").parent / "js"
-    if checkout.joinpath("views.css").is_file():
-        return checkout
-    raise ModuleNotFoundError(
-        "jaxpar_magic's widget code is missing: neither the installed package data `jaxpar_magic.js` nor a "
-        f"source checkout's js/ folder ({checkout}) was found. Reinstall the package (`pip install jaxpar_magic`, "
-        "or `pip install -e .` in a checkout)."
-    )
-
-
-def read_asset(name: str) -> str:
-    """Text of one file of the views' front end (``js/`` in the repository)."""
-    return assets().joinpath(name).read_text(encoding="utf-8")
 
 
 _DEFAULT_EXPORT_RE = re.compile(r"^export\s+default\s+", re.M)

@@ -28,7 +28,7 @@ import functools
 import re
 from typing import NamedTuple
 
-from .base import read_asset
+from .assets import read_asset
 
 _TAG_RE = re.compile(r"<(/?)([a-zA-Z][a-zA-Z0-9]*)((?:\s+[a-zA-Z_:][-a-zA-Z0-9_:.]*(?:=\"[^\"]*\")?)*)\s*(/?)>")
 _ATTR_RE = re.compile(r'\s+([a-zA-Z_:][-a-zA-Z0-9_:.]*)(?:="([^"]*)")?')
