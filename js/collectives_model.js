@@ -19,7 +19,7 @@ const MAX_LINKS = 256;
  */
 const LABEL_W = 50;
 const GROUP_GAP = 12;
-const MIN_COL_W = 50;
+const MIN_COL_W = 30;
 
 /**
  * @typedef {{src: number, src_block: number, dst: number, dst_block: number, reduce?: boolean}} Transfer

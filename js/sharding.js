@@ -192,6 +192,7 @@ function blockGrid(g) {
     class: "jpm-blocks",
     style: {
       width: `${g.width}px`,
+      "max-width": "100%", // a narrow output area squeezes the blocks rather than cutting them off
       height: `${g.height}px`,
       gap: `${gap}px`,
       "grid-template-columns": g.cols.map((c) => `minmax(0, ${c / csum}fr)`).join(" "),

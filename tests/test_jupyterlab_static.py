@@ -18,6 +18,7 @@ columns line up. Screenshots land in test-artifacts/ (jupyterlab-static-*.png).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import subprocess
@@ -76,21 +77,29 @@ FACTS_JS = """(v) => {
 }"""
 
 
-@pytest.fixture(scope="module")
-def tour(tmp_path_factory: pytest.TempPathFactory) -> nbformat.NotebookNode:
-    from notebooks import CELL_TIMEOUT_S
+@functools.cache
+def executed_tour() -> nbformat.NotebookNode:
+    """The tour, run once per test session by nbclient with its widget state stored (JupyterLab's and
+    Notebook 7's tests open copies of it)."""
+    import tempfile
 
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
+    from notebooks import CELL_TIMEOUT_S
 
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in TOUR])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     km = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
-    cwd = tmp_path_factory.mktemp("tour-kernel")
-    NotebookClient(nb, km=km, timeout=CELL_TIMEOUT_S, startup_timeout=120, resources={"metadata": {"path": str(cwd)}},
-                   store_widget_state=True).execute()
+    with tempfile.TemporaryDirectory(prefix="jpm-tour-") as cwd:
+        NotebookClient(nb, km=km, timeout=CELL_TIMEOUT_S, startup_timeout=120, resources={"metadata": {"path": cwd}},
+                       store_widget_state=True).execute()
     return nb
+
+
+@pytest.fixture
+def tour() -> nbformat.NotebookNode:
+    return executed_tour()
 
 
 def lab_root(lab) -> Path:

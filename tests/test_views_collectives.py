@@ -139,7 +139,7 @@ def test_stage_layout_shrinks_in_proportion_between_bounds(groups: list[list[int
     assert layout["max_width"] == collectives_model.LABEL_W + total
     # At the minimum width a device column is MIN_COL_W wide (rounded up to a whole pixel).
     scale = (layout["min_width"] - collectives_model.LABEL_W) / total
-    assert collectives_model.MIN_COL_W <= width * scale < collectives_model.MIN_COL_W + width / total
+    assert collectives_model.MIN_COL_W - 1e-9 <= width * scale < collectives_model.MIN_COL_W + width / total
     assert layout["min_width"] < layout["max_width"]
 
 

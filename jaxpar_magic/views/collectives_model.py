@@ -17,10 +17,11 @@ MAX_DEVICES_DRAWN = 16
 MAX_LINKS = 256
 #: Stage geometry in pixels; the same numbers as js/collectives_model.js. Columns and group gaps are
 #: drawn at their design width when the card has room and shrink in proportion down to
-#: ``MIN_COL_W`` a column; below that the stage scrolls inside its card.
+#: ``MIN_COL_W`` a column (8 devices fit a 320 px output area); below that the stage scrolls inside
+#: its card.
 LABEL_W = 50
 GROUP_GAP = 12
-MIN_COL_W = 50
+MIN_COL_W = 30
 
 Slot = list[list[int]]
 

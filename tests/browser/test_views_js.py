@@ -382,3 +382,21 @@ def test_tile_values_keep_their_padding_inside_a_notebook_output(view_page: Any,
     host = view_page.mount("results", samples.result(8))
     pad = host.locator(".jpm-tile-val").first.evaluate("e => getComputedStyle(e).paddingLeft")
     assert pad == "8px", pad
+
+
+@pytest.mark.parametrize("width", [320, 332])
+def test_sharding_shrinks_to_a_narrow_output_area(view_page: Any, samples: Any, width: int) -> None:
+    """JupyterLab 700 px wide with the file browser open leaves ~332 px: the blocks shrink to fit,
+    none is cut off (they were drawn 520 px wide whatever the room)."""
+    state = samples.sharding([4000, 10000], [("data", 4), ("model", 2)], ["data", None], name="v1s")
+    host = view_page.mount("sharding", state)
+    host.evaluate("(e, w) => { e.style.width = w + 'px'; }", width)
+    right = host.evaluate("e => e.getBoundingClientRect().right")
+    blocks = host.locator(".jpm-block")
+    assert blocks.count() == 4
+    for k in range(4):
+        box = blocks.nth(k).bounding_box()
+        assert box["x"] + box["width"] <= right + 0.5 and box["width"] > 100, (k, box, right)
+    view = host.locator(".jpm-view")
+    assert view.evaluate("v => v.scrollWidth <= v.clientWidth")
+    view_page.shot(host, f"sharding-{width}")

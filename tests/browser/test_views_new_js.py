@@ -413,7 +413,7 @@ def fit_state() -> dict[str, Any]:
     return every_op_state(8, device_process=[0] * 4 + [1] * 4)
 
 
-@pytest.mark.parametrize("width", [560, 760])
+@pytest.mark.parametrize("width", [320, 332, 560, 760])
 def test_cards_fit_a_narrow_output_area(view_page: Any, width: int) -> None:
     host = view_page.mount("collectives", fit_state())
     host.evaluate("(e, w) => { e.style.width = w + 'px'; }", width)
