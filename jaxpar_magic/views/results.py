@@ -128,6 +128,8 @@ def to_html(state: dict[str, Any]) -> str:
     out.append('<div class="jpm-colls">')
     for c in colls:
         head = f'<span class="jpm-op">{esc(str(c.get("op")))}</span>'
+        if c.get("reduction"):
+            head += chip("combines by", str(c["reduction"]))
         if c.get("shape"):
             head += chip("", str(c["shape"]))
         if c.get("bytes") is not None:
@@ -199,7 +201,7 @@ def to_text(state: dict[str, Any]) -> str:
     colls = state.get("collectives") or []
     lines.append(f"Collectives ({len(colls)})" + (": none" if not colls else ":"))
     for c in colls:
-        parts = [str(c.get("op"))]
+        parts = [str(c.get("op")) + (f" ({c['reduction']})" if c.get("reduction") else "")]
         if c.get("shape"):
             parts.append(str(c["shape"]))
         if c.get("bytes") is not None:
