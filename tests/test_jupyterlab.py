@@ -200,7 +200,10 @@ def run_all_and_check(page, lab: Lab, notebook: Path, expected: list[tuple[int, 
     )
     kinds = ["jpm-sharding" if k == "jpm-tree" else k for k in kinds]  # a pytree's one view per name
     assert kinds == [f"jpm-{k}" for _, k in expected], f"live views {kinds}, expected {expected}"
-    assert page.locator(f"{STATIC_OUTPUT} .jpm-view").count() == 0, "JupyterLab fell back to static HTML"
+    # Each view's static twin (the output before its widget) is hidden once the widget has drawn.
+    shown_static = page.evaluate(
+        "sel => [...document.querySelectorAll(sel)].filter(v => v.offsetParent !== null).length", f"{STATIC_OUTPUT} .jpm-view")
+    assert shown_static == 0, f"{shown_static} static views still show beside their live widgets"
     widget_errors = page.locator(WIDGET_OUTPUT).filter(has_text="Error displaying widget").count()
     assert widget_errors == 0, "JupyterLab could not display some widgets"
 
