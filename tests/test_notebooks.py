@@ -229,8 +229,8 @@ def test_sharding_chapter_teaches_what_it_says():
     assert "max difference: 0.0" in stdout(cell_with("single = jax.vmap(dot)"))
     assert stdout(cell_with('for name, value in [("d8", d8)')).count("P('devices',) over 8 devices") == 2
     assert "y2: P('data',)" in stdout(cell_with('print("y2:"'))  # the dropped trailing None the prose explains
-    assert "all-reduce · f32[10000] · result buffer 39.1 KiB" in plain(cell_with("column_totals = jnp.sum(v1s, axis=0)"))
-    assert "all-reduce · f32[16,10] · result buffer 640 B" in plain(cell_with("y3 = x @ w"))
+    assert "all-reduce (sum) · f32[10000] · result buffer 39.1 KiB" in plain(cell_with("column_totals = jnp.sum(v1s, axis=0)"))
+    assert "all-reduce (sum) · f32[16,10] · result buffer 640 B" in plain(cell_with("y3 = x @ w"))
     # The exercise's solution: split over all 8 devices, no collectives, both checks pass.
     assert "Collectives (0): none" in plain(cell_with("row_totals = jnp.sum(m, axis=1)"))
     assert stdout(cell_with("check(sent, []")) == "✓ right\n✓ right\n"
@@ -252,8 +252,8 @@ def test_training_chapter_shows_what_it_says():
     assert "Collectives (1)" in free and "all-gather" not in free
     assert "all-gather · f32[4,32] · result buffer 512 B" in pinned  # what the constraint cost, as the prose says
     fsdp = plain(cell_with("--out grads=data,None"))
-    assert "all-gather · f32[64,32]" in fsdp and "all-reduce · f32[32,64] · result buffer 8.0 KiB" in fsdp  # CPU: no rewrite
-    assert "reduce-scatter · f32[2,4] · result buffer 32 B" in plain(cell_with("grad_w = grad_rows(xs, dy)"))
+    assert "all-gather · f32[64,32]" in fsdp and "all-reduce (sum) · f32[32,64] · result buffer 8.0 KiB" in fsdp  # CPU: no rewrite
+    assert "reduce-scatter (sum) · f32[2,4] · result buffer 32 B" in plain(cell_with("grad_w = grad_rows(xs, dy)"))
     assert stdout(cell_with("check(grad_w")) == "✓ right\n✓ right\n"
     donation = stdout(cell_with("donate_argnums=0"))
     assert "without donation: 0 | with donation: 1024" in donation and "old_w deleted after the step: True" in donation
