@@ -12,8 +12,9 @@
  * marimo mounts the view in (styles in the head do not reach inside a shadow root).
  *
  * In a kernel each view is shown twice: its static picture, then this widget (views/base.py). Once
- * the widget has drawn, it hides the static twin (the element of class `jpm-twin-<_jpm_twin>`, and
- * the output box around it when the front end has one); where the widget cannot draw, the twin stays.
+ * the widget has drawn and is in the page, it hides the static twin (the element of class
+ * `jpm-twin-<_jpm_twin>`, and the output box around it when the front end has one); where the
+ * widget cannot draw, the twin stays.
  */
 
 const STYLE_ID = "jpm-views-css";
@@ -54,6 +55,24 @@ function hideTwin(el, twin) {
     const target = /** @type {HTMLElement} */ (box && !box.contains(el) ? box : node);
     target.style.display = "none";
   }
+}
+
+/**
+ * Hide the twin once the view's element is in the page. A widget manager renders a view before it
+ * attaches the view's element to the output area (ipywidgets' create_view, then the output
+ * renderer), so the twin is looked for on the next animation frames until then.
+ * @param {HTMLElement} el
+ * @param {string} twin
+ * @returns {() => void} stops looking
+ */
+function hideTwinWhenAttached(el, twin) {
+  let frame = 0;
+  const look = () => {
+    if (el.isConnected) hideTwin(el, twin);
+    else frame = requestAnimationFrame(look);
+  };
+  look();
+  return () => cancelAnimationFrame(frame);
 }
 
 /**
@@ -103,7 +122,10 @@ export default {
     }
     useStylesheet(found.css, ctx.el);
     const cleanup = found.mod.default.render(ctx);
-    hideTwin(ctx.el, String(ctx.model.get("_jpm_twin") || ""));
-    return cleanup;
+    const stop = hideTwinWhenAttached(ctx.el, String(ctx.model.get("_jpm_twin") || ""));
+    return () => {
+      stop();
+      if (typeof cleanup === "function") cleanup();
+    };
   },
 };
