@@ -42,36 +42,24 @@ function useStylesheet(css, where) {
 }
 
 /**
- * Hide the static twin of a drawn view (and the output box that holds only it).
- * @param {HTMLElement} el
- * @param {string} twin
- */
-function hideTwin(el, twin) {
-  if (!/^[0-9a-f]+$/.test(twin)) return;
-  const root = /** @type {Document | ShadowRoot} */ (el.getRootNode());
-  if (!root.querySelectorAll) return;
-  for (const node of root.querySelectorAll(`.jpm-twin-${twin}`)) {
-    const box = node.closest(".jp-OutputArea-child");
-    const target = /** @type {HTMLElement} */ (box && !box.contains(el) ? box : node);
-    target.style.display = "none";
-  }
-}
-
-/**
- * Hide the twin once the view's element is in the page. A widget manager renders a view before it
- * attaches the view's element to the output area (ipywidgets' create_view, then the output
- * renderer), so the twin is looked for on the next animation frames until then.
+ * Hide the static twin of a drawn view (and the output box that holds only it) once the view's
+ * element is in the page: a widget manager renders a view before it attaches the element to the
+ * output area (ipywidgets' create_view, then the output renderer), so until then the twin is
+ * looked for again on the next animation frames.
  * @param {HTMLElement} el
  * @param {string} twin
  * @returns {() => void} stops looking
  */
-function hideTwinWhenAttached(el, twin) {
+function hideTwin(el, twin) {
   let frame = 0;
   const look = () => {
-    if (el.isConnected) hideTwin(el, twin);
-    else frame = requestAnimationFrame(look);
+    if (!el.isConnected) return void (frame = requestAnimationFrame(look));
+    for (const node of /** @type {Document | ShadowRoot} */ (el.getRootNode()).querySelectorAll(`.jpm-twin-${twin}`)) {
+      const box = node.closest(".jp-OutputArea-child");
+      /** @type {HTMLElement} */ (box?.contains(el) ? node : box || node).style.display = "none";
+    }
   };
-  look();
+  if (/^[0-9a-f]+$/.test(twin)) look();
   return () => cancelAnimationFrame(frame);
 }
 
@@ -122,10 +110,7 @@ export default {
     }
     useStylesheet(found.css, ctx.el);
     const cleanup = found.mod.default.render(ctx);
-    const stop = hideTwinWhenAttached(ctx.el, String(ctx.model.get("_jpm_twin") || ""));
-    return () => {
-      stop();
-      if (typeof cleanup === "function") cleanup();
-    };
+    const stop = hideTwin(ctx.el, String(ctx.model.get("_jpm_twin") || ""));
+    return () => (stop(), cleanup?.());
   },
 };
