@@ -222,6 +222,13 @@ INPUTS_HOLDING_FUNCTIONS = {  # an input (it has array leaves) whose structure h
     "an Equinox static field": ("import equinox as eqx\ndef act(v):\n    return v * sg\nclass Layer(eqx.Module):\n"
                                 "    w: jax.Array\n    fn: object = eqx.field(static=True)\n"
                                 "    def __call__(self, v):\n        return self.fn(v * self.w)\nh = Layer(jnp.float32(2.0), act)"),
+    "a Flax NNX module": ("from flax import nnx\nclass Scaled(nnx.Module):\n    def __init__(self):\n"
+                          "        self.w = nnx.Param(jnp.float32(2.0))\n    def __call__(self, v):\n"
+                          "        return v * self.w[...] * sg\nh = Scaled()"),
+    "a function an NNX module holds": ("from flax import nnx\ndef act(v):\n    return v * sg\n"
+                                       "class Layer(nnx.Module):\n    def __init__(self):\n"
+                                       "        self.w = nnx.Param(jnp.float32(2.0))\n        self.fn = act\n"
+                                       "    def __call__(self, v):\n        return self.fn(v * self.w[...])\nh = Layer()"),
 }
 
 

@@ -50,7 +50,7 @@ class TreeInput:
     __slots__ = ("name", "graphdef", "treedef", "positions", "statics", "static_key", "signature", "_paths", "bare",
                  "structure_key", "held")
 
-    def __init__(self, name, graphdef, treedef, positions, statics, signature):
+    def __init__(self, name, graphdef, treedef, positions, statics, signature, graph_items=()):
         self.name = name
         self.graphdef = graphdef  # NNX: the static graph; None for plain pytrees
         self.treedef = treedef
@@ -58,8 +58,8 @@ class TreeInput:
         self.statics = statics  # ((index, leaf), ...): leaves kept as they are
         self.static_key = tuple((i, fingerprint(leaf)) for i, leaf in statics)
         nodes = custom_nodes(treedef)  # a Partial's function, static fields: what == on treedefs misses
-        self.structure_key = structure_key(nodes)
-        self.held = held_callables(nodes)  # what an identical re-run fingerprints again
+        self.structure_key = structure_key(nodes, graph_items)
+        self.held = held_callables(nodes, graph_items)  # what an identical re-run fingerprints again
         self.signature = signature  # ((shape, dtype), ...) of the traced leaves
         self._paths = None
         self.bare = not self.is_tree  # one array and nothing around it: rebuilding is the array itself
@@ -80,7 +80,8 @@ class TreeInput:
         traced = set(positions)
         statics = tuple((i, leaf) for i, leaf in enumerate(leaves) if i not in traced)
         signature = tuple((tuple(leaves[i].shape), leaves[i].dtype) for i in positions)
-        return cls(name, graphdef, treedef, positions, statics, signature)
+        return cls(name, graphdef, treedef, positions, statics, signature,
+                   nnx_graphs.graph_items(value) if graphdef is not None else ())
 
     @property
     def is_tree(self) -> bool:
