@@ -36,9 +36,7 @@ def verdict(shell, source: str) -> str:
 
 RING_CHECK = """
 ring = attempt("ring_total")
-check(ring["ring_total"], jnp.full(8, 31.0),
-      method=[(ring.collectives and set(ring.collectives) == {"collective-permute"},
-               "the program must send only what lax.ppermute sends")],
+check(ring["ring_total"], jnp.full(8, 31.0), method=[ring.sends_only("collective-permute")],
       hint=["pass on what you received", "seven steps", "open Solution"])
 """
 RING = """%%exercise ring_total
@@ -107,15 +105,18 @@ def test_a_plain_python_exercise_forgets_and_records(ex):
 
 def test_the_method_check_refuses_the_cheats(ex):
     ex.run_cell("readings = jnp.array([3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0])\ntotal = jnp.full(8, 31.0)")
-    cheats = [
-        "%%exercise ring_total\n%%pmap -a batch --no-show\nring_total = total",  # the answer copied in
-        "%%exercise ring_total\n%%pmap -a batch --no-show\nring_total = lax.psum(readings, 'batch')",  # psum itself
-        "%%exercise ring_total\nring_total = jnp.full(8, 31.0)",  # plain Python, no program
-    ]
-    for cheat in cheats:
+    cheats = {
+        "%%exercise ring_total\n%%pmap -a batch --no-show\nring_total = total":  # the answer copied in
+            "the cell's compiled program sends nothing between devices; it should send collective-permute",
+        "%%exercise ring_total\n%%pmap -a batch --no-show\nring_total = lax.psum(readings, 'batch')":
+            "the cell's compiled program sends an all-reduce; this exercise allows only collective-permute",
+        "%%exercise ring_total\nring_total = jnp.full(8, 31.0)":  # plain Python, no program
+            "write it as a magic cell (the exercise checks the program it compiles), using collective-permute",
+    }
+    for cheat, why in cheats.items():
         assert run(ex, cheat)[0], cheat
-        assert verdict(ex, RING_CHECK).startswith(
-            "✗ not yet: the program must send only what lax.ppermute sends"), cheat
+        assert verdict(ex, RING_CHECK) == f"✗ not yet: {why}. Hint 1/3: pass on what you received.", cheat
+        checks._failures.clear()
 
 
 def test_a_shard_cell_exercise_reads_its_spec_placement_and_program(ex):
@@ -125,7 +126,7 @@ run = attempt("row_totals")
 check(run["row_totals"], jnp.sum(jnp.arange(128.0).reshape(16, 8), axis=1),
       method=[(run.magic == "shard" and run.spec("m") is not None, "lay m out with --in m=SPEC"),
               (len({str(s.index) for s in run.bound.get("m", m).addressable_shards}) == 8, "use all 8 devices"),
-              (run.collectives == [], "the program must send nothing")],
+              run.sends_nothing()],
       hint="split the dimension you keep")
 """
     assert run(ex, "%%exercise row_totals\n%%shard --mesh grid --in m=(data,model),None --no-show\n"
@@ -134,7 +135,8 @@ check(run["row_totals"], jnp.sum(jnp.arange(128.0).reshape(16, 8), axis=1),
     assert exercises.attempt("row_totals").spec("m") == __import__("jax").sharding.PartitionSpec(("data", "model"), None)
     assert run(ex, "%%exercise row_totals\n%%shard --mesh grid --in m=None,(data,model) --no-show\n"
                    "row_totals = jnp.sum(m, axis=1)")[0]
-    assert verdict(ex, check_cell) == "✗ not yet: the program must send nothing. Hint: split the dimension you keep."
+    assert verdict(ex, check_cell) == ("✗ not yet: the cell's compiled program sends an all-reduce. Hint: split the "
+                                       "dimension you keep.")
     # Placing m by hand and leaving --in out: the line no longer lays it out.
     ex.run_cell("from jax.sharding import NamedSharding, PartitionSpec as P\n"
                 "m = jax.device_put(m, NamedSharding(grid, P(('data', 'model'))))")
@@ -162,3 +164,24 @@ def test_the_line_is_read_like_every_magic_line(ex):
     with capture_output() as shown:
         ex.run_cell("%%exercise?")
     assert "names the exercise's check reads" in shown.stdout.replace("\n", " ")
+
+
+def test_ran_names_the_magic_and_the_layout_it_needs(ex):
+    from jax.sharding import PartitionSpec as P
+
+    ex.run_cell("m = jnp.arange(128.0).reshape(8, 16) / 10\nv = jnp.linspace(-1.0, 1.0, 16)")
+    check_cell = """
+run = attempt("mv")
+check(run["mv"], m @ v, method=[run.ran("shard_map", m=P(None, "i"), v=P("i")), run.sends_only("all-reduce")],
+      hint="add the partial products")
+"""
+    ex.run_cell("from jax.sharding import PartitionSpec as P")
+    assert run(ex, "%%exercise mv\n%%shard_map --mesh i=8 --in m=None,i v=i --no-show\nmv = lax.psum(m @ v, 'i')")[0]
+    assert verdict(ex, check_cell) == "✓ right"
+    assert run(ex, "%%exercise mv\nmv = m @ v")[0]  # plain Python
+    assert verdict(ex, check_cell) == ("✗ not yet: run it as the `%%shard_map` cell it was, with `--in m=None,i "
+                                       "v=i`. Hint: add the partial products.")
+    assert run(ex, "%%exercise mv\n%%shard_map --mesh i=8 --in m=None,None v=None --no-show\nmv = m @ v")[0]
+    assert verdict(ex, check_cell) == ("✗ not yet: keep `--in m=None,i` on the `%%shard_map` line: the exercise is "
+                                       "about that layout. Hint: add the partial products.")
+    assert exercises.attempt("mv").spec("m") == P(None, None)

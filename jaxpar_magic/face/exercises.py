@@ -22,9 +22,7 @@ The contract (tests/test_notebooks.py and tests/test_exercise_contract.py hold e
   :func:`attempt` and prints exactly one line with :func:`check` (face/checks.py)::
 
       ring = attempt("ring_total")
-      check(ring["ring_total"], total,
-            method=[(ring.collectives and set(ring.collectives) == {"collective-permute"},
-                     "the program must send only what lax.ppermute sends")],
+      check(ring["ring_total"], total, method=[ring.sends_only("collective-permute")],
             hint=["a nudge", "more", "the most; or open *Solution* below"])
 
   ``ring["ring_total"]`` is the value *this run of the exercise cell* produced. When there is no
@@ -44,6 +42,11 @@ The contract (tests/test_notebooks.py and tests/test_exercise_contract.py hold e
       ...
       ```
       </details>
+
+Requirements for ``method=`` (each a ``(condition, why)`` pair that names what is wrong):
+``.ran("shard_map", m=P(None, "i"))`` (the cell ran as that magic, laying out those inputs so),
+``.sends_only("collective-permute", count=None)`` (the compiled program sends something, and only
+these collectives) and ``.sends_nothing()``. Write any other as ``(condition, "why")``.
 
 What :class:`Attempt` offers a check: ``attempt[name]`` (an answer), ``.ok``, ``.magic`` (``"pmap"``,
 ``"shard"``, ``"shard_map"`` or None for plain Python), ``.line`` (the magic's line), ``.spec(name)``
@@ -159,6 +162,59 @@ class Attempt:
     @property
     def bound(self) -> dict:
         return {} if self.magic is None else dict(self.observed.bound)
+
+    # --- requirements on how the answer was made, for check(..., method=[...]) --------------------
+
+    def ran(self, magic: str, **specs) -> tuple[bool, str]:
+        """The cell ran as `%%magic`, laying out each named input as given (``m=P(None, "i")``)."""
+        wanted = " ".join(f"{name}={_spec_text(spec)}" for name, spec in specs.items())
+        why = f"run it as the `%%{magic}` cell it was" + (f", with `--in {wanted}`" if wanted else "")
+        if self.magic != magic:
+            return False, why
+        for name, spec in specs.items():
+            if _normal(self.spec(name)) != _normal(spec):
+                return False, f"keep `--in {name}={_spec_text(spec)}` on the `%%{magic}` line: the exercise is about that layout"
+        return True, why
+
+    def sends_only(self, *ops: str, count: int | None = None) -> tuple[bool, str]:
+        """The compiled program sends something, and only these collectives (``count`` of them)."""
+        sent = self.collectives
+        allowed = " or ".join(ops)
+        if sent is None:
+            return False, f"write it as a magic cell (the exercise checks the program it compiles), using {allowed}"
+        if not sent:
+            return False, f"the cell's compiled program sends nothing between devices; it should send {allowed}"
+        other = sorted(set(sent) - set(ops))
+        if other:
+            return False, f"the cell's compiled program sends {_plural(other)}; this exercise allows only {allowed}"
+        if count is not None and len(sent) != count:
+            return False, f"the cell's compiled program sends {len(sent)} collectives, not {count}"
+        return True, ""
+
+    def sends_nothing(self) -> tuple[bool, str]:
+        """The compiled program sends nothing between devices."""
+        sent = self.collectives
+        if sent is None:
+            return False, "write it as a magic cell (the exercise checks the program it compiles)"
+        return not sent, f"the cell's compiled program sends {_plural(sorted(set(sent)))}" if sent else ""
+
+
+def _plural(ops: list[str]) -> str:
+    return " and ".join(f"an {op}" if op[0] in "aeiou" else f"a {op}" for op in ops)
+
+
+def _normal(spec):
+    """A spec as a tuple without trailing Nones (P('x') and P('x', None) are one layout)."""
+    if spec is None:
+        return None
+    entries = list(spec)
+    while entries and entries[-1] is None:
+        entries.pop()
+    return tuple(entries)
+
+
+def _spec_text(spec) -> str:
+    return ",".join("None" if e is None else (f"({','.join(e)})" if isinstance(e, tuple) else str(e)) for e in spec)
 
 
 _GONE = object()
