@@ -31,6 +31,15 @@ CHEATS: dict[tuple[str, str], list[tuple[str, str]]] = {
         ("rows over data only", "%%exercise row_totals\n%%shard --mesh grid --in m=data,None --no-show\n"
                                 "row_totals = jnp.sum(m, axis=1)"),
     ],
+    ("shard_map_chapter.ipynb", "mv"): [
+        ("plain Python", "%%exercise mv\nmv = m @ v"),
+        ("every block whole", "%%exercise mv\n%%shard_map --mesh i=8 --in m=None,None v=None --no-show\nmv = m @ v"),
+        ("gather m and v", "%%exercise mv\n%%shard_map --mesh i=8 --in m=None,i v=i --no-show\n"
+                           "mv = lax.all_gather(m, 'i', axis=1, tiled=True, to='invarying') "
+                           "@ lax.all_gather(v, 'i', tiled=True, to='invarying')"),
+        ("a mean, not a sum", "%%exercise mv\n%%shard_map --mesh i=8 --in m=None,i v=i --no-show\n"
+                              "mv = lax.pmean(m @ v, 'i')"),
+    ],
     ("collectives_chapter.ipynb", "predicted_sent"): [
         ("the ring of all 8 devices", "%%exercise predicted_sent predicted_buffer\npredicted_sent = 7 * 64\n"
                                       "predicted_buffer = 8 * 64"),

@@ -180,7 +180,7 @@ class Attempt:
     def sends_only(self, *ops: str, count: int | None = None) -> tuple[bool, str]:
         """The compiled program sends something, and only these collectives (``count`` of them)."""
         sent = self.collectives
-        allowed = " or ".join(ops)
+        allowed = " or ".join(_plural([op]) for op in ops)
         if sent is None:
             return False, f"write it as a magic cell (the exercise checks the program it compiles), using {allowed}"
         if not sent:
