@@ -40,6 +40,19 @@ CHEATS: dict[tuple[str, str], list[tuple[str, str]]] = {
         ("a mean, not a sum", "%%exercise mv\n%%shard_map --mesh i=8 --in m=None,i v=i --no-show\n"
                               "mv = lax.pmean(m @ v, 'i')"),
     ],
+    ("training_chapter.ipynb", "grad_w"): [
+        ("plain Python", "%%exercise grad_w\ngrad_w = xs.T @ dy"),
+        ("psum, then a slice", "%%exercise grad_w\n"
+                               "%%shard_map --mesh flat --in xs=data dy=data --out grad_w=data --report --no-show\n"
+                               "grad_w = lax.dynamic_slice_in_dim(lax.psum(xs.T @ dy, 'data'), "
+                               "lax.axis_index('data') * 2, 2)"),
+        ("untiled psum_scatter", "%%exercise grad_w\n"
+                                 "%%shard_map --mesh flat --in xs=data dy=data --out grad_w=data --report --no-show\n"
+                                 "grad_w = lax.psum_scatter(xs.T @ dy, 'data')"),
+        ("the mean, scattered", "%%exercise grad_w\n"
+                                "%%shard_map --mesh flat --in xs=data dy=data --out grad_w=data --report --no-show\n"
+                                "grad_w = lax.psum_scatter(xs.T @ dy, 'data', tiled=True) / 8"),
+    ],
     ("collectives_chapter.ipynb", "predicted_sent"): [
         ("the ring of all 8 devices", "%%exercise predicted_sent predicted_buffer\npredicted_sent = 7 * 64\n"
                                       "predicted_buffer = 8 * 64"),
