@@ -53,6 +53,16 @@ CHEATS: dict[tuple[str, str], list[tuple[str, str]]] = {
                                 "%%shard_map --mesh flat --in xs=data dy=data --out grad_w=data --report --no-show\n"
                                 "grad_w = lax.psum_scatter(xs.T @ dy, 'data', tiled=True) / 8"),
     ],
+    ("planning_chapter.ipynb", "state_bytes"): [
+        ("the weights only", "%%exercise state_bytes\nstate_bytes = {'data parallel': 4 * 805_306_368, "
+                             "'FSDP': 4 * 805_306_368 // 256, 'tensor parallel': 4 * 805_306_368 // 8}"),
+        ("tensor parallel over all devices", "%%exercise state_bytes\nstate_bytes = {'data parallel': 12 * 805_306_368, "
+                                             "'FSDP': 12 * 805_306_368 // 256, 'tensor parallel': 12 * 805_306_368 // 256}"),
+    ],
+    ("planning_chapter.ipynb", "w1_gather_s"): [
+        ("one axis's bandwidth", "%%exercise w1_gather_s\nw1_gather_s = 8192 * 32768 * 4 / 9e10"),
+        ("elements, not bytes", "%%exercise w1_gather_s\nw1_gather_s = 8192 * 32768 / (2 * 9e10)"),
+    ],
     ("collectives_chapter.ipynb", "predicted_sent"): [
         ("the ring of all 8 devices", "%%exercise predicted_sent predicted_buffer\npredicted_sent = 7 * 64\n"
                                       "predicted_buffer = 8 * 64"),
