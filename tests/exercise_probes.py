@@ -63,6 +63,11 @@ CHEATS: dict[tuple[str, str], list[tuple[str, str]]] = {
         ("one axis's bandwidth", "%%exercise w1_gather_s\nw1_gather_s = 8192 * 32768 * 4 / 9e10"),
         ("elements, not bytes", "%%exercise w1_gather_s\nw1_gather_s = 8192 * 32768 / (2 * 9e10)"),
     ],
+    ("cluster_chapter.ipynb", "mean_all"): [
+        ("the right number, typed in", "%%exercise mean_all\n%%cluster\nmean_all = 6.5"),
+        ("each process's own mean, in jnp", "%%exercise mean_all\n%%cluster\nmean_all = jnp.mean(jnp.asarray(local))"),
+        ("the sum, not the mean", "%%exercise mean_all\n%%cluster\nmean_all = jax.jit(jnp.sum)(x)"),
+    ],
     ("collectives_chapter.ipynb", "predicted_sent"): [
         ("the ring of all 8 devices", "%%exercise predicted_sent predicted_buffer\npredicted_sent = 7 * 64\n"
                                       "predicted_buffer = 8 * 64"),
