@@ -68,6 +68,12 @@ CHEATS: dict[tuple[str, str], list[tuple[str, str]]] = {
         ("each process's own mean, in jnp", "%%exercise mean_all\n%%cluster\nmean_all = jnp.mean(jnp.asarray(local))"),
         ("the sum, not the mean", "%%exercise mean_all\n%%cluster\nmean_all = jax.jit(jnp.sum)(x)"),
     ],
+    ("ecosystem_chapter.ipynb", "param_bytes"): [
+        ("biases cut too", "%%exercise param_bytes\nparam_bytes = {'hidden.kernel': 512, 'hidden.bias': 128, "
+                           "'out.kernel': 128, 'out.bias': 2}"),
+        ("cut over all 8 devices", "%%exercise param_bytes\nparam_bytes = {'hidden.kernel': 128, 'hidden.bias': 256, "
+                                   "'out.kernel': 32, 'out.bias': 4}"),
+    ],
     ("collectives_chapter.ipynb", "predicted_sent"): [
         ("the ring of all 8 devices", "%%exercise predicted_sent predicted_buffer\npredicted_sent = 7 * 64\n"
                                       "predicted_buffer = 8 * 64"),
