@@ -49,6 +49,23 @@ def test_the_course_map_lists_every_chapter_and_no_link_is_dead():
         assert not dead, f"{path.name} links to missing notebooks {sorted(dead)}"
 
 
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.name != "index.ipynb"],
+                         ids=[i for i in IDS if i != "index.ipynb"])
+def test_every_chapter_opens_with_its_goals_and_closes_with_a_recap(path):
+    markdown = [c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "markdown"]
+    title = next(i for i, text in enumerate(markdown) if text.startswith("# "))
+    assert "**By the end of this chapter you will be able to**" in markdown[title], f"{path.name}: no goals under the title"
+    assert any(re.search(r"^## Recap$", text, re.M) for text in markdown[-3:]), f"{path.name}: no recap at the end"
+
+
+def test_the_course_map_has_a_glossary_of_the_terms_the_chapters_use():
+    text = "".join(c.source for c in nbformat.read(EXAMPLES / "index.ipynb", as_version=4).cells)
+    glossary = text[text.index("## Glossary"):]
+    for term in ("collective", "all-reduce", "reduce-scatter", "mesh", "axis types", "PartitionSpec", "replicated",
+                 "varying", "FSDP", "HBM", "ICI, DCN", "torus, wraparound", "roofline", "result buffer", "bubble"):
+        assert f"**{term}" in glossary or f"**`{term}" in glossary, f"the glossary has no entry for {term!r}"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_stored_without_outputs(path):
     nb = nbformat.read(path, as_version=4)
