@@ -85,3 +85,28 @@ def test_hints_grow_with_each_failure(path):
             if marker.startswith(" "):
                 numbers.append(int(marker[1:].split("/", 1)[0]))
         assert numbers == sorted(numbers) and len(set(numbers)) > 1, (path.name, index, numbers)
+
+
+@pytest.mark.slow
+def test_the_solution_is_collapsed_until_asked_for(tmp_path):
+    """In the exported page (and JupyterLab renders markdown the same way) each solution is a closed
+    `<details>` block: its summary says Solution, its code shows only once it is opened."""
+    from chromium import browser, require_chromium
+    from nbconvert import HTMLExporter
+
+    require_chromium()
+    path = next(p for p in CHAPTERS if p.name == "pmap_chapter.ipynb")
+    nb = nbformat.read(path, as_version=4)
+    html, _ = HTMLExporter().from_notebook_node(nb)
+    with browser() as b:
+        page = b.new_context(viewport={"width": 1100, "height": 900}).new_page()
+        page.route("**/*", lambda route: route.fulfill(status=200, body=html, headers={"content-type": "text/html"})
+                   if route.request.url == "http://course.test/" else route.abort())
+        page.goto("http://course.test/", wait_until="load")
+        solutions = page.locator("details").filter(has=page.locator("summary", has_text="Solution"))
+        assert solutions.count() == len(exercises(nb))
+        block = solutions.first
+        code = block.locator("pre").first
+        assert block.get_attribute("open") is None and not code.is_visible()
+        block.locator("summary").click()
+        assert code.is_visible() and "%%exercise ring_total" in code.inner_text()
