@@ -141,7 +141,8 @@ def _structure_differs(got, want, got_leaves, want_leaves) -> str:
     missing = [p for p in want_paths if p not in got_paths]
     extra = [p for p in got_paths if p not in want_paths]
     if missing:
-        return f"{_describe(got)} has no {missing[0]}" + (f" (and {len(missing) - 1} more missing)" if len(missing) > 1 else "")
+        more = f" (and {len(missing) - 1} more missing)" if len(missing) > 1 else ""
+        return f"{_describe(got)} has no {missing[0]}{more}"
     if extra:
         return f"{_describe(got)} has an unexpected {extra[0]}"
     return f"the structure differs: got {_describe(got)}, expected {_describe(want, values=False)}"

@@ -13,11 +13,12 @@ The contract (tests/test_notebooks.py and tests/test_exercise_contract.py hold e
 
   Every run first *forgets* the answers (in the kernel, and in every process of a running
   cluster, where a magic cell or a ``%%cluster`` body binds them and where the check reads them
-  with ``%cluster gather``'s rules), then runs the rest as a cell of its own, and records the run: whether it ended
-  without an error, the objects it bound to the answers, and, for a magic cell, the program it
-  ran (its compiled collectives, the line's specs, what it bound). A run that fails leaves its
-  answers forgotten; the error shows as usual, then one line says the answers are forgotten.
-  Notebooks ship the exercise cell as a skeleton the student fills in.
+  by ``%cluster gather``'s rules), then runs the rest as a cell of its own, and records the run:
+  whether it ended without an error, the objects it bound to the answers, and, for a magic cell,
+  the program it ran (its compiled collectives, the line's specs, what it bound). A run that
+  fails leaves its answers forgotten; the error shows as usual, then one line says so.
+  Notebooks ship the exercise cell as a skeleton the student fills in: it must run without an
+  error (so that "Run all" goes through) and leave its check at "not yet".
 
 * **The check cell** is the next code cell, tagged ``check``. It reads the latest run with
   :func:`attempt` and prints exactly one line with :func:`check` (face/checks.py)::
@@ -51,12 +52,16 @@ these collectives), ``.sends_nothing()``, and ``.split_into("m", 8)`` (the input
 magic's ``--in`` placed it this run, has 8 distinct blocks). Write any other as ``(condition, "why")``.
 
 What :class:`Attempt` offers a check: ``attempt[name]`` (an answer), ``.ok``, ``.magic`` (``"pmap"``,
-``"shard"``, ``"shard_map"`` or None for plain Python), ``.line`` (the magic's line), ``.spec(name)``
-(the PartitionSpec the line's ``--in`` gave ``name``), ``.collectives`` (the compiled program's
+``"shard"``, ``"shard_map"`` or None for plain Python), ``.spec(name)`` (the PartitionSpec the
+line's ``--in`` gave ``name``), ``.collectives`` (the compiled program's
 collective ops in program order, e.g. ``["all-reduce"]``; None when the cell ran no program of
 ours), ``.program`` (every compiled collective with its shape, bytes and groups) and ``.bound``
 (every name the magic bound, placed inputs included). All of them are safe to read on a run that
 failed: they are None (or a NotRun) and the check reports the failure first.
+
+The tests (tests/notebooks.py) run every chapter with its solutions, and right after each check
+try the exercise cell emptied, as shipped, failing, and with the cheats and wrong answers that
+tests/exercise_probes.py lists for it: add a new exercise's there.
 
 One thing no kernel can see: a cell emptied *entirely* (its ``%%exercise`` line too) never reaches
 the kernel when run, so the contract is about the student's part of the cell.
@@ -132,11 +137,6 @@ class Attempt:
     def magic(self) -> str | None:
         return None if self._problem() is not None or self.observed is None else self.observed.magic
 
-    @property
-    def line(self) -> str | None:
-        options = self.observed.options if self.observed is not None and self._problem() is None else None
-        return getattr(options, "line", None)
-
     def spec(self, name: str):
         """The PartitionSpec the magic line's ``--in`` gave input `name` (None if it gave none)."""
         if self.magic is None:
@@ -175,7 +175,8 @@ class Attempt:
             return False, why
         for name, spec in specs.items():
             if _normal(self.spec(name)) != _normal(spec):
-                return False, f"keep `--in {name}={_spec_text(spec)}` on the `%%{magic}` line: the exercise is about that layout"
+                layout = f"--in {name}={_spec_text(spec)}"
+                return False, f"keep `{layout}` on the `%%{magic}` line: the exercise is about that layout"
         return True, why
 
     def sends_only(self, *ops: str, count: int | None = None) -> tuple[bool, str]:
@@ -200,7 +201,8 @@ class Attempt:
         placed = self.bound.get(name)
         count = len({str(shard.index) for shard in getattr(placed, "addressable_shards", ())})
         noun = "block" if count == 1 else "blocks"
-        return count == blocks, f"{name} is cut into {count} distinct {noun}, not {blocks}: the other devices hold copies"
+        why = f"{name} is cut into {count} distinct {noun}, not {blocks}: the other devices hold copies"
+        return count == blocks, why
 
     def sends_nothing(self) -> tuple[bool, str]:
         """The compiled program sends nothing between devices."""
