@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 
 from ..cell import analysis as cells
-from ..cell.inputs import classify
+from ..cell.inputs import classify, input_arrays
 from ..cell.prepared import PreparedCell
 from ..cell.programs import CellProgram, capture_outputs, cell_function, traced, within_mesh
 from ..cell.treespecs import spec_names
@@ -142,7 +142,7 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, record=
                 return mapped(*args)
         return whole
 
-    args = [[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in tree.arrays(namespace[tree.name])] for tree in inputs]
+    args = [[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays] for arrays in input_arrays(inputs, namespace)]
     jax.eval_shape(on_blocks(jax.shard_map(probe, mesh=mesh, in_specs=in_specs, out_specs=(), check_vma=check_vma)),
                    *args)
 
@@ -229,13 +229,12 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: 
     cells.check_axis_names(cell.source, tuple(mesh.axis_names))
     inputs, constants = classify(cell, namespace, {"--in": tuple(in_specs)}, abstract)
     specs, args = [], []
-    for tree in inputs:
+    for tree, arrays in zip(inputs, input_arrays(inputs, namespace)):
         value = namespace[tree.name]
-        arrays = tree.arrays(value)
         if tree.name not in in_specs:
             per_leaf = ((),) * len(tree.positions)
         else:
-            per_leaf = tuple(leaf_specs(tree, value, in_specs[tree.name], namespace))
+            per_leaf = tuple(leaf_specs(tree, value, in_specs[tree.name], namespace, arrays=arrays))
             for index, (leaf, spec) in enumerate(zip(arrays, per_leaf)):
                 check_spec(tree.label(index), tuple(leaf.shape), spec, mesh, "--in")
         if abstract:
