@@ -9,7 +9,57 @@ fails. `CHEATS` adds each exercise's known ways to get the value without doing w
 from __future__ import annotations
 
 # (notebook, first answer name) -> [(label, the exercise cell's whole source)]
-CHEATS: dict[tuple[str, str], list[tuple[str, str]]] = {}
+CHEATS: dict[tuple[str, str], list[tuple[str, str]]] = {
+    ("pmap_chapter.ipynb", "ring_total"): [
+        ("the psum's result copied", "%%exercise ring_total\n%%pmap -a batch\nring_total = total"),
+        ("psum itself", "%%exercise ring_total\n%%pmap -a batch\nring_total = lax.psum(readings, 'batch')"),
+        ("plain Python", "%%exercise ring_total\nring_total = jnp.full(8, 31.0)"),
+        ("one step too many", "%%exercise ring_total\n%%pmap -a batch\npassing = readings\nring_total = readings\n"
+                              "for _ in range(n_dev):\n    passing = lax.ppermute(passing, 'batch', perm=ring)\n"
+                              "    ring_total = ring_total + passing"),
+    ],
+    ("sharding_chapter.ipynb", "row_totals"): [
+        ("placed by hand, plain Python", "%%exercise row_totals\n"
+                                         "m = jax.device_put(m, jax.sharding.NamedSharding(grid, P(('data', 'model'))))\n"
+                                         "row_totals = jnp.sum(m, axis=1)"),
+        ("already placed, no --in", "%%exercise row_totals\n%%shard --mesh grid --report --no-show\n"
+                                    "row_totals = jnp.sum(m, axis=1)"),
+        ("columns split both ways", "%%exercise row_totals\n%%shard --mesh grid --in m=None,(data,model) --no-show\n"
+                                    "row_totals = jnp.sum(m, axis=1)"),
+        ("split both dimensions", "%%exercise row_totals\n%%shard --mesh grid --in m=data,model --no-show\n"
+                                  "row_totals = jnp.sum(m, axis=1)"),
+        ("rows over data only", "%%exercise row_totals\n%%shard --mesh grid --in m=data,None --no-show\n"
+                                "row_totals = jnp.sum(m, axis=1)"),
+    ],
+    ("shard_map_chapter.ipynb", "mv"): [
+        ("plain Python", "%%exercise mv\nmv = m @ v"),
+        ("every block whole", "%%exercise mv\n%%shard_map --mesh i=8 --in m=None,None v=None --no-show\nmv = m @ v"),
+        ("gather m and v", "%%exercise mv\n%%shard_map --mesh i=8 --in m=None,i v=i --no-show\n"
+                           "mv = lax.all_gather(m, 'i', axis=1, tiled=True, to='invarying') "
+                           "@ lax.all_gather(v, 'i', tiled=True, to='invarying')"),
+        ("a mean, not a sum", "%%exercise mv\n%%shard_map --mesh i=8 --in m=None,i v=i --no-show\n"
+                              "mv = lax.pmean(m @ v, 'i')"),
+    ],
+    ("training_chapter.ipynb", "grad_w"): [
+        ("plain Python", "%%exercise grad_w\ngrad_w = xs.T @ dy"),
+        ("psum, then a slice", "%%exercise grad_w\n"
+                               "%%shard_map --mesh flat --in xs=data dy=data --out grad_w=data --report --no-show\n"
+                               "grad_w = lax.dynamic_slice_in_dim(lax.psum(xs.T @ dy, 'data'), "
+                               "lax.axis_index('data') * 2, 2)"),
+        ("untiled psum_scatter", "%%exercise grad_w\n"
+                                 "%%shard_map --mesh flat --in xs=data dy=data --out grad_w=data --report --no-show\n"
+                                 "grad_w = lax.psum_scatter(xs.T @ dy, 'data')"),
+        ("the mean, scattered", "%%exercise grad_w\n"
+                                "%%shard_map --mesh flat --in xs=data dy=data --out grad_w=data --report --no-show\n"
+                                "grad_w = lax.psum_scatter(xs.T @ dy, 'data', tiled=True) / 8"),
+    ],
+    ("collectives_chapter.ipynb", "predicted_sent"): [
+        ("the ring of all 8 devices", "%%exercise predicted_sent predicted_buffer\npredicted_sent = 7 * 64\n"
+                                      "predicted_buffer = 8 * 64"),
+        ("the result buffer as sent", "%%exercise predicted_sent predicted_buffer\npredicted_sent = 4 * 64\n"
+                                      "predicted_buffer = 4 * 64"),
+    ],
+}
 
 # The memory and model-parallel chapters: answers that get the number without the reasoning, and
 # the likely wrong ones.

@@ -128,6 +128,7 @@ def _probe(client, nb, exercise: Exercise, sources: list[tuple[str, str]]) -> li
     The probes' widgets are dropped from the notebook's saved widget state."""
     widgets_before = set(client.widget_state)
     check = nb.cells[exercise.check_index]
+    kept = {exercise.index: nb.cells[exercise.index], exercise.check_index: check}  # nbclient stores each run there
     found = []
     for label, source in [*sources, ("solution again", exercise.solution)]:
         tried = nbformat.v4.new_code_cell(source, metadata={"tags": ["raises-exception"]})
@@ -136,6 +137,7 @@ def _probe(client, nb, exercise: Exercise, sources: list[tuple[str, str]]) -> li
         client.execute_cell(checked, exercise.check_index, execution_count=client.code_cells_executed + 1)
         printed = "".join(o.get("text", "") for o in checked.outputs if o.output_type == "stream")
         found.append(Probe(label, source, any(o.output_type == "error" for o in tried.outputs), printed.splitlines()))
+    nb.cells[exercise.index], nb.cells[exercise.check_index] = kept[exercise.index], check
     for model_id in set(client.widget_state) - widgets_before:
         client.widget_state.pop(model_id, None)
         client.widget_buffers.pop(model_id, None)

@@ -107,11 +107,11 @@ def test_the_method_check_refuses_the_cheats(ex):
     ex.run_cell("readings = jnp.array([3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0])\ntotal = jnp.full(8, 31.0)")
     cheats = {
         "%%exercise ring_total\n%%pmap -a batch --no-show\nring_total = total":  # the answer copied in
-            "the cell's compiled program sends nothing between devices; it should send collective-permute",
+            "the cell's compiled program sends nothing between devices; it should send a collective-permute",
         "%%exercise ring_total\n%%pmap -a batch --no-show\nring_total = lax.psum(readings, 'batch')":
-            "the cell's compiled program sends an all-reduce; this exercise allows only collective-permute",
+            "the cell's compiled program sends an all-reduce; this exercise allows only a collective-permute",
         "%%exercise ring_total\nring_total = jnp.full(8, 31.0)":  # plain Python, no program
-            "write it as a magic cell (the exercise checks the program it compiles), using collective-permute",
+            "write it as a magic cell (the exercise checks the program it compiles), using a collective-permute",
     }
     for cheat, why in cheats.items():
         assert run(ex, cheat)[0], cheat

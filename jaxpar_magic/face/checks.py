@@ -64,10 +64,11 @@ def _next_hint(hints: tuple[str, ...]) -> str:
         return ""
     shown = _failures.get(hints, 0)
     _failures[hints] = shown + 1
-    text = hints[min(shown, len(hints) - 1)].rstrip(".")
+    text = hints[min(shown, len(hints) - 1)].strip()
+    text = text if text.endswith((".", "?", "!")) else text + "."
     if len(hints) == 1:
-        return f"Hint: {text}."
-    return f"Hint {min(shown, len(hints) - 1) + 1}/{len(hints)}: {text}."
+        return f"Hint: {text}"
+    return f"Hint {min(shown, len(hints) - 1) + 1}/{len(hints)}: {text}"
 
 
 def _verdict(got, want, method, rtol, atol) -> str | None:

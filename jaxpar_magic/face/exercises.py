@@ -46,7 +46,8 @@ The contract (tests/test_notebooks.py and tests/test_exercise_contract.py hold e
 Requirements for ``method=`` (each a ``(condition, why)`` pair that names what is wrong):
 ``.ran("shard_map", m=P(None, "i"))`` (the cell ran as that magic, laying out those inputs so),
 ``.sends_only("collective-permute", count=None)`` (the compiled program sends something, and only
-these collectives) and ``.sends_nothing()``. Write any other as ``(condition, "why")``.
+these collectives), ``.sends_nothing()``, and ``.split_into("m", 8)`` (the input ``m``, as the
+magic's ``--in`` placed it this run, has 8 distinct blocks). Write any other as ``(condition, "why")``.
 
 What :class:`Attempt` offers a check: ``attempt[name]`` (an answer), ``.ok``, ``.magic`` (``"pmap"``,
 ``"shard"``, ``"shard_map"`` or None for plain Python), ``.line`` (the magic's line), ``.spec(name)``
@@ -179,7 +180,7 @@ class Attempt:
     def sends_only(self, *ops: str, count: int | None = None) -> tuple[bool, str]:
         """The compiled program sends something, and only these collectives (``count`` of them)."""
         sent = self.collectives
-        allowed = " or ".join(ops)
+        allowed = " or ".join(_plural([op]) for op in ops)
         if sent is None:
             return False, f"write it as a magic cell (the exercise checks the program it compiles), using {allowed}"
         if not sent:
@@ -190,6 +191,15 @@ class Attempt:
         if count is not None and len(sent) != count:
             return False, f"the cell's compiled program sends {len(sent)} collectives, not {count}"
         return True, ""
+
+    def split_into(self, name: str, blocks: int) -> tuple[bool, str]:
+        """The input `name`, as the magic line placed it this run, is cut into `blocks` distinct blocks."""
+        if self.spec(name) is None:
+            return False, f"give {name} its layout on the magic's line: --in {name}=SPEC"
+        placed = self.bound.get(name)
+        count = len({str(shard.index) for shard in getattr(placed, "addressable_shards", ())})
+        noun = "block" if count == 1 else "blocks"
+        return count == blocks, f"{name} is cut into {count} distinct {noun}, not {blocks}: the other devices hold copies"
 
     def sends_nothing(self) -> tuple[bool, str]:
         """The compiled program sends nothing between devices."""
