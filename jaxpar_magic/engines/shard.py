@@ -216,7 +216,6 @@ def _compile(cell, inputs, namespace, mesh, out_specs) -> CellProgram:
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     fn = cell_function(cell, inputs, namespace, write_back=True)
-    program = CellProgram(jitted=None)
 
     def constrained(value, spec):
         sharding = NamedSharding(mesh, P(*spec))
@@ -228,10 +227,9 @@ def _compile(cell, inputs, namespace, mesh, out_specs) -> CellProgram:
             outs, final = fn(*args)
             for name, spec in out_specs.items():
                 outs[name] = constrained(outs[name], spec)
-            return capture_outputs(program, outs, final, lambda v: v)
+            return capture_outputs(outs, final, lambda v: v)
 
-    program.jitted = jax.jit(whole_program)
-    return program
+    return CellProgram(jitted=jax.jit(whole_program))
 
 
 def _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):

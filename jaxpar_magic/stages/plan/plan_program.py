@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 from ...cell.hlo import collectives, program_facts, upcasts
+from ...cell.programs import TRACE
 from ...errors import UsageError, explain_trace_error, user_line
 from .abstract_inputs import CPU_DEVICE_CEILING, abstract_inputs, check_scale, device_capacity, smaller_slice, warn_concrete
 from .costs import estimate
@@ -220,7 +221,7 @@ def plan_program(prepared, *, hardware=None, device_memory=None, set_mesh=True, 
         plan = compile_plan(program.jitted, prepared.arguments, prepared.mesh, names=list(prepared.names),
                             filename=cell.filename, line_text=cell.line, hardware=hardware,
                             device_memory=device_memory, set_mesh=set_mesh, leaf_labels=prepared.labels())
-    plan.bindings = dict(program.static_outputs)
-    plan.bindings.update(program.outputs_of(plan.outputs[0], reshape))
-    plan.computed = tuple(program.device_outputs)
+    trace = plan.outputs[TRACE]  # the CellTrace of the trace just compiled
+    plan.bindings = trace.bound_outputs(plan.outputs[0], reshape)
+    plan.computed = trace.device_outputs
     return plan

@@ -10,7 +10,8 @@ import functools
 import linecache
 from collections import OrderedDict
 
-from ...cell.fingerprints import fingerprint
+from ...cell.fingerprints import fingerprint, traced_callables
+from ...cell.jax_traces import forget_traces
 from ...cell.programs import CACHE_SIZE, traced
 from ...errors import UsageError, explaining
 from .program import ProgramFacts, block_on_cpu_collectives, compile_progress, has_collectives_on_cpu, program_facts
@@ -164,6 +165,7 @@ class ParallelFunction:
         reads = fingerprint(self.__wrapped__)
         slot = self._jitted.get(key)
         if slot is None or slot[2] != reads:
+            forget_traces(traced_callables((self.__wrapped__,)))  # its helpers trace again in the new program
             slot = self._jitted[key] = [self._build(statics, in_axes), None, reads]
             while len(self._jitted) > CACHE_SIZE:
                 self._jitted.popitem(last=False)
