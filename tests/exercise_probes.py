@@ -53,6 +53,27 @@ CHEATS: dict[tuple[str, str], list[tuple[str, str]]] = {
                                 "%%shard_map --mesh flat --in xs=data dy=data --out grad_w=data --report --no-show\n"
                                 "grad_w = lax.psum_scatter(xs.T @ dy, 'data', tiled=True) / 8"),
     ],
+    ("planning_chapter.ipynb", "state_bytes"): [
+        ("the weights only", "%%exercise state_bytes\nstate_bytes = {'data parallel': 4 * 805_306_368, "
+                             "'FSDP': 4 * 805_306_368 // 256, 'tensor parallel': 4 * 805_306_368 // 8}"),
+        ("tensor parallel over all devices", "%%exercise state_bytes\nstate_bytes = {'data parallel': 12 * 805_306_368, "
+                                             "'FSDP': 12 * 805_306_368 // 256, 'tensor parallel': 12 * 805_306_368 // 256}"),
+    ],
+    ("planning_chapter.ipynb", "w1_gather_s"): [
+        ("one axis's bandwidth", "%%exercise w1_gather_s\nw1_gather_s = 8192 * 32768 * 4 / 9e10"),
+        ("elements, not bytes", "%%exercise w1_gather_s\nw1_gather_s = 8192 * 32768 / (2 * 9e10)"),
+    ],
+    ("cluster_chapter.ipynb", "mean_all"): [
+        ("the right number, typed in", "%%exercise mean_all\n%%cluster\nmean_all = 6.5"),
+        ("each process's own mean, in jnp", "%%exercise mean_all\n%%cluster\nmean_all = jnp.mean(jnp.asarray(local))"),
+        ("the sum, not the mean", "%%exercise mean_all\n%%cluster\nmean_all = jax.jit(jnp.sum)(x)"),
+    ],
+    ("ecosystem_chapter.ipynb", "param_bytes"): [
+        ("biases cut too", "%%exercise param_bytes\nparam_bytes = {'hidden.kernel': 512, 'hidden.bias': 128, "
+                           "'out.kernel': 128, 'out.bias': 2}"),
+        ("cut over all 8 devices", "%%exercise param_bytes\nparam_bytes = {'hidden.kernel': 128, 'hidden.bias': 256, "
+                                   "'out.kernel': 32, 'out.bias': 4}"),
+    ],
     ("collectives_chapter.ipynb", "predicted_sent"): [
         ("the ring of all 8 devices", "%%exercise predicted_sent predicted_buffer\npredicted_sent = 7 * 64\n"
                                       "predicted_buffer = 8 * 64"),

@@ -112,32 +112,36 @@ def _executed(path: Path) -> tuple[nbformat.NotebookNode, dict[int, list[Probe]]
             store_widget_state=True,
         )
         client.reset_execution_trackers()
+        chapter = len(nb.cells)
         with client.setup_kernel():
-            for index, cell in enumerate(nb.cells):
+            for index in range(chapter):
                 # Raises CellExecutionError on any error a cell is not tagged to expect.
-                client.execute_cell(cell, index, execution_count=client.code_cells_executed + 1)
+                client.execute_cell(nb.cells[index], index, execution_count=client.code_cells_executed + 1)
                 if index in checks:
                     probes[checks[index].index] = _probe(client, nb, checks[index], probes_for(path.name, checks[index]))
             client.set_widgets_metadata()
+        del nb.cells[chapter:]  # the probes' cells (see _probe)
     return nb, probes
 
 
 def _probe(client, nb, exercise: Exercise, sources: list[tuple[str, str]]) -> list[Probe]:
     """Run the exercise cell with each probe source, then its check, in the live kernel after the
     full run; then the solution and the check again, so the cells after it see what they expect.
-    The probes' widgets are dropped from the notebook's saved widget state."""
+
+    nbclient keeps a cell it runs at its index in the notebook, and later display updates find it
+    there, so the probes' cells are appended after the chapter's (and cut off after the run). Their
+    widgets are dropped from the notebook's saved widget state."""
     widgets_before = set(client.widget_state)
     check = nb.cells[exercise.check_index]
-    kept = {exercise.index: nb.cells[exercise.index], exercise.check_index: check}  # nbclient stores each run there
     found = []
     for label, source in [*sources, ("solution again", exercise.solution)]:
         tried = nbformat.v4.new_code_cell(source, metadata={"tags": ["raises-exception"]})
-        client.execute_cell(tried, exercise.index, execution_count=client.code_cells_executed + 1)
         checked = nbformat.v4.new_code_cell(check.source)
-        client.execute_cell(checked, exercise.check_index, execution_count=client.code_cells_executed + 1)
+        for cell in (tried, checked):
+            nb.cells.append(cell)
+            client.execute_cell(cell, len(nb.cells) - 1, execution_count=client.code_cells_executed + 1)
         printed = "".join(o.get("text", "") for o in checked.outputs if o.output_type == "stream")
         found.append(Probe(label, source, any(o.output_type == "error" for o in tried.outputs), printed.splitlines()))
-    nb.cells[exercise.index], nb.cells[exercise.check_index] = kept[exercise.index], check
     for model_id in set(client.widget_state) - widgets_before:
         client.widget_state.pop(model_id, None)
         client.widget_buffers.pop(model_id, None)

@@ -103,6 +103,16 @@ def test_python_numbers_are_weakly_typed_like_in_jax(capsys):
     assert said(capsys) == ["✓ right"] * 3 + ["✗ not yet: the dtype is bool, expected an integer dtype. Hint: a bool is not a count."]
 
 
+def test_numbers_past_int32_compare(capsys):
+    """A byte count of 9 GiB is a Python int that int32 cannot hold (the planning chapter's exercise)."""
+    import jax.numpy as jnp
+
+    check({"dp": 9 * 2**30, "fsdp": 36 * 2**20}, {"dp": 9663676416, "fsdp": 37748736}, hint="unused")
+    check(9 * 2**30, 9 * 2**30 + 1, hint="one byte")
+    check(2**40, jnp.float32(2.0**40), hint="unused")
+    assert said(capsys) == ["✓ right", "✗ not yet: got 9663676416. Hint: one byte.", "✓ right"]
+
+
 def test_bfloat16_compares_with_its_own_tolerance(capsys):
     import jax.numpy as jnp
 

@@ -158,10 +158,15 @@ _KINDS = (("bool", "a boolean"), ("integer", "an integer"), ("floating", "a floa
           ("complexfloating", "a complex"))
 
 
+_PYTHON_KINDS = {bool: "bool", int: "integer", float: "floating", complex: "complexfloating"}
+
+
 def _kind(value) -> str | None:
     import jax.numpy as jnp
 
-    dtype = jnp.asarray(value).dtype if isinstance(value, (bool, int, float, complex)) else value.dtype
+    if isinstance(value, (bool, int, float, complex)):  # by type: JAX would refuse an int past int32
+        return next(kind for kind_type, kind in _PYTHON_KINDS.items() if isinstance(value, kind_type))
+    dtype = value.dtype
     for kind, _ in _KINDS:
         if jnp.issubdtype(dtype, getattr(jnp, "bool_" if kind == "bool" else kind)):
             return kind

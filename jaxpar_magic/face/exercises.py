@@ -12,7 +12,8 @@ The contract (tests/test_notebooks.py and tests/test_exercise_contract.py hold e
       # your loop: ...
 
   Every run first *forgets* the answers (in the kernel, and in every process of a running
-  cluster), then runs the rest as a cell of its own, and records the run: whether it ended
+  cluster, where a magic cell or a ``%%cluster`` body binds them and where the check reads them
+  with ``%cluster gather``'s rules), then runs the rest as a cell of its own, and records the run: whether it ended
   without an error, the objects it bound to the answers, and, for a magic cell, the program it
   ran (its compiled collectives, the line's specs, what it bound). A run that fails leaves its
   answers forgotten; the error shows as usual, then one line says the answers are forgotten.
@@ -273,7 +274,8 @@ def run_exercise(shell, answers: tuple[str, ...], body: str, cluster=None) -> No
         for name in answers:
             shell.user_ns.pop(name, None)
         raise ExerciseStopped(answers)
-    if cluster is not None and record.observed is not None:  # a magic ran on every process: so did its names
+    on_processes = record.observed is not None or body.lstrip().startswith("%%cluster")
+    if cluster is not None and on_processes:  # the cell ran in every process: its names live there
         record.on_cluster = cluster
     record.values = {name: shell.user_ns[name] for name in answers if name in shell.user_ns}
 
