@@ -82,6 +82,31 @@ CHEATS: dict[tuple[str, str], list[tuple[str, str]]] = {
     ],
 }
 
+# The memory and model-parallel chapters: answers that get the number without the reasoning, and
+# the likely wrong ones.
+CHEATS.update({
+    ("memory_chapter.ipynb", "dp_gradient"): [
+        ("the one-device gradient, closed over", "%%exercise dp_gradient\ndef dp_gradient(params, x, y):\n"
+                                                 "    return whole\n"),
+        ("psum instead of pmean", "%%exercise dp_gradient\ndef dp_gradient(params, x, y):\n"
+                                  "    return lax.psum(jax.grad(loss_fn)(params, x, y), 'data')\n"),
+    ],
+    ("memory_chapter.ipynb", "stash_slots"): [
+        ("every microbatch, both schedules", "%%exercise stash_slots\ndef stash_slots(stages, micro, kind):\n"
+                                            "    return micro\n"),
+        ("1F1B without the few-microbatches case", "%%exercise stash_slots\ndef stash_slots(stages, micro, kind):\n"
+                                                   "    return micro if kind == 'GPipe' else stages\n"),
+    ],
+    ("model_parallel_chapter.ipynb", "crossover_tokens"): [
+        ("the book's number", "%%exercise crossover_tokens\ncrossover_tokens = 2550\n"),
+        ("a wrapped axis", "%%exercise crossover_tokens\ncrossover_tokens = 7 / 8 * 4.59e14 / (2 * 9e10)\n"),
+    ],
+    ("model_parallel_chapter.ipynb", "kv_owner"): [
+        ("the other direction", "%%exercise kv_owner\ndef kv_owner(me, t, n):\n    return (me + t) % n\n"),
+        ("no wrap-around", "%%exercise kv_owner\ndef kv_owner(me, t, n):\n    return me - t\n"),
+    ],
+})
+
 
 def probes_for(notebook: str, exercise) -> list[tuple[str, str]]:
     first, _, body = exercise.solution.partition("\n")
