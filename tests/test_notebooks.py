@@ -68,8 +68,22 @@ def test_the_course_map_has_a_glossary_of_the_terms_the_chapters_use():
     text = "".join(c.source for c in nbformat.read(EXAMPLES / "index.ipynb", as_version=4).cells)
     glossary = text[text.index("## Glossary"):]
     for term in ("collective", "all-reduce", "reduce-scatter", "mesh", "axis types", "PartitionSpec", "replicated",
-                 "varying", "FSDP", "HBM", "ICI, DCN", "torus, wraparound", "roofline", "result buffer", "bubble"):
+                 "varying", "FSDP", "HBM", "ICI, DCN", "torus, wraparound", "roofline", "result buffer", "bubble",
+                 # the memory chapter's and the model-parallel chapter's terms
+                 "activations", "rematerialisation", "gradient accumulation", "ZeRO-1, 2, 3", "GPipe, 1F1B", "stash",
+                 "tensor parallelism", "sequence parallelism", "collective matmul", "overlap",
+                 "compute/communication crossover", "ring attention", "mixture of experts"):
         assert f"**{term}" in glossary or f"**`{term}" in glossary, f"the glossary has no entry for {term!r}"
+
+
+def test_the_course_maps_reading_order_gives_every_chapter_a_row_with_its_exercise():
+    text = "".join(c.source for c in nbformat.read(EXAMPLES / "index.ipynb", as_version=4).cells)
+    order = text[text.index("## Reading order"):text.index("## How the exercises work")]
+    rows = {m[1]: m[2] for m in re.finditer(r"^\| *\d+ *\| \[[^]]+\]\(([\w.-]+\.ipynb)\) \|(.*)\|$", order, re.M)}
+    assert set(rows) == {p.name for p in NOTEBOOKS} - {"index.ipynb"}, "the reading order must give each chapter a row"
+    for name, cells in rows.items():
+        learn, exercise = (part.strip() for part in cells.split(" | ")[-2:])
+        assert learn and exercise, f"{name}'s row names no exercise"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
