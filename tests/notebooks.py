@@ -169,7 +169,8 @@ def rich_outputs(nb: nbformat.NotebookNode):
 
 
 def _assigned_names(body: str) -> list[str]:
-    """Names a cell body assigns at its top level, in order (IPython syntax allowed)."""
+    """Names a cell body assigns at its top level, in order (IPython syntax allowed), less those a
+    later top-level `del` removes: the cell binds them to nothing, so no view shows them."""
     import ast
 
     from IPython.core.inputtransformer2 import TransformerManager
@@ -189,6 +190,13 @@ def _assigned_names(body: str) -> list[str]:
                 add(target)
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
             add(node.target)
+        elif isinstance(node, ast.Delete):
+            deleted: list[str] = []
+            for target in node.targets:
+                for element in target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]:
+                    if isinstance(element, ast.Name):
+                        deleted.append(element.id)
+            names = [name for name in names if name not in deleted]
     return names
 
 

@@ -86,6 +86,24 @@ def test_the_course_maps_reading_order_gives_every_chapter_a_row_with_its_exerci
         assert learn and exercise, f"{name}'s row names no exercise"
 
 
+@pytest.mark.parametrize("cell", [
+    "%%shard_map --mesh data=8 --in x=P('data') --out y=data\ntmp = x * 2\ny = tmp + 1\ndel tmp\n",
+    "%%shard --mesh data=8 --in x=data\ntmp = x * 2\nz = tmp + 1\ndel tmp\n",
+], ids=["shard_map", "shard"])
+def test_expected_views_match_a_real_cell_that_deletes_a_temporary(jx, cell):
+    # expected_views is what every chapter's views are held to: a name the cell `del`s is bound to
+    # nothing, so the magic shows no view for it, and the count must agree with what a real shell shows.
+    from IPython.utils.capture import capture_output
+
+    jx.run_cell("x = jnp.arange(64.).reshape(8, 8)")
+    with capture_output() as captured:
+        assert jx.run_cell(cell).success
+    shown = [m.group(1) for o in captured.outputs if (m := VIEW_ROOT.search(o.data.get("text/html", "")))]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)])
+    assert [kind for _, kind in expected_views(notebook)] == shown
+    assert "tmp" not in jx.user_ns
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
 def test_stored_without_outputs(path):
     nb = nbformat.read(path, as_version=4)
