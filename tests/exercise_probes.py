@@ -1,7 +1,8 @@
 """What each exercise cell is tried with after a chapter's full run, and whose check must then say
 "not yet" (tests/notebooks.py runs them; tests/test_exercise_contract.py reads what the checks said).
 
-Every exercise gets the generic probes: its cell emptied below the `%%exercise` line, emptied but
+Every exercise gets the generic probes: its cell emptied entirely (the `%%exercise` line too: no
+request reaches the kernel, only the check runs again), emptied below the `%%exercise` line, emptied but
 for its cell magic's line, the skeleton the notebook ships, and the solution followed by a line that
 fails. `CHEATS` adds each exercise's known ways to get the value without doing what it asks (issue
 25's list first), and wrong answers a student is likely to write.
@@ -110,7 +111,9 @@ CHEATS.update({
 
 def probes_for(notebook: str, exercise) -> list[tuple[str, str]]:
     first, _, body = exercise.solution.partition("\n")
-    probes = [("emptied", first + "\n")]
+    # First, right after the full run's check graded the solution: the whole cell emptied. nbclient,
+    # like JupyterLab, sends no request for an empty cell, so only the check runs again.
+    probes = [("emptied entirely", ""), ("emptied", first + "\n")]
     magic_line = body.splitlines()[0] if body else ""
     if magic_line.startswith("%%"):
         probes.append(("emptied below its magic line", f"{first}\n{magic_line}\n"))

@@ -127,6 +127,7 @@ def _executed(path: Path) -> tuple[nbformat.NotebookNode, dict[int, list[Probe]]
 def _probe(client, nb, exercise: Exercise, sources: list[tuple[str, str]]) -> list[Probe]:
     """Run the exercise cell with each probe source, then its check, in the live kernel after the
     full run; then the solution and the check again, so the cells after it see what they expect.
+    An empty probe source is skipped by nbclient, as JupyterLab skips an empty cell: only the check runs.
 
     nbclient keeps a cell it runs at its index in the notebook, and later display updates find it
     there, so the probes' cells are appended after the chapter's (and cut off after the run). Their

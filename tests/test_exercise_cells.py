@@ -85,9 +85,25 @@ def test_stale_answers_never_pass(ex):
     assert not ok and "ring_total" in ex.user_ns  # the failed magic bound nothing: the old value is there
     assert verdict(ex, RING_CHECK).startswith("✗ not yet: `ring_total` was set again by a cell without `%%exercise`")
 
-    assert run(ex, RING)[0] and verdict(ex, RING_CHECK) == "✓ right"
+    assert run(ex, RING)[0]
     ex.run_cell("def sneaky():\n    globals()['ring_total'] = jnp.full(8, 31.0)\nsneaky()")  # no visible assignment
     assert verdict(ex, RING_CHECK).startswith("✗ not yet: `ring_total` changed after the exercise cell ran")
+
+
+def test_a_cell_emptied_entirely_never_leaves_a_right_behind(ex):
+    """JupyterLab and nbclient send nothing for an empty cell, so the kernel sees only the check run
+    again after a right answer: a run is graded once, and the second check says "not yet"."""
+    ex.run_cell("readings = jnp.array([3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0])")
+    assert run(ex, RING)[0]
+    assert verdict(ex, RING_CHECK) == "✓ right"
+    # The whole cell emptied and run: no request reaches the kernel. Then the check:
+    assert verdict(ex, RING_CHECK).startswith("✗ not yet: the check already graded the exercise cell's last run: "
+                                              "run the exercise cell again, then this check")
+    assert verdict(ex, RING_CHECK).startswith("✗ not yet: the check already graded")  # and stays so
+    # A cell that reads the run twice is one grading; the next run of the exercise cell is graded afresh.
+    assert run(ex, RING)[0]
+    twice = RING_CHECK + 'assert attempt("ring_total")["ring_total"] is ring["ring_total"]\n'
+    assert verdict(ex, twice) == "✓ right"
 
 
 def test_a_plain_python_exercise_forgets_and_records(ex):

@@ -4,7 +4,8 @@
   its check, tagged `check`; the solution waits in a collapsed block after the check;
 * the notebook ships the exercise cell unsolved, and a full run with the solution in it makes the
   check print exactly `✓ right`;
-* after that full run, the exercise cell emptied (below its `%%exercise` line, and below its magic
+* after that full run, the exercise cell emptied (entirely, as the issue words it: then no request
+  reaches the kernel and only the check runs again; below its `%%exercise` line; below its magic
   line), as shipped, failing, and given each known cheat or wrong answer (tests/exercise_probes.py)
   makes the check print exactly one line, `✗ not yet: ... Hint: ...`, never a traceback; the
   solution run again is right again.
@@ -59,8 +60,8 @@ def test_a_solved_exercise_is_right_and_nothing_else_is(path):
 
         tried = probes[exercise.index]
         labels = [p.label for p in tried]
-        assert {"emptied", "the shipped skeleton", "the solution, then an error"} <= set(labels), labels
-        assert len(tried) - 1 >= 3 + len(CHEATS.get((path.name, exercise.answers[0]), [])), labels
+        assert {"emptied entirely", "emptied", "the shipped skeleton", "the solution, then an error"} <= set(labels), labels
+        assert len(tried) - 1 >= 4 + len(CHEATS.get((path.name, exercise.answers[0]), [])), labels
         *wrong, again = tried
         for probe in wrong:
             assert len(probe.check_lines) == 1, f"{where}, {probe.label}: the check printed {probe.check_lines}"
@@ -68,6 +69,8 @@ def test_a_solved_exercise_is_right_and_nothing_else_is(path):
             assert line.startswith("✗ not yet: ") and " Hint" in line, f"{where}, {probe.label}: {line}"
             assert "Traceback" not in line
         assert again.label == "solution again" and again.check_lines == ["✓ right"], (where, again.check_lines)
+        entirely = next(p for p in tried if p.label == "emptied entirely")
+        assert entirely.check_lines[0].startswith("✗ not yet: the check already graded"), entirely
         failing = next(p for p in tried if p.label == "the solution, then an error")
         assert failing.check_lines[0].startswith("✗ not yet: the exercise cell stopped with an error"), failing
 

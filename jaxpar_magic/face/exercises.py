@@ -63,8 +63,13 @@ The tests (tests/notebooks.py) run every chapter with its solutions, and right a
 try the exercise cell emptied, as shipped, failing, and with the cheats and wrong answers that
 tests/exercise_probes.py lists for it: add a new exercise's there.
 
-One thing no kernel can see: a cell emptied *entirely* (its ``%%exercise`` line too) never reaches
-the kernel when run, so the contract is about the student's part of the cell.
+A cell emptied *entirely* (its ``%%exercise`` line too) never reaches the kernel: JupyterLab and
+nbclient send no request for an empty cell, so the kernel cannot tell "run again, empty" from "not
+run again". Hence **a run is graded once**: the first cell that calls ``attempt(NAME)`` after a run
+of the exercise cell grades it, and any later cell that asks for the same run gets a NotRun that
+says to run the exercise cell again. Emptying the whole cell and running it, then the check, so
+never shows the old run's ``✓ right``. (Cells are told apart by a counter the ``pre_run_cell`` hook
+below advances, not by execution counts, which a shell running cells without history never moves.)
 """
 from __future__ import annotations
 
@@ -104,6 +109,7 @@ class Attempt:
     on_cluster: Any = None  # the cluster the answers live on, when one was running
     voided: str | None = None  # why this run no longer counts
     namespace: dict | None = None
+    graded_in: int | None = None  # the cell (by _cells_run) that first read this run with attempt()
 
     def __getitem__(self, name: str):
         """The value this run bound to the answer `name`, or a NotRun saying why there is none."""
@@ -233,12 +239,22 @@ def _spec_text(spec) -> str:
 _GONE = object()
 _attempts: list[Attempt] = []
 _running: list[Attempt] = []  # the exercise running now (a nested cell must not void it)
+_cells_run = 0  # cells run in this kernel so far (each exercise body counts with its cell)
+
+_GRADED = ("the check already graded the exercise cell's last run: run the exercise cell again, then "
+           "this check (a cell emptied entirely never reaches the kernel, so a second check cannot tell it "
+           "from the run it graded)")
 
 
 def attempt(name: str) -> Attempt:
-    """The latest run of the exercise cell whose answers include `name`."""
+    """The latest run of the exercise cell whose answers include `name`. The first cell that asks
+    grades that run; a later cell asking for the same run gets it voided (the module's docstring)."""
     for found in reversed(_attempts):
         if name in found.answers:
+            if found.graded_in is None:
+                found.graded_in = _cells_run
+            elif found.graded_in != _cells_run and found.voided is None:
+                found.voided = _GRADED
             return found
     never = Attempt(answers=(name,), finished=True, ok=False)
     never.voided = f"run the exercise cell first (the cell that starts with `%%exercise {name}`)"
@@ -311,8 +327,10 @@ def unwatch_cells(shell) -> None:
 
 
 def _before_cell(info) -> None:
+    global _cells_run
     if _running:  # the exercise's own body, run as a cell
         return
+    _cells_run += 1
     source = (getattr(info, "raw_cell", "") or "").lstrip()
     if source.startswith("%%exercise"):
         first, _, body = source.partition("\n")
