@@ -59,6 +59,7 @@ class CellProgram:
     output_trees: dict = field(default_factory=dict)  # device output name -> OutputTree (its type, its statics)
     final_tree: list = field(default_factory=list)  # [OutputTree] when the final expression is computed on devices
     assembled: dict = field(default_factory=dict)  # %%shard_map: device output name -> the spec it is assembled by
+    devices_from_arguments: bool = False  # %%shard on Explicit axes: jit learns the devices from an input on the mesh
 
     def final_of(self, traced_final) -> tuple[object, bool]:
         """The cell's final expression, and whether it was computed on the devices (traced)
@@ -293,11 +294,14 @@ class Rerun:
                 return None
         return args
 
-    def input_error(self, args, cell: cells.Cell, mesh) -> UsageError | None:
+    def input_error(self, args, cell: cells.Cell, mesh) -> Exception | None:
         """The UsageError naming the first input leaf among `args` that JAX cannot take: one whose
         buffers were deleted (donated), else one committed to other devices than the mesh's (jit moves
-        no committed array); None when there is none. Asked only once a run has failed: re-runs pay
-        nothing for it."""
+        no committed array); InputOnOtherMesh when one is on another mesh of the same devices (the full
+        path lays it out again); None when there is none. Asked only once a run has failed: re-runs
+        pay nothing for it."""
+        from .meshes import InputOnOtherMesh, needs_the_mesh_set, on_other_mesh
+
         pairs = list(zip(self.inputs, args))
         for tree, arrays in pairs:
             index = deleted_leaf(tree, arrays)
@@ -307,6 +311,11 @@ class Rerun:
             index = misplaced_leaf(tree, arrays, mesh)
             if index is not None:
                 return misplaced_input_error(tree, index, arrays[index], cell, mesh)
+        for tree, arrays in pairs:
+            if any(on_other_mesh(leaf, mesh) for leaf in arrays):
+                return InputOnOtherMesh(tree.name)
+        if self.program.devices_from_arguments and needs_the_mesh_set(mesh, args):
+            return InputOnOtherMesh("no input on the mesh")
         return None
 
     def remember(self, reruns: "BoundedCache", key, signature, placements=None) -> None:

@@ -11,9 +11,11 @@ import linecache
 from collections import OrderedDict
 
 from ...cell.fingerprints import fingerprint
+from ...cell.meshes import on_cell_mesh
 from ...cell.programs import CACHE_SIZE, traced
 from ...errors import UsageError, explaining
 from .program import ProgramFacts, block_on_cpu_collectives, compile_progress, has_collectives_on_cpu, program_facts
+from .static_leaves import has_partitioned, rebuilt, split
 
 
 def _per_arg(value, count: int, option: str):
@@ -70,8 +72,8 @@ class ParallelFunction:
 
         def per_device(*blocks):
             values = [
-                b if axis is None else jax.tree.map(
-                    lambda a, ax=axis: a.reshape(a.shape[:ax] + a.shape[ax + k:]), b)
+                rebuilt(b if axis is None else jax.tree.map(
+                    lambda a, ax=axis: a.reshape(a.shape[:ax] + a.shape[ax + k:]), b))
                 for b, axis in zip(blocks, in_axes)
             ]
             full, it = [], iter(values)
@@ -89,8 +91,16 @@ class ParallelFunction:
         def expand_out(out):
             out_axes = self.out_axes
             if isinstance(out_axes, (tuple, list)) and isinstance(out, (tuple, list)):
-                return type(out)(jax.tree.map(lambda a, ax=ax: expand(a, ax), o) for o, ax in zip(out, out_axes))
-            return jax.tree.map(lambda a: expand(a, out_axes), out)
+                return type(out)(jax.tree.map(lambda a, ax=ax: expand(a, ax), static_apart(o))
+                                 for o, ax in zip(out, out_axes))
+            return jax.tree.map(lambda a: expand(a, out_axes), static_apart(out))
+
+        def static_apart(value):  # an output's untraceable leaves (a module's activation) leave as structure
+            value = split(value)
+            statics_out[0] = statics_out[0] or has_partitioned(value)
+            return value
+
+        statics_out = [False]  # set while jit traces: does the result carry static leaves to rebuild?
 
         def out_spec_tree():
             if isinstance(self.out_axes, (tuple, list)):
@@ -106,7 +116,7 @@ class ParallelFunction:
             self._check_shapes(dynamic, in_axes, values)
             return mapped(*values)
 
-        return jax.jit(checked, donate_argnums=donate)
+        return jax.jit(checked, donate_argnums=donate), statics_out
 
     def _arg_names(self, count: int) -> list[str]:
         names = self._parameters
@@ -156,7 +166,8 @@ class ParallelFunction:
 
     def _jitted_for(self, args):
         statics = tuple((i, args[i]) for i in self.static_argnums if i < len(args))
-        dynamic = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
+        # Leaves JAX cannot trace (an Equinox module's activation) are static, as eqx.filter_pmap keeps them.
+        dynamic = tuple(split(a) for i, a in enumerate(args) if i not in self.static_argnums)
         in_axes = self._effective_in_axes(args)
         key = (statics, in_axes)
         # jit reads the function's globals once, at trace time: a changed global (a helper's
@@ -164,7 +175,8 @@ class ParallelFunction:
         reads = fingerprint(self.__wrapped__)
         slot = self._jitted.get(key)
         if slot is None or slot[2] != reads:
-            slot = self._jitted[key] = [self._build(statics, in_axes), None, reads]
+            jitted, statics_out = self._build(statics, in_axes)
+            slot = self._jitted[key] = [jitted, None, reads, statics_out]
             while len(self._jitted) > CACHE_SIZE:
                 self._jitted.popitem(last=False)
         return slot, dynamic
@@ -190,10 +202,10 @@ class ParallelFunction:
         if slot[1] is None:  # once per configuration: does this program need the CPU guard?
             slot[1] = has_collectives_on_cpu(self.mesh, jitted, dynamic)
         block_on_cpu_collectives(out, slot[1])
-        return out
+        return rebuilt(out) if slot[3][0] else out
 
     def _explained(self, jitted, dynamic):
-        with explaining(self.__wrapped__.__code__.co_filename, self.axis_names):
+        with explaining(self.__wrapped__.__code__.co_filename, self.axis_names), on_cell_mesh(self.mesh):
             return jitted(*dynamic)
 
     def _recorded_call(self, args):
@@ -207,7 +219,7 @@ class ParallelFunction:
         from ...views.collectives import CollectivesView
 
         statics = tuple((i, args[i]) for i in self.static_argnums if i < len(args))
-        dynamic = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
+        dynamic = tuple(split(a) for i, a in enumerate(args) if i not in self.static_argnums)
         names = self._arg_names(len(args))
 
         def argument(path):  # `params['w1']`: the argument's name and the leaf's path
@@ -215,17 +227,18 @@ class ParallelFunction:
 
         recording = record_collectives(self.__wrapped__, self.axis_names, label_input=argument,
                                        label_output=lambda path: "returned" + jax.tree_util.keystr(tuple(path)))
-        jitted = self._build(statics, self._effective_in_axes(args), recording)
+        jitted, statics_out = self._build(statics, self._effective_in_axes(args), recording)
         out, records = self._explained(jitted, dynamic)
         jax.block_until_ready(out)
         filename = self.__wrapped__.__code__.co_filename
-        facts = program_facts(jitted, dynamic, [d.id for d in self.mesh.devices.flat], filename)
+        with on_cell_mesh(self.mesh):
+            facts = program_facts(jitted, dynamic, [d.id for d in self.mesh.devices.flat], filename)
         self._cards = collectives_state(
             f"collectives of {self.__name__}()", recording.sites, jax.tree.map(to_host, records), self.mesh,
             filename=filename, line_text=lambda n: linecache.getline(filename, n).strip(), compiled=facts.collectives)
         self._record_next = False
         display(CollectivesView(state=self._cards))
-        return out
+        return rebuilt(out) if statics_out[0] else out
 
     def collectives(self):
         """The collective cards recorded by the first call after `%%pmap --collectives`, shown again."""
@@ -242,7 +255,8 @@ class ParallelFunction:
         """Collectives, compile time and costs of the program a call with `args` runs."""
         slot, dynamic = self._jitted_for(args)
         ids = [d.id for d in self.mesh.devices.flat]
-        return program_facts(slot[0], dynamic, ids, self.__wrapped__.__code__.co_filename)
+        with on_cell_mesh(self.mesh):
+            return program_facts(slot[0], dynamic, ids, self.__wrapped__.__code__.co_filename)
 
 
 def pmap(fn=None, *, mesh=None, axis_name: str = "i", devices=None, **options):
