@@ -146,3 +146,15 @@ def test_the_context_mesh_is_left_as_it_was(jx, global_mesh, m4):
     cell(jx, "shard", "--mesh m4 --in x=d --no-show", "y = x * 2")
     cell(jx, "pmap", "--devices 4 --no-show", "y = x * 2")
     assert jax.sharding.get_mesh() == global_mesh
+
+
+@pytest.mark.parametrize("magic, line", [
+    ("shard", "--mesh m4 --in x=d"),
+    ("shard_map", "--mesh m4 --in x=d --out y=d"),
+    ("pmap", "--devices 4 -a d"),
+])
+def test_plan_on_a_mesh_of_another_size(jx, global_mesh, m4, magic, line):
+    jx.push({"x": np.arange(4.0, dtype=np.float32)})
+    _, captured = cell(jx, magic, line + " --plan --no-show", "y = x * 2")
+    assert captured.stdout.startswith("planned:")
+    assert isinstance(jx.user_ns["y"], jax.ShapeDtypeStruct) and jx.user_ns["y"].shape == (4,)

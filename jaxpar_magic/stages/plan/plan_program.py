@@ -140,11 +140,10 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         filename = _source_file(fn)
     start = time.perf_counter()
     try:
-        if set_mesh:
-            with jax.set_mesh(mesh):
-                lowered = jitted.lower(*args)
-                compiled = lowered.compile()
-        else:
+        from ...cell.meshes import on_cell_mesh
+
+        # The engines' programs enter their mesh while traced; a mesh set globally is set aside (on_cell_mesh).
+        with jax.set_mesh(mesh) if set_mesh else on_cell_mesh(mesh):
             lowered = jitted.lower(*args)
             compiled = lowered.compile()
     except UsageError:
