@@ -12,10 +12,10 @@ from collections import OrderedDict
 
 from ...cell.fingerprints import fingerprint
 from ...cell.meshes import on_cell_mesh
-from ...cell.programs import CACHE_SIZE, traced
+from ...cell.programs import CACHE_SIZE
 from ...errors import UsageError, explaining
 from .program import ProgramFacts, block_on_cpu_collectives, compile_progress, has_collectives_on_cpu, program_facts
-from .static_leaves import has_partitioned, rebuilt, split
+from .static_leaves import has_partitioned, rebuilt, split, split_all
 
 
 def _per_arg(value, count: int, option: str):
@@ -164,10 +164,11 @@ class ParallelFunction:
                         f"Reshape it, or broadcast it with in_axes=None (`--in-axes` with None at position {i})."
                     )
 
-    def _jitted_for(self, args):
+    def _jitted_for(self, args, parts=None):
+        """(the program's slot, its dynamic arguments); `parts`: the arguments as split_all gave them."""
         statics = tuple((i, args[i]) for i in self.static_argnums if i < len(args))
-        # Leaves JAX cannot trace (an Equinox module's activation) are static, as eqx.filter_pmap keeps them.
-        dynamic = tuple(split(a) for i, a in enumerate(args) if i not in self.static_argnums)
+        parts = split_all(args)[0] if parts is None else parts
+        dynamic = tuple(a for i, a in enumerate(parts) if i not in self.static_argnums)
         in_axes = self._effective_in_axes(args)
         key = (statics, in_axes)
         # jit reads the function's globals once, at trace time: a changed global (a helper's
@@ -182,14 +183,16 @@ class ParallelFunction:
         return slot, dynamic
 
     def __call__(self, *args):
-        if traced(args):
+        # Leaves JAX cannot trace (an Equinox module's activation) are static, as eqx.filter_pmap keeps them.
+        parts, is_traced = split_all(args)
+        if is_traced:
             # Called from code that is already being traced per device (another cell function, or
             # jax.grad(loss) inside train_step): run as the plain per-device function, which is what
             # the seed's code means. jax.pmap nested in jax.pmap fails on JAX 0.10; use --mesh.
             return self.__wrapped__(*args)
         if self._record_next:
             return self._recorded_call(args)
-        slot, dynamic = self._jitted_for(args)
+        slot, dynamic = self._jitted_for(args, parts)
         jitted = slot[0]
         if slot[1] is None:  # the first call of this configuration compiles: say so if it takes a while
             import jax

@@ -86,6 +86,24 @@ def _registered() -> type:
     return Partitioned
 
 
+def split_all(args) -> tuple[list, bool]:
+    """Each argument as split() gives it, and whether any of their leaves is a Tracer (a call from
+    code already traced); one flatten per argument, the one a call paid for the tracer check alone."""
+    import jax
+
+    kinds, tracer = _traceable_types(), jax.core.Tracer
+    out, traced = [], False
+    for value in args:
+        if isinstance(value, kinds):
+            traced = traced or isinstance(value, tracer)
+            out.append(value)
+            continue
+        leaves = jax.tree.leaves(value)
+        traced = traced or any(isinstance(leaf, tracer) for leaf in leaves)
+        out.append(value if all(isinstance(leaf, kinds) for leaf in leaves) else _partitioned(value))
+    return out, traced
+
+
 def split(value):
     """`value` itself when every leaf can be traced (the common case: one flatten, no copy), else a
     Partitioned node holding its traceable leaves, the others static."""
@@ -97,6 +115,13 @@ def split(value):
     leaves = jax.tree.leaves(value)
     if all(isinstance(leaf, kinds) for leaf in leaves):
         return value
+    return _partitioned(value)
+
+
+def _partitioned(value) -> Partitioned:
+    import jax
+
+    kinds = _traceable_types()
     _registered()
     with_paths, treedef = jax.tree_util.tree_flatten_with_path(value)
     positions = tuple(i for i, (_, leaf) in enumerate(with_paths) if isinstance(leaf, kinds))
