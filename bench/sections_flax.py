@@ -3,7 +3,8 @@ training loop uses (issue 23: temporaries), vs the same step under `nnx.jit` in 
 
 14. `%%shard --in x=data y=data --out loss`: the step's loss comes back, its gradients stay a
     temporary, the model and the optimizer are updated in place (as nnx.jit updates them). Hand-
-    written: `nnx.jit(train_step)` returning the loss. Both block on the loss every call.
+    written: `nnx.jit(train_step)` returning the loss. Both block on the loss every call;
+    both models are replicated on the mesh first.
 14b. the same cell without --out, binding `grads` too: what returning a temporary costs (no target).
 """
 from __future__ import annotations
@@ -24,6 +25,9 @@ def bench_flax(jax, sh, args) -> dict:
     import jax.numpy as jnp
     import optax
     from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from jaxpar_magic.engines.shard import make_mesh
 
     class Net(nnx.Module):
         def __init__(self, rngs):
@@ -37,8 +41,13 @@ def bench_flax(jax, sh, args) -> dict:
     def loss_fn(model, x, y):
         return jnp.mean((model(x) - y) ** 2)
 
+    mesh = make_mesh("data=8")  # the mesh `--mesh data=8` builds (the same object: meshes are cached)
+
     def fresh():
+        """The model replicated on the mesh, then its optimizer (whose state takes the same layout): on
+        Explicit axes a plain `nnx.jit` step needs its parameters on the mesh, as the magic puts them."""
         model = Net(nnx.Rngs(0))
+        nnx.update(model, jax.device_put(nnx.state(model), NamedSharding(mesh, P())))
         return model, nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
 
     x = jax.random.normal(jax.random.key(1), (BATCH, WIDTH))
