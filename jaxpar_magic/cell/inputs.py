@@ -19,7 +19,7 @@ import functools
 
 from ..errors import UsageError
 from . import nnx_graphs
-from .fingerprints import fingerprint
+from .fingerprints import custom_nodes, fingerprint, held_callables, structure_key
 
 
 def is_array(value) -> bool:
@@ -47,7 +47,8 @@ def is_abstract(value) -> bool:
 class TreeInput:
     """One named input: its structure, where its array leaves sit, and its static leaves."""
 
-    __slots__ = ("name", "graphdef", "treedef", "positions", "statics", "static_key", "signature", "_paths", "bare")
+    __slots__ = ("name", "graphdef", "treedef", "positions", "statics", "static_key", "signature", "_paths", "bare",
+                 "structure_key", "held")
 
     def __init__(self, name, graphdef, treedef, positions, statics, signature):
         self.name = name
@@ -56,6 +57,9 @@ class TreeInput:
         self.positions = positions  # indices of the traced leaves among all leaves
         self.statics = statics  # ((index, leaf), ...): leaves kept as they are
         self.static_key = tuple((i, fingerprint(leaf)) for i, leaf in statics)
+        nodes = custom_nodes(treedef)  # a Partial's function, static fields: what == on treedefs misses
+        self.structure_key = structure_key(nodes)
+        self.held = held_callables(nodes)  # what an identical re-run fingerprints again
         self.signature = signature  # ((shape, dtype), ...) of the traced leaves
         self._paths = None
         self.bare = not self.is_tree  # one array and nothing around it: rebuilding is the array itself
@@ -87,7 +91,7 @@ class TreeInput:
     @property
     def key(self) -> tuple:
         """What the compiled program depends on besides the leaves' shapes and dtypes."""
-        return (self.name, self.graphdef, self.treedef, self.static_key)
+        return (self.name, self.graphdef, self.treedef, self.static_key, self.structure_key)
 
     def arrays(self, value) -> list:
         """The traced leaves of `value` (of this input's structure), in order: the program's argument."""
@@ -115,6 +119,9 @@ class TreeInput:
         leaves, treedef = jax.tree.flatten(tree)
         if treedef != self.treedef:
             return None
+        for held, fp in self.held:  # the very objects (== on treedefs compared them by identity)
+            if fingerprint(held) != fp:
+                return None
         for (i, leaf), (_, fp) in zip(self.statics, self.static_key):
             if leaf is not leaves[i] and fingerprint(leaves[i]) != fp:
                 return None

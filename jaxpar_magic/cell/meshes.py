@@ -106,11 +106,23 @@ def on_cell_mesh(mesh):
     JAX's context). Otherwise the cell's mesh is set around the call; an abstract mesh (a plan), or
     one with Manual axes, which `jax.set_mesh` refuses, clears the context instead, and the program
     enters its mesh while it is traced (programs.within_mesh)."""
+    return _set_unless_set(mesh, concrete=False)
+
+
+def _set_unless_set(mesh, concrete: bool):
+    """`jax.set_mesh(mesh)` unless `mesh` is the one set already (`concrete`: set it even when no
+    mesh is set, as a program on Explicit axes needs)."""
     import jax
 
     current = jax.sharding.get_abstract_mesh()
-    if current.empty or current == getattr(mesh, "abstract_mesh", mesh):
+    if current.empty and not concrete:
         return _UNCHANGED
+    if not current.empty and current == getattr(mesh, "abstract_mesh", mesh):
+        try:
+            if not isinstance(mesh, jax.sharding.Mesh) or jax.sharding.get_mesh() == mesh:
+                return _UNCHANGED
+        except ValueError:  # inside a trace (an --as-code trace set the mesh around it): it is set
+            return _UNCHANGED
     if isinstance(mesh, jax.sharding.Mesh) and jax.sharding.AxisType.Manual not in (mesh.axis_types or ()):
         return jax.set_mesh(mesh)
     return jax.set_mesh(None)
@@ -134,9 +146,8 @@ def default_mesh(namespace: dict):
 # --- inputs laid out on another mesh --------------------------------------------------------------
 
 class InputOnOtherMesh(Exception):
-    """A re-run met inputs its program cannot take as they are laid out (one on another mesh of the
-    cell's devices; or none on the mesh, for a program that found its devices from them): take the
-    full path, which lays them out again (raised instead of JAX's error, caught by the run stage)."""
+    """A re-run met an input on another mesh of the cell's devices: take the full path, which lays
+    it out again (raised instead of JAX's error, caught by the run stage; never reaches a user)."""
 
 
 def is_explicit(mesh) -> bool:
@@ -146,38 +157,27 @@ def is_explicit(mesh) -> bool:
     return any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ()) or ())
 
 
-def on_the_mesh(leaf, mesh) -> bool:
-    """A jax.Array committed to exactly the mesh's devices (jit learns its devices from such an argument)."""
+def needs_the_mesh_set(mesh) -> bool:
+    """A %%shard program on Explicit axes runs with its mesh set, as JAX asks explicit sharding to
+    (`jax.set_mesh` is "required for enabling explicit sharding mode"): entering the abstract mesh
+    while traced is not enough once the program makes an array of its own (jax.grad's cotangent,
+    a constant), whose devices jit then cannot tell."""
     import jax
 
-    return isinstance(leaf, jax.Array) and leaf.committed and leaf.sharding.device_set == set(mesh.devices.flat)
-
-
-def needs_the_mesh_set(mesh, arguments) -> bool:
-    """On Explicit axes jit finds a program's devices from its arguments or from `jax.set_mesh`; a
-    cell none of whose arguments is on the mesh (uncommitted arrays, NumPy, none at all) is run with
-    the mesh set, as plain JAX has to be."""
-    import jax
-
-    return (isinstance(mesh, jax.sharding.Mesh) and is_explicit(mesh)
-            and not any(on_the_mesh(leaf, mesh) for leaves in arguments for leaf in leaves))
+    return isinstance(mesh, jax.sharding.Mesh) and is_explicit(mesh)
 
 
 class UnderMesh:
     """A program called (and lowered) under `jax.set_mesh(mesh)` (needs_the_mesh_set); otherwise it
     is the jitted function it wraps."""
 
-    __slots__ = ("jitted", "mesh")
+    __slots__ = ("jitted", "mesh", "__weakref__")  # jax.eval_shape (--as-code) keeps a weak reference
 
     def __init__(self, jitted, mesh):
         self.jitted, self.mesh = jitted, mesh
 
     def _context(self):
-        import jax
-
-        if jax.sharding.get_abstract_mesh() == self.mesh.abstract_mesh and not jax.sharding.get_abstract_mesh().empty:
-            return _UNCHANGED  # already set (an --as-code trace sets it, and may not set it again inside)
-        return jax.set_mesh(self.mesh)
+        return _set_unless_set(self.mesh, concrete=True)
 
     def __call__(self, *args):
         with self._context():

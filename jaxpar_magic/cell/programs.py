@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from ..errors import UsageError
 from . import analysis as cells
-from .fingerprints import Ref, fingerprint
+from .fingerprints import Ref, custom_nodes, fingerprint, traced_callables
+from .jax_traces import forget_traces
 from .inputs import (
     OutputTree, TreeInput, deleted_input_error, deleted_leaf, jax_array_type, misplaced_input_error, misplaced_leaf,
     rebuilt,
@@ -46,28 +47,47 @@ def shape_signature(args) -> tuple:
 
 @dataclass
 class CellProgram:
-    """A cell compiled for one mesh and set of constants, with what its trace revealed."""
+    """A cell compiled for one mesh and set of constants. Its program returns, beside the outputs'
+    leaves, the CellTrace of the trace that built it: what the cell computed in Python belongs to
+    each compiled variant, never to the program as a whole."""
 
     jitted: object
-    static_outputs: dict = field(default_factory=dict)
-    static_final: list = field(default_factory=list)
-    device_outputs: list = field(default_factory=list)
-    final_per_device: list = field(default_factory=list)
     facts: dict = field(default_factory=dict)  # shape signature -> ProgramFacts
     compile_ms: dict = field(default_factory=dict)  # shape signature -> first call's compile time
     recording: object = None  # recorder.Recording when compiled with --collectives
-    output_trees: dict = field(default_factory=dict)  # device output name -> OutputTree (its type, its statics)
-    final_tree: list = field(default_factory=list)  # [OutputTree] when the final expression is computed on devices
     assembled: dict = field(default_factory=dict)  # %%shard_map: device output name -> the spec it is assembled by
-    devices_from_arguments: bool = False  # %%shard on Explicit axes: jit learns the devices from an input on the mesh
+
+
+TRACE = 2  # where a program's results hold its CellTrace: (device outputs, final, trace[, records])
+RECORDS = 3  # --collectives: the records of the collective calls
+
+
+@dataclass(eq=False)  # compared and hashed by identity: it sits in the output's treedef
+class CellTrace:
+    """What one trace of a cell computed in Python: its plain outputs, the shape of each device
+    output (its type and static leaves), where the final expression came from, and (--collectives)
+    the recorded calls' static facts.
+
+    The program returns it as a leafless pytree node, so it lives in the output's treedef, which
+    JAX keeps with the compiled executable of that very trace. Whichever variant jit picks (input
+    shapes, dtypes, weak types, shardings), the Python values that come back are the ones its trace
+    computed: a cell re-run on an earlier input shape binds that shape's `rows = x.shape[0]`.
+    """
+
+    static_outputs: dict
+    device_outputs: tuple
+    output_trees: dict  # device output name -> OutputTree (its type, its statics)
+    final_on_devices: bool
+    static_final: object  # the final expression's plain value (None when computed on devices)
+    final_tree: object  # OutputTree of the final expression when computed on devices
+    sites: tuple = ()  # --collectives: recorder.Site per recorded call of this trace
 
     def final_of(self, traced_final) -> tuple[object, bool]:
         """The cell's final expression, and whether it was computed on the devices (traced)
         or is the plain Python value the trace saw."""
-        on_devices = bool(self.final_per_device and self.final_per_device[0])
-        if on_devices:
-            return self.final_tree[0].rebuild(traced_final), True
-        return (self.static_final[0] if self.static_final else None), False
+        if self.final_on_devices:
+            return self.final_tree.rebuild(traced_final), True
+        return self.static_final, False
 
     def bound_outputs(self, device: dict, leaf_map=None) -> dict:
         """Everything the cell binds: its plain Python outputs and its device outputs (outputs_of)."""
@@ -87,6 +107,13 @@ class CellProgram:
         return rebuilt
 
 
+@functools.lru_cache(maxsize=1)
+def _register_cell_trace() -> None:
+    import jax
+
+    jax.tree_util.register_static(CellTrace)  # no leaves; the object itself is the node's aux data
+
+
 WRITE_BACK = "<state of {}>"  # an output carrying an NNX input's new state (never a Python name)
 
 
@@ -99,7 +126,12 @@ def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = 
     user's objects once the cell succeeded (`apply_write_backs`); without it (a per-device engine,
     where each device would hold its own copy), the change is refused with what to do instead.
     """
-    fn = cells.build_function(cell, tuple(tree.name for tree in inputs), namespace)
+    names = tuple(tree.name for tree in inputs)
+    fn = cells.build_function(cell, names, namespace)
+    # Built only to be traced: the user's helpers must trace again if what they read changed.
+    constants = [namespace[n] for n in cell.reads if n in namespace and n not in names]
+    held = [part for tree in inputs for part in custom_nodes(tree.treedef) + [leaf for _, leaf in tree.statics]]
+    forget_traces(traced_callables(constants + held))
     graphs = [i for i, tree in enumerate(inputs) if tree.graphdef is not None]
     if not graphs:
         return lambda *args: fn(*rebuilt(inputs, args))
@@ -207,26 +239,27 @@ class BoundedCache(OrderedDict):
         self._families.clear()
 
 
-def capture_outputs(program: CellProgram, outs: dict, final, to_device):
+def capture_outputs(outs: dict, final, to_device, sites=()):
     """Split a traced cell's results: the traced leaves of each value computed on the devices go out
-    through `to_device` (a list per name); the rest of it (its type, its static leaves) is kept on
-    the program to rebuild it; plain Python values (a number assigned in the cell, a helper
-    function) are remembered and bound as they are."""
-    program.static_outputs, program.device_outputs, program.output_trees = {}, [], {}
+    through `to_device` (a list per name); the rest of it (its type, its static leaves) and plain
+    Python values (a number assigned in the cell, a helper function) go into this trace's CellTrace.
+    Returns (device leaves per name, the final expression's leaves or None, the CellTrace): what a
+    cell's program returns."""
+    _register_cell_trace()
+    static_outputs, device_outputs, output_trees = {}, [], {}
     device = {}
     for name, value in outs.items():
         split = OutputTree.split(value)
         if split is None:
-            program.static_outputs[name] = value
+            static_outputs[name] = value
             continue
-        program.output_trees[name], leaves = split
-        program.device_outputs.append(name)
+        output_trees[name], leaves = split
+        device_outputs.append(name)
         device[name] = to_device(leaves)
     split = OutputTree.split(final)
-    program.final_per_device[:] = [split is not None]
-    program.static_final[:] = [None if split is not None else final]
-    program.final_tree[:] = [split[0]] if split is not None else []
-    return device, (to_device(split[1]) if split is not None else None)
+    trace = CellTrace(static_outputs, tuple(device_outputs), output_trees, split is not None,
+                      None if split is not None else final, split[0] if split is not None else None, tuple(sites))
+    return device, (to_device(split[1]) if split is not None else None), trace
 
 
 _MISSING = object()
@@ -300,7 +333,7 @@ class Rerun:
         no committed array); InputOnOtherMesh when one is on another mesh of the same devices (the full
         path lays it out again); None when there is none. Asked only once a run has failed: re-runs
         pay nothing for it."""
-        from .meshes import InputOnOtherMesh, needs_the_mesh_set, on_other_mesh
+        from .meshes import InputOnOtherMesh, on_other_mesh
 
         pairs = list(zip(self.inputs, args))
         for tree, arrays in pairs:
@@ -314,8 +347,6 @@ class Rerun:
         for tree, arrays in pairs:
             if any(on_other_mesh(leaf, mesh) for leaf in arrays):
                 return InputOnOtherMesh(tree.name)
-        if self.program.devices_from_arguments and needs_the_mesh_set(mesh, args):
-            return InputOnOtherMesh("no input on the mesh")
         return None
 
     def remember(self, reruns: "BoundedCache", key, signature, placements=None) -> None:

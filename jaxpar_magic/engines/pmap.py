@@ -53,9 +53,9 @@ def _compile_block(cell, inputs, broadcast, mesh, namespace, record=None) -> Cel
         values = [squeeze(b) if mapped else b for b, mapped in zip(blocks, mapped_flags)]
         if program.recording is None:
             outs, final = fn(*values)
-            return capture_outputs(program, outs, final, expand)
+            return capture_outputs(outs, final, expand)
         (outs, final), records = program.recording(*values)
-        return (*capture_outputs(program, outs, final, expand), expand(records))
+        return (*capture_outputs(outs, final, expand, program.recording.sites), expand(records))
 
     axes = P(*mesh.axis_names)
     in_specs = tuple(axes if m else P() for m in mapped_flags)

@@ -252,12 +252,11 @@ def check_outputs(cell: cells.Cell, outputs) -> None:
             )
 
 
-def _compile(cell, inputs, namespace, mesh, out_specs, outputs=None, donate=(), set_mesh=False) -> CellProgram:
+def _compile(cell, inputs, namespace, mesh, out_specs, outputs=None, donate=()) -> CellProgram:
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     fn = cell_function(cell, inputs, namespace, write_back=True)
-    program = CellProgram(jitted=None)
 
     # --out on Explicit axes is a reshard (with_sharding_constraint only asserts the layout there).
     constrain = jax.reshard if is_explicit(mesh) else jax.lax.with_sharding_constraint
@@ -273,15 +272,13 @@ def _compile(cell, inputs, namespace, mesh, out_specs, outputs=None, donate=(), 
             outs = returned(outs, outputs)
             for name, spec in out_specs.items():
                 outs[name] = constrained(outs[name], spec)
-            return capture_outputs(program, outs, final, lambda v: v)
+            return capture_outputs(outs, final, lambda v: v)
 
     # --donate: as jax.jit(donate_argnums=...), one argument (the list of its leaves) per input.
     donated = tuple(i for i, tree in enumerate(inputs) if tree.name in donate)
-    program.jitted = jax.jit(whole_program, donate_argnums=donated) if donated else jax.jit(whole_program)
-    if set_mesh:  # no argument tells jit the mesh's devices: called with the mesh set (needs_the_mesh_set)
+    program = CellProgram(jitted=jax.jit(whole_program, donate_argnums=donated) if donated else jax.jit(whole_program))
+    if needs_the_mesh_set(mesh):  # Explicit axes: called with the mesh set, as plain JAX must be
         program.jitted = UnderMesh(program.jitted, mesh)
-    else:  # a re-run with no input on the mesh takes the full path, which sets it (Rerun.input_error)
-        program.devices_from_arguments = is_explicit(mesh)
     return program
 
 
@@ -378,11 +375,9 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: 
     # (--plan, --as-code): only noted.
     args, moved = lay_out_again(inputs, args, specs, mesh, move=not describe)
     check_donated(donate, inputs)
-    set_mesh = not describe and needs_the_mesh_set(mesh, args)
     prepared = PreparedCell("shard", cell, mesh, inputs, constants, args, tuple(specs), out_specs,
-                            options={"outputs": outputs, "donate": tuple(donate), "set_mesh": set_mesh}, moved=moved)
-    prepared.compile = lambda record=None: _compile(cell, inputs, namespace, mesh, out_specs, outputs, tuple(donate),
-                                                    set_mesh)
+                            options={"outputs": outputs, "donate": tuple(donate)}, moved=moved)
+    prepared.compile = lambda record=None: _compile(cell, inputs, namespace, mesh, out_specs, outputs, tuple(donate))
     return prepared
 
 

@@ -115,10 +115,11 @@ def _spec_text(spec) -> str:
     return "P(" + ", ".join(one(e) for e in spec) + ")"
 
 
-def _chosen_specs(cell, mesh, found: dict, out_specs: dict, check_vma: bool, program) -> tuple[dict, object]:
+def _chosen_specs(cell, mesh, found: dict, out_specs: dict, check_vma: bool, probed) -> tuple[dict, object]:
     """Each output's spec: its --out spec (checked against what it varies over), else P() when JAX's
     varying-axes typing proves it the same on every device; anything else is a UsageError that says
-    the spec to write. Returns (name -> spec entries, the final expression's PartitionSpec or None)."""
+    the spec to write (`probed`: the probe's CellTrace). Returns (name -> spec entries, the final
+    expression's PartitionSpec or None)."""
     from jax.sharding import PartitionSpec as P
 
     final_spec = None
@@ -159,7 +160,7 @@ def _chosen_specs(cell, mesh, found: dict, out_specs: dict, check_vma: bool, pro
             final_spec = P(*chosen.pop(FINAL))
     for name in out_specs:
         if name not in found:
-            why = ("is a plain Python value, not computed on the devices" if name in program.static_outputs
+            why = ("is a plain Python value, not computed on the devices" if name in probed.static_outputs
                    else "is not assigned by the cell")
             raise UsageError(
                 f"--out {name}: {name!r} {why}; --out assembles arrays the cell computes "
@@ -177,11 +178,13 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, record=
     program = CellProgram(jitted=None)
     program.recording = record(fn, inputs, mesh.axis_names) if record is not None else None  # --collectives
     found: dict = {}  # name -> (varying axes, per-leaf ndims) of every value computed on the devices
+    probed = []  # the probe's CellTrace: which outputs the devices compute, for these input shapes
 
     def probe(*blocks):
         outs, final = fn(*blocks)
         outs = returned(outs, outputs)
-        device, final_value = capture_outputs(program, outs, final, lambda v: v)
+        device, final_value, trace = capture_outputs(outs, final, lambda v: v)
+        probed[:] = [trace]
         for name, value in list(device.items()) + ([(FINAL, final_value)] if traced(final) else []):
             found[name] = (varying_axes(value) if check_vma else frozenset(),
                            [leaf.ndim for leaf in jax.tree.leaves(value)])
@@ -204,27 +207,27 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, record=
     with on_cell_mesh(mesh), printed_only_on_error():
         jax.eval_shape(on_blocks(jax.shard_map(probe, mesh=mesh, in_specs=in_specs, out_specs=(),
                                                check_vma=check_vma)), *args)
-        chosen, final_spec = _chosen_specs(cell, mesh, found, out_specs, check_vma, program)
+        chosen, final_spec = _chosen_specs(cell, mesh, found, out_specs, check_vma, probed[0])
 
-    device_specs = {n: P(*chosen[n]) for n in program.device_outputs}
+    device_specs = {n: P(*chosen[n]) for n in probed[0].device_outputs}
 
     k = len(mesh.axis_names)
 
     def body(*blocks):
         if program.recording is None:
             outs, final = fn(*blocks)
-            return capture_outputs(program, returned(outs, outputs), final, lambda v: v)
+            return capture_outputs(returned(outs, outputs), final, lambda v: v)
         (outs, final), records = program.recording(*blocks)
         outs = returned(outs, outputs)
         stacked = jax.tree.map(lambda a: a.reshape((1,) * k + a.shape), records)  # one row per device
-        return (*capture_outputs(program, outs, final, lambda v: v), stacked)
+        return (*capture_outputs(outs, final, lambda v: v, program.recording.sites), stacked)
 
-    result_specs = (device_specs, final_spec if final_spec is not None else P())
+    result_specs = (device_specs, final_spec if final_spec is not None else P(), P())  # P(): the leafless CellTrace
     if program.recording is not None:
         result_specs += (P(*mesh.axis_names),)
     mapped = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=result_specs, check_vma=check_vma)
     program.jitted = jax.jit(on_blocks(mapped))
-    program.assembled = {n: tuple(chosen[n]) for n in program.device_outputs}
+    program.assembled = {n: tuple(chosen[n]) for n in probed[0].device_outputs}
     return program
 
 

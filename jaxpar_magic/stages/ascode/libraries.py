@@ -121,13 +121,18 @@ def arrays_only(names: SnippetNames, kinds: dict, inputs: list[str]) -> ArraysOn
     return out
 
 
-def check_plain_outputs(program, magic: str) -> None:
+def check_plain_outputs(returns, magic: str) -> None:
     """A jit(shard_map) snippet returns arrays: an output that is an NNX object or holds other leaves
-    (a module) is said before the snippet would fail."""
-    for name in program.device_outputs:
-        tree = program.output_trees[name]
-        if tree.graphdef is not None or tree.statics:
-            what = "a Flax NNX object" if tree.graphdef is not None else "a pytree with leaves that are not arrays"
+    (a module) is said before the snippet would fail (`returns`: common.TracedReturns)."""
+    import jax
+
+    from ...cell import nnx_graphs
+
+    for name in returns.device:
+        value = returns.shapes[name]
+        graph = nnx_graphs.holds_graph_nodes(value)
+        if graph or not all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in jax.tree.leaves(value)):
+            what = "a Flax NNX object" if graph else "a pytree with leaves that are not arrays"
             raise UsageError(
                 f"--as-code: the cell returns {name!r}, {what}, which jax.shard_map cannot return. Return its arrays "
                 f"(`nnx.state(...)`, or `eqx.filter(..., eqx.is_array)`) to see the snippet; %%{magic} itself "

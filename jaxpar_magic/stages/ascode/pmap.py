@@ -61,7 +61,7 @@ def _pmap_block_code(cell: cells.Cell, options, mesh, namespace: dict, kinds: di
     program = prepared.program()
     returns = traced_returns(program, args, cell, mesh, lambda n: n not in merge, set_mesh=False,
                              note=lambda: per_device_note(cell, namespace, mesh, broadcast))
-    check_plain_outputs(program, "pmap")
+    check_plain_outputs(returns, "pmap")
     abstract_args = {t.name: t.rebuild(a) for t, a in zip(trees, jax.eval_shape(lambda *a: a, *args))}
     return _write_pmap_block(cell, namespace, mesh, options, inputs, abstract_args, returns, kinds)
 

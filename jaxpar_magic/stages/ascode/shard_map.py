@@ -24,11 +24,11 @@ def shard_map_code(options, source: str, namespace: dict, kinds: dict | None = N
                        outputs=options.outputs)
     inputs = list(prepared.names)
     program = explained_trace(prepared.program, cell, mesh)
-    check_plain_outputs(program, "shard_map")
     chosen = program.assembled
     args = [[abstract_of(a) for a in leaves] for leaves in prepared.arguments]
     specs = [s[0] if s else () for s in prepared.leaf_specs]  # one spec per input (as-code takes no spec trees)
     returns = traced_returns(program, args, cell, mesh, lambda n: chosen.get(n, ()) == ())
+    check_plain_outputs(returns, "shard_map")
     return _write_shard_map(cell, namespace, mesh, options, inputs, dict(zip(inputs, specs)), chosen, returns,
                             kinds or {}, prepared.moved)
 

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 
 from ...cell.hlo import collectives, program_facts, upcasts
+from ...cell.meshes import on_cell_mesh
+from ...cell.programs import TRACE
 from ...errors import UsageError, explain_trace_error, user_line
 from .abstract_inputs import CPU_DEVICE_CEILING, abstract_inputs, check_scale, device_capacity, smaller_slice, warn_concrete
 from .costs import estimate
@@ -140,8 +142,6 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         filename = _source_file(fn)
     start = time.perf_counter()
     try:
-        from ...cell.meshes import on_cell_mesh
-
         # The engines' programs enter their mesh while traced; a mesh set globally is set aside (on_cell_mesh).
         with jax.set_mesh(mesh) if set_mesh else on_cell_mesh(mesh):
             lowered = jitted.lower(*args)
@@ -219,7 +219,7 @@ def plan_program(prepared, *, hardware=None, device_memory=None, set_mesh=True, 
         plan = compile_plan(program.jitted, prepared.arguments, prepared.mesh, names=list(prepared.names),
                             filename=cell.filename, line_text=cell.line, hardware=hardware,
                             device_memory=device_memory, set_mesh=set_mesh, leaf_labels=prepared.labels())
-    plan.bindings = dict(program.static_outputs)
-    plan.bindings.update(program.outputs_of(plan.outputs[0], reshape))
-    plan.computed = tuple(program.device_outputs)
+    trace = plan.outputs[TRACE]  # the CellTrace of the trace just compiled
+    plan.bindings = trace.bound_outputs(plan.outputs[0], reshape)
+    plan.computed = trace.device_outputs
     return plan

@@ -10,7 +10,8 @@ import functools
 import linecache
 from collections import OrderedDict
 
-from ...cell.fingerprints import fingerprint
+from ...cell.fingerprints import fingerprint, traced_callables
+from ...cell.jax_traces import forget_traces
 from ...cell.meshes import on_cell_mesh
 from ...cell.programs import CACHE_SIZE
 from ...errors import UsageError, explaining
@@ -176,6 +177,7 @@ class ParallelFunction:
         reads = fingerprint(self.__wrapped__)
         slot = self._jitted.get(key)
         if slot is None or slot[2] != reads:
+            forget_traces(traced_callables((self.__wrapped__,)))  # its helpers trace again in the new program
             jitted, statics_out = self._build(statics, in_axes)
             slot = self._jitted[key] = [jitted, None, reads, statics_out]
             while len(self._jitted) > CACHE_SIZE:

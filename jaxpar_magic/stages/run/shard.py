@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from ...cell import analysis as cells
 from ...cell.bindings import bind_results
 from ...cell.inputs import absent_builtins
-from ...cell.programs import BoundedCache, Rerun, analyse_cached, apply_write_backs, split_write_backs
+from ...cell.programs import TRACE, BoundedCache, Rerun, analyse_cached, apply_write_backs, split_write_backs
 from ...cell.treespecs import normalize
 from ...engines.shard import check_cell, is_mesh, prepare, resolve_mesh
 from .program import RunResult, complete, moved_placements, outputs_of, replay_function, run_cell
@@ -61,14 +61,15 @@ def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs
     placements = {tree.name: [leaf.sharding for leaf in arrays]
                   for tree, arrays in zip(rerun.inputs, args) if tree.name in in_specs}
     rerun.remember(_reruns, key, signature, {**placements, **moved_placements(moved, rerun.inputs, args)})
-    result = _shard_result(cell, mesh, program, rerun.inputs, args, results, namespace, in_specs, run_ms)
+    result = _shard_result(cell, mesh, rerun.inputs, args, results, namespace, in_specs, run_ms)
     result.moved = moved
     return complete(result, program, signature, args, mesh, cell, want_facts)
 
 
-def _placed_and_outputs(program, inputs, args, device, namespace, in_specs):
-    """(placed inputs, outputs, computed output names, NNX write-backs) of a run, as the user's types."""
-    computed, write_backs = split_write_backs(program.outputs_of(device))
+def _placed_and_outputs(trace, inputs, args, device, namespace, in_specs):
+    """(placed inputs, outputs, computed output names, NNX write-backs) of a run, as the user's types
+    (`trace`: the run's CellTrace)."""
+    computed, write_backs = split_write_backs(trace.outputs_of(device))
     placed = {}
     for tree, arrays in zip(inputs, args):
         if tree.name not in in_specs:
@@ -78,19 +79,19 @@ def _placed_and_outputs(program, inputs, args, device, namespace, in_specs):
         else:  # an NNX object stays the user's own; if the cell did not change it, it gets its placed state
             placed[tree.name] = namespace[tree.name]
             write_backs.setdefault(tree.name, tree.tree_of(arrays))
-    outputs = dict(program.static_outputs)
+    outputs = dict(trace.static_outputs)
     outputs.update(computed)
     return placed, outputs, computed, write_backs
 
 
-def _shard_result(cell, mesh, program, inputs, args, results, namespace, in_specs, run_ms=0.0) -> ShardResult:
+def _shard_result(cell, mesh, inputs, args, results, namespace, in_specs, run_ms=0.0) -> ShardResult:
     """The run's placed inputs and outputs as the user's types (complete() adds its facts)."""
-    device, final = results
-    placed, outputs, computed, write_backs = _placed_and_outputs(program, inputs, args, device, namespace, in_specs)
-    final, final_is_array = program.final_of(final)
+    device, final, trace = results
+    placed, outputs, computed, write_backs = _placed_and_outputs(trace, inputs, args, device, namespace, in_specs)
+    final, final_is_array = trace.final_of(final)
     return ShardResult(
         outputs=outputs,
-        device_outputs=tuple(n for n in program.device_outputs if n in computed),
+        device_outputs=tuple(n for n in trace.device_outputs if n in computed),
         placed=placed,
         final=final,
         final_is_array=final_is_array,
@@ -110,7 +111,7 @@ def replayer(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, mesh_name:
     None when the cell must take the full path again."""
 
     def finish(rerun, args, results, namespace):  # what ShardResult.bind binds, without building one
-        placed, outputs, _, write_backs = _placed_and_outputs(rerun.program, rerun.inputs, args, results[0],
+        placed, outputs, _, write_backs = _placed_and_outputs(results[TRACE], rerun.inputs, args, results[0],
                                                               namespace, in_specs)
         placed.update(outputs)
         return placed, (lambda ns: apply_write_backs(ns, write_backs)) if write_backs else None
@@ -124,8 +125,7 @@ def _full_path(cell, namespace, mesh, in_specs, out_specs, outputs=None, donate=
     prepared = prepare(cell, namespace, mesh, in_specs, out_specs, outputs=outputs, donate=donate)
     fingerprints = prepared.fingerprints(namespace)
     key = (cell.source, tuple(t.key for t in prepared.inputs), mesh, tuple(sorted(in_specs.items())),
-           tuple(sorted(prepared.out_specs.items())), outputs, tuple(donate), prepared.options["set_mesh"],
-           fingerprints)
+           tuple(sorted(prepared.out_specs.items())), outputs, tuple(donate), fingerprints)
     program = _cache.lookup(key, prepared.program, family=key[:-1])
     rerun = Rerun(prepared.inputs, (None,) * len(prepared.inputs), fingerprints, absent_builtins(cell, namespace),
                   program, key)

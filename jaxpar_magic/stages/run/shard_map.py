@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from ...cell import analysis as cells
 from ...cell.bindings import bind_results
 from ...cell.inputs import absent_builtins
-from ...cell.programs import BoundedCache, Rerun, analyse_cached
+from ...cell.programs import RECORDS, TRACE, BoundedCache, Rerun, analyse_cached
 from ...cell.treespecs import normalize
 from ...engines.shard import is_mesh, resolve_mesh
 from ...engines.shard_map import check_cell, prepare
@@ -73,10 +73,11 @@ def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_s
                                                                 full_path)
     program = rerun.program
     rerun.remember(_reruns, key, signature, moved_placements(moved, rerun.inputs, args))
-    final, final_is_array = program.final_of(results[1])
+    trace = results[TRACE]
+    final, final_is_array = trace.final_of(results[1])
     result = ShardMapResult(
-        outputs=program.bound_outputs(results[0]),
-        device_outputs=tuple(program.device_outputs),
+        outputs=trace.bound_outputs(results[0]),
+        device_outputs=trace.device_outputs,
         out_specs=program.assembled,
         in_specs=dict(in_specs),
         final=final,
@@ -89,7 +90,7 @@ def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_s
         moved=moved,
     )
     return complete(result, program, signature, args, mesh, cell, want_facts,
-                    results[2] if collectives else None, "collectives of the %%shard_map cell")
+                    (results[TRACE].sites, results[RECORDS]) if collectives else None, "collectives of the %%shard_map cell")
 
 
 def replayer(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True,
@@ -98,7 +99,7 @@ def replayer(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, check_vma:
     the outputs and returns (the final value,), or None when the cell must take the full path again."""
 
     def finish(rerun, args, results, namespace):
-        return rerun.program.bound_outputs(results[0]), None
+        return results[TRACE].bound_outputs(results[0]), None
 
     return replay_function(_reruns, _cache, rerun_key(cell, mesh, in_specs, out_specs, check_vma, False, outputs),
                            cell, mesh, finish, mesh_name=mesh_name)
