@@ -15,7 +15,7 @@ pmap semantics, kept exactly:
 from __future__ import annotations
 
 from ..cell import analysis as cells
-from ..cell.inputs import classify
+from ..cell.inputs import classify, input_arrays
 from ..cell.meshes import lay_out_again
 from ..cell.prepared import PreparedCell
 from ..cell.programs import CellProgram, capture_outputs, cell_function
@@ -81,7 +81,7 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=(), 
                 f"--merge {name}: the cell does not assign {name!r}; --merge takes outputs the cell assigns "
                 f"({', '.join(cell.writes) or 'none'})."
             )
-    arrays = [tree.arrays(namespace[tree.name]) for tree in inputs]
+    arrays = input_arrays(inputs, namespace)
     # Inputs that disagree with each other are named together, before either is held to the mesh.
     check_same_leading([(t, a) for t, a in zip(inputs, arrays) if t.name not in broadcast and t.name not in split],
                         mesh.devices.size)

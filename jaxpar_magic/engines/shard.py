@@ -7,7 +7,7 @@ Also the plain-Python twins of `%mesh` and `%sharding`: `make_mesh`, `place`, `p
 from __future__ import annotations
 
 from ..cell import analysis as cells
-from ..cell.inputs import TreeInput, classify
+from ..cell.inputs import TreeInput, classify, input_arrays
 from ..cell.layout import spec_axes
 from ..cell.meshes import UnderMesh, is_explicit, lay_out_again, needs_the_mesh_set
 from ..cell.prepared import PreparedCell
@@ -159,12 +159,13 @@ def with_auto_axis(spec: tuple) -> tuple:
 
 
 def fitted(spec: tuple, leaf) -> tuple:
-    """A leaf's spec: device counts named by the auto axis, and `None` entries past the leaf's rank
-    dropped, so `--in opt_state=None` replicates every leaf of a pytree, its scalars too (a spec with
-    more real entries than dimensions is still the mistake check_spec names)."""
+    """A leaf's spec: device counts named by the auto axis; a spec of `None`s only (replicated) fits
+    any rank, so `--in opt_state=None` replicates every leaf of a pytree, its scalars too. A spec that
+    shards and is longer than the leaf's rank (`a=data,None,None` of a vector) is still the mistake
+    check_spec names."""
     spec = with_auto_axis(spec)
     ndim = len(getattr(leaf, "shape", ()))
-    if len(spec) > ndim and all(e is None for e in spec[ndim:]):
+    if len(spec) > ndim and all(e is None for e in spec):
         return spec[:ndim]
     return spec
 
@@ -188,8 +189,9 @@ def place(value, mesh, spec, name: str = "value", namespace: dict | None = None,
         return tree.rebuild(placed)
     from ..cell import nnx_graphs
 
-    nnx_graphs.update(value, tree.tree_of(placed))  # the user's own object, as `nnx.update` lays it out
-    return value
+    slotted = tree.tree_of(placed)  # the user's own NNX objects, laid out in place as `nnx.update` does
+    nnx_graphs.write([value], nnx_graphs.joint_state([slotted]))
+    return nnx_graphs.with_objects(slotted, nnx_graphs.nodes_of([value]))
 
 
 def place_leaves(tree, arrays, value, mesh, spec, namespace, option: str = "--in") -> list:
@@ -200,7 +202,8 @@ def place_leaves(tree, arrays, value, mesh, spec, namespace, option: str = "--in
     from ..cell.treespecs import leaf_specs
 
     placed = []
-    for index, (leaf, leaf_spec) in enumerate(zip(arrays, leaf_specs(tree, value, spec, namespace, option))):
+    for index, (leaf, leaf_spec) in enumerate(zip(arrays, leaf_specs(tree, value, spec, namespace, option,
+                                                                      arrays=arrays))):
         leaf_spec = fitted(leaf_spec, leaf)
         check_spec(tree.label(index), tuple(leaf.shape), leaf_spec, mesh, option)
         target = NamedSharding(mesh, P(*leaf_spec))
@@ -261,17 +264,25 @@ def _compile(cell, inputs, namespace, mesh, out_specs, outputs=None, donate=()) 
     # --out on Explicit axes is a reshard (with_sharding_constraint only asserts the layout there).
     constrain = jax.reshard if is_explicit(mesh) else jax.lax.with_sharding_constraint
 
-    def constrained(value, spec):
+    def constrained(name, value, spec):
+        """The output laid out by its --out spec, each traced leaf checked as --in checks an input:
+        JAX would silently replicate a dimension the spec's axes do not divide."""
         sharding = NamedSharding(mesh, P(*spec))
-        return jax.tree.map(lambda leaf: constrain(leaf, sharding) if isinstance(leaf, jax.core.Tracer) else leaf,
-                            value)
+
+        def one(path, leaf):
+            if not isinstance(leaf, jax.core.Tracer):
+                return leaf
+            check_spec(name + jax.tree_util.keystr(path), tuple(leaf.shape), spec, mesh, "--out")
+            return constrain(leaf, sharding)
+
+        return jax.tree_util.tree_map_with_path(one, value)
 
     def whole_program(*args):
         with within_mesh(mesh):
             outs, final = fn(*args)
             outs = returned(outs, outputs)
             for name, spec in out_specs.items():
-                outs[name] = constrained(outs[name], spec)
+                outs[name] = constrained(name, outs[name], spec)
             return capture_outputs(outs, final, lambda v: v)
 
     # --donate: as jax.jit(donate_argnums=...), one argument (the list of its leaves) per input.
@@ -321,10 +332,7 @@ def _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):
                 f"--out {name}: the cell does not assign {name!r}; --out constrains names the cell assigns "
                 f"({', '.join(cell.writes) or 'none'})."
             )
-        for axes in spec_axes(out_specs[name], len(out_specs[name])):
-            for axis in axes:
-                if axis not in mesh.axis_names:
-                    raise UsageError(f"--out {name}: {axis!r} is not an axis of the mesh {tuple(mesh.axis_names)}.")
+        spec_mesh_axes(name, out_specs[name], mesh, "--out")  # axes of the mesh, each used once, as --in
     return inputs, constants + spec_names(in_specs), out_specs
 
 
@@ -353,15 +361,14 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: 
     abstract = describe if abstract is None else abstract
     inputs, constants, out_specs = _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=abstract)
     args, specs = [], []
-    for tree in inputs:
+    for tree, arrays in zip(inputs, input_arrays(inputs, namespace)):
         value = namespace[tree.name]
-        arrays = tree.arrays(value)
         if tree.name not in in_specs:
             args.append(arrays)
             specs.append((None,) * len(arrays))
             continue
-        per_leaf = [fitted(spec, leaf) for spec, leaf in zip(leaf_specs(tree, value, in_specs[tree.name], namespace),
-                                                             arrays)]
+        per_leaf = [fitted(spec, leaf) for spec, leaf in zip(leaf_specs(tree, value, in_specs[tree.name], namespace,
+                                                                        arrays=arrays), arrays)]
         if describe:
             for index, (leaf, spec) in enumerate(zip(arrays, per_leaf)):
                 check_spec(tree.label(index), tuple(leaf.shape), spec, mesh)

@@ -20,7 +20,7 @@ import io
 import sys
 
 from ..cell import analysis as cells
-from ..cell.inputs import classify
+from ..cell.inputs import classify, input_arrays
 from ..cell.meshes import is_explicit, lay_out_again, on_cell_mesh
 from ..cell.prepared import PreparedCell
 from ..cell.programs import CellProgram, capture_outputs, cell_function, traced, within_mesh
@@ -201,7 +201,7 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, record=
                 return mapped(*args)
         return whole
 
-    args = [[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in tree.arrays(namespace[tree.name])] for tree in inputs]
+    args = [[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays] for arrays in input_arrays(inputs, namespace)]
     # The probe traces the cell once more than plain JAX would: what it prints is printed by the real
     # trace that follows (once, as jit(shard_map) prints it), unless the probe or the checks fail first.
     with on_cell_mesh(mesh), printed_only_on_error():
@@ -256,14 +256,13 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: 
     cells.check_axis_names(cell.source, tuple(mesh.axis_names))
     inputs, constants = classify(cell, namespace, {"--in": tuple(in_specs)}, abstract)
     specs, args = [], []
-    for tree in inputs:
+    for tree, arrays in zip(inputs, input_arrays(inputs, namespace)):
         value = namespace[tree.name]
-        arrays = tree.arrays(value)
         if tree.name not in in_specs:
             per_leaf = ((),) * len(tree.positions)
         else:
             per_leaf = tuple(fitted(spec, leaf) for spec, leaf in zip(leaf_specs(tree, value, in_specs[tree.name],
-                                                                                 namespace), arrays))
+                                                                                 namespace, arrays=arrays), arrays))
             for index, (leaf, spec) in enumerate(zip(arrays, per_leaf)):
                 check_spec(tree.label(index), tuple(leaf.shape), spec, mesh, "--in")
         if abstract:

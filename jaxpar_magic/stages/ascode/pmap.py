@@ -8,7 +8,7 @@ import ast
 import sys
 
 from ...cell import analysis as cells
-from ...cell.inputs import classify
+from ...cell.inputs import classify, input_arrays, rebuilt
 from ...cell.programs import analyse_cached
 from .common import INDENT, SnippetNames, TracedReturns, abstract_of, after_call_lines, axes_text, call_lines, cell_body, comment_lines, describe_devices, final_edit, is_leaf, is_snippet_library, mesh_definition, plain_intro, plain_lines, same_mesh, shape_text, snippet, spec_text, targets_text, traced_returns, tuple_text, with_weak_types
 from .libraries import arrays_only, check_plain_outputs
@@ -52,17 +52,18 @@ def _pmap_block_code(cell: cells.Cell, options, mesh, namespace: dict, kinds: di
     # (a --split of a real array would be a computation).
     cells.check_axis_names(cell.source, tuple(mesh.axis_names))
     trees, _ = classify(cell, namespace, {"--broadcast": broadcast, "--split": split})
-    shapes = {t.name: t.rebuild([abstract_of(a) for a in t.arrays(namespace[t.name])]) for t in trees}
+    leaves = input_arrays(trees, namespace)  # (NNX objects split together, as the run splits them)
+    shapes = dict(zip((t.name for t in trees), rebuilt(trees, [[abstract_of(a) for a in arrays] for arrays in leaves])))
     prepared = prepare(cell, {**namespace, **shapes}, mesh, broadcast=broadcast, split=split, merge=merge,
                        abstract=True)
     inputs = list(prepared.names)
-    args = [with_weak_types(a, t.arrays(namespace[t.name])) if t.name in split else t.arrays(namespace[t.name])
-            for t, a in zip(trees, prepared.arguments)]
+    args = [with_weak_types(a, arrays) if t.name in split else arrays
+            for t, a, arrays in zip(trees, prepared.arguments, leaves)]
     program = prepared.program()
     returns = traced_returns(program, args, cell, mesh, lambda n: n not in merge, set_mesh=False,
                              note=lambda: per_device_note(cell, namespace, mesh, broadcast))
     check_plain_outputs(returns, "pmap")
-    abstract_args = {t.name: t.rebuild(a) for t, a in zip(trees, jax.eval_shape(lambda *a: a, *args))}
+    abstract_args = dict(zip((t.name for t in trees), rebuilt(trees, jax.eval_shape(lambda *a: a, *args))))
     return _write_pmap_block(cell, namespace, mesh, options, inputs, abstract_args, returns, kinds)
 
 

@@ -165,9 +165,26 @@ class ParallelFunction:
                         f"Reshape it, or broadcast it with in_axes=None (`--in-axes` with None at position {i})."
                     )
 
+    def _statics(self, args) -> tuple:
+        """((position, value), ...) of the static arguments: part of the compiled program's key, so
+        each must be hashable, as jax.pmap requires (a list is not; a tuple is)."""
+        statics = tuple((i, args[i]) for i in self.static_argnums if i < len(args))
+        for i, value in statics:
+            try:
+                hash(value)
+            except TypeError:
+                name = self._arg_names(i + 1)[i]
+                raise UsageError(
+                    f"{self.__name__}: argument {name!r} (position {i}) is static (--static-broadcasted-argnums), and "
+                    f"static arguments must be hashable, as jax.pmap requires; this one is a {type(value).__name__}, "
+                    f"which is not. Pass a hashable value (a tuple instead of a list, a frozen dataclass), or drop "
+                    f"{i} from --static-broadcasted-argnums and pass it as an array."
+                ) from None
+        return statics
+
     def _jitted_for(self, args, parts=None):
         """(the program's slot, its dynamic arguments); `parts`: the arguments as split_all gave them."""
-        statics = tuple((i, args[i]) for i in self.static_argnums if i < len(args))
+        statics = self._statics(args)
         parts = split_all(args)[0] if parts is None else parts
         dynamic = tuple(a for i, a in enumerate(parts) if i not in self.static_argnums)
         in_axes = self._effective_in_axes(args)
@@ -223,7 +240,7 @@ class ParallelFunction:
         from ...views.summaries import to_host
         from ...views.collectives import CollectivesView
 
-        statics = tuple((i, args[i]) for i in self.static_argnums if i < len(args))
+        statics = self._statics(args)
         dynamic = tuple(split(a) for i, a in enumerate(args) if i not in self.static_argnums)
         names = self._arg_names(len(args))
 
