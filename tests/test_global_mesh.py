@@ -108,6 +108,24 @@ def test_without_mesh_the_context_mesh_comes_before_the_namespace_mesh(jx, globa
     np.testing.assert_allclose(jx.user_ns["z"], np.arange(16.0) * 8)
 
 
+@pytest.mark.parametrize("magic, line", [("shard", "--in x=g"), ("shard_map", "--in x=g --out y=g")])
+def test_as_code_says_it_took_the_context_mesh(jx, global_mesh, magic, line):
+    """Without --mesh the snippet is on the mesh jax.set_mesh set, and says so: not 'your mesh
+    `mesh`' when the namespace's `mesh` is another mesh, which the cell did not use."""
+    with capture_output():
+        jx.run_line_magic("mesh", "a=4 b=2 --no-show")
+    x = np.arange(16.0)
+    jx.push({"x": x})
+    _, captured = cell(jx, magic, line + " --as-code", "y = x * 2")
+    text = " ".join(captured.stdout.split())
+    assert "The mesh jax.set_mesh set (g=8: all 8 devices)" in text
+    assert "Your mesh `mesh`" not in text
+    scope = {"x": x}
+    exec(captured.stdout, scope)
+    np.testing.assert_allclose(scope["y"], np.arange(16.0) * 2)
+    assert tuple(scope["y"].sharding.mesh.axis_names) == ("g",)
+
+
 def test_mesh_flag_comes_before_the_context_mesh(jx, global_mesh):
     x = jnp.arange(16.0)
     jx.push({"x": x})

@@ -273,6 +273,12 @@ def shard_mesh_intro(mesh, mesh_arg, specs: list[dict]) -> tuple[str, list[str]]
         name, count = counted[0]
         return "mesh", [f"{name}={count} splits over {count} devices: a 1-D mesh of {devices}, its one axis named "
                         f"{mesh.axis_names[0]!r}."]
+    if mesh_arg is None:
+        from ...cell.meshes import context_mesh
+
+        if context_mesh() is not None:  # the engines' order: the mesh jax.set_mesh set before the namespace's
+            return "mesh", [f"The mesh jax.set_mesh set ({axes_text(mesh)}: {devices}), rebuilt from its devices so "
+                            f"that this code stands alone."]
     if mesh_arg is None or (isinstance(mesh_arg, str) and "=" not in mesh_arg):
         name = mesh_arg or "mesh"
         return name, [f"Your mesh `{name}` ({axes_text(mesh)}: {devices}), rebuilt from its devices so that this "
