@@ -318,10 +318,12 @@ def test_every_view_ships_the_loader_and_the_library_holds_the_code_once() -> No
     views = [cls(state={}) for cls in (DevicesView, ResultView, ResultView, MeshView)]
     lib = base.library()
     for v in views:
-        assert v._esm == base._LOADER and v._css == ""  # per model: about 1.8 KB, no stylesheet
+        assert v._esm == base._LOADER and v._css == ""  # per model: about 2.4 KB, no stylesheet
         assert v._jpm_lib == f"IPY_MODEL_{lib.model_id}" and v._jpm_view == type(v)._bundle.view
         assert v.layout is views[0].layout  # one Layout model for all views, not one each
-    assert len(base._LOADER) < 2400 and "/*" not in base._LOADER
+    # Every widget model carries the loader: it stays small (2,431 characters with the wait for
+    # JupyterLab to attach a view before its twin is hidden).
+    assert len(base._LOADER) < 2450 and "/*" not in base._LOADER
     assert lib.css == base.read_asset("views.css")
     assert {"devices", "results", "mesh"} <= set(lib.needs) and lib.needs["results"] == ["palette", "format"]
     assert lib.code["view:results"] == ResultView._bundle.body

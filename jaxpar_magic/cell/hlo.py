@@ -56,6 +56,7 @@ class Collective:
     upcast_from: str | None = None  # the program's dtype where XLA:CPU moves it as f32 (shape and bytes are the program's)
     origin: tuple | None = None  # (file, line, function): the innermost user frame, where it is not the cell's own line
     reduction: str | None = None  # what an all-reduce or reduce-scatter combines with: "sum", "max", "min", ...
+    frames: tuple = ()  # (file, line, function) of the Python frames that issued it, innermost first, when read
 
 
 def _ints(text: str) -> list[int]:
@@ -329,7 +330,7 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
         pairs = []
         if pairs_m:
             pairs = [(to_device(int(a)), to_device(int(b))) for a, b in re.findall(r"\{(\d+),(\d+)\}", pairs_m.group(1))]
-        user_line, origin = None, None
+        user_line, origin, chain = None, None, []
         frame = _FRAME.search(line)
         if frame and filename:
             chain = frames.get(int(frame.group(1)), [])
@@ -356,7 +357,7 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
             roots = _reductions(text)
         reduction = _REDUCTION_WORDS.get((roots or {}).get(applied.group(1), "")) if applied else None
         found.append(Collective(m.group("op"), shape, size, groups, pairs, user_line, operands, count, low, origin,
-                                reduction))
+                                reduction, tuple(chain)))
     return found
 
 
