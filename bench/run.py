@@ -44,6 +44,8 @@ Sections (numbers match the table):
  13. a training step over a 64-leaf params pytree (8 devices): a cached `%%shard` re-run that binds a
      new params dict every run vs `jax.jit` (13b: both as whole cells), and the same step defined
      in a `%%pmap` cell (function mode) vs `jax.pmap` (13c; sections_pytrees.py)
+ 14. a Flax NNX training step (nnx.Optimizer) through `%%shard --out loss`, the gradients a
+     temporary, vs `nnx.jit` (14b: the cell without --out, binding the gradients too; sections_flax.py)
 When a ratio misses its target (and always with --profile), the run ends with where our time per
 call goes, step by step, measured in place. `--skip 2 3 7` leaves out the slowest subprocess and
 browser sections; `--only 9 10` runs just those. Shared helpers (timing, the table, children,
@@ -77,6 +79,7 @@ from pathlib import Path
 
 import sections_cluster
 import sections_engines
+import sections_flax
 import sections_memory
 import sections_plan
 import sections_pytrees
@@ -755,7 +758,7 @@ CHILD_MODES = {
     "plan": lambda mode: sections_plan.child_plan(mode),
     "cluster": lambda n, reps, gathers: sections_cluster.child_cluster(int(n), int(reps), int(gathers)),
 }
-SECTIONS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13")
+SECTIONS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14")
 DEFAULT_N = 160  # the %%pmap workload when section 1 (which tunes it) is skipped
 
 
@@ -837,6 +840,8 @@ def main() -> None:
         sections_cluster.bench_cluster(args)
     if wanted("13"):
         ratios.update(sections_pytrees.bench_pytrees(jax, sh, args))
+    if wanted("14"):
+        ratios.update(sections_flax.bench_flax(jax, sh, args))
 
     cpu = platform.processor() or platform.machine()
     print(f"# jaxpar_magic benchmark — {datetime.date.today().isoformat()}")

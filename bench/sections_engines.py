@@ -18,7 +18,6 @@ from benchkit import (
     profile_steps, replay_steps, row, tune, under_action, verdict,
 )
 
-SHARD_MAP_TARGET = 1.05  # issue 10
 SHARD_MAP_SRC = "out = lax.psum(jnp.dot(lhs, rhs), 'y')\n"
 SHARD_MAP_LINE = "--mesh mesh42 --in lhs=x,y rhs=y,None --out out=x,None --no-show"
 COLLECTIVES_TARGET = 2.0  # issue 9: --collectives at most 2x the first run without it
@@ -33,6 +32,20 @@ mine = lax.psum_scatter(table, 'i')
 
 
 # --- 9: %%shard_map ----------------------------------------------------------------------------------
+
+ABOVE_NOOP_TARGET = 1.03  # issue 23: our cost above a no-op cell magic (9d) within 3% of the workload
+
+
+def above_a_noop_magic(t: dict) -> float:
+    """Row 9*: 9's target read against 9d (issue 23). A bare call cannot include what IPython's
+    `run_cell_magic` costs any magic, so the measure is ours minus the no-op magic, over the
+    workload (the hand-written call): 1 + (ours - 9d) / hand."""
+    ours, noop, hand = t["ours"], t["hand (a no-op magic)"], t["hand"]
+    ratio = 1 + (ours.median - noop.median) / hand.median
+    row("9*", "row 9 read against 9d: 1 + (ours - the no-op magic) / the workload", fmt_us(ours.median - noop.median),
+        fmt_us(hand.median), f"{ratio:.3f}", f"{(ours.median - noop.median) * 1e6:+.0f} µs",
+        verdict(ratio, ABOVE_NOOP_TARGET))
+    return ratio
 
 def bench_shard_map(jax, sh, args) -> dict:
     import jax.numpy as jnp
@@ -98,8 +111,8 @@ def bench_shard_map(jax, sh, args) -> dict:
                          "out = shard_map_hand(lhs, rhs)\n_ = jax.block_until_ready(out)")},
                     reps=args.reps, batch=20)
     recompiles = len(events) - compiled_before
-    ratio = compare_row(9, "cached `%%shard_map` cell re-run (block matmul on a 4x2 mesh, --no-show) vs hand-written "
-                           "`jax.jit(jax.shard_map(...))` + block", t, "ours", "hand", target=SHARD_MAP_TARGET)
+    compare_row(9, "cached `%%shard_map` cell re-run (block matmul on a 4x2 mesh, --no-show) vs hand-written "
+                   "`jax.jit(jax.shard_map(...))` + block (read against 9d: row 9*)", t, "ours", "hand", target=None)
     compare_row("9b", "control: the cell's cached compiled program called directly + block vs "
                       "the hand-written `jax.jit(jax.shard_map(...))` + block", t, "ours' program", "hand", target=None)
     compare_row("9c", "same as 9, both through `shell.run_cell` (a whole notebook cell each side)", t,
@@ -107,12 +120,13 @@ def bench_shard_map(jax, sh, args) -> dict:
     compare_row("9d", "control: a cell magic that only makes the hand-written call, through "
                       "`shell.run_cell_magic` like 9's, vs the direct call: what any cell magic costs", t,
                 "hand (a no-op magic)", "hand", target=None)
+    ratio = above_a_noop_magic(t)
     ours_out, hand_out = sh.user_ns["out"], ns["out"]
     assert np.allclose(np.asarray(ours_out), np.asarray(hand_out), rtol=1e-5, atol=1e-3)
     assert ours_out.sharding.is_equivalent_to(hand_out.sharding, ours_out.ndim)
     detail(f"9. XLA compiles during the timed re-runs (both sides): {recompiles}; the cell's output equals the "
            f"hand-written one, with an equivalent sharding ({ours_out.sharding.spec}).")
-    return {"9": (ratio, SHARD_MAP_TARGET)}
+    return {"9": (ratio, ABOVE_NOOP_TARGET)}
 
 
 def profile_shard_map_rerun(jax, sh, calls: int = 2000):

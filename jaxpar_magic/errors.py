@@ -92,10 +92,11 @@ def explain_trace_error(exc: BaseException, filename: str, axis_names: tuple[str
     if type(exc).__name__ == "ShardingTypeError":  # jax._src.core's; no public name to catch it by
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return UsageError(
-            f"{at}: the mesh has Explicit axes, where every operation must say how its result is sharded, "
-            f"and this one is ambiguous ({first}). Build the mesh with automatic axes, which let the "
-            "compiler choose (`%mesh data=8` does so by default, or `--axis-types auto`), or reshard the "
-            "operands first with `jax.reshard(x, P(...))`."
+            f"{at}: the mesh has Explicit axes (what `%mesh` and `jax.make_mesh` give by default), where every "
+            f"operation must say how its result is sharded, and this one is ambiguous ({first}). Say it with "
+            "the operation's `out_sharding=P(...)` (e.g. `jnp.matmul(a, b, out_sharding=P('data', None))`), "
+            "reshard the operands first with `jax.reshard(x, P(...))`, or build the mesh with automatic axes, "
+            "which let the compiler choose (`%mesh data=8 --axis-types auto`)."
         )
     return None
 

@@ -105,6 +105,20 @@ function grid(g) {
 }
 
 /**
+ * The mesh's axis types as chips: one ("Explicit axes") when every axis has the same type, else one
+ * per axis (["data:", "Explicit"]). Twin of views/mesh.py's types_chips.
+ * @param {MeshState} state
+ * @param {{name: string, size: number}[]} axes
+ * @returns {string[][]}
+ */
+function typesChips(state, axes) {
+  const types = (state.axis_types || []).slice(0, axes.length).map(String);
+  if (!types.length) return [];
+  if (new Set(types).size === 1) return [[`${types[0]} ${types.length > 1 ? "axes" : "axis"}`]];
+  return types.map((t, k) => [`${axes[k].name}:`, t]);
+}
+
+/**
  * @param {MeshState} state
  */
 export function draw(state) {
@@ -127,9 +141,9 @@ export function draw(state) {
   );
   const chips = h("span", { class: "jpm-chips" });
   for (const kind of state.kinds || []) chips.append(h("span", { class: "jpm-chip", text: kind }));
-  (state.axis_types || []).forEach((t, k) => {
-    if (t && t !== "Auto" && axes[k]) chips.append(h("span", { class: "jpm-chip" }, `${axes[k].name}: `, h("b", { text: t })));
-  });
+  for (const [label, type] of typesChips(state, axes)) {
+    chips.append(type === undefined ? h("span", { class: "jpm-chip", text: label }) : h("span", { class: "jpm-chip" }, `${label} `, h("b", { text: type })));
+  }
   if (abstract) chips.append(h("span", { class: "jpm-badge jpm-warn", text: "abstract", title: "an AbstractMesh: cells are positions, not devices" }));
   head.append(chips);
   root.append(head);

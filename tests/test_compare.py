@@ -24,8 +24,8 @@ STEP = "g = jax.grad(lambda w: jnp.sum(jnp.square((x @ w).astype(jnp.float32))))
 def layouts(jx):
     jx.push({"jaxpar_magic": jaxpar_magic, "P": P})
     jx.run_cell(textwrap.dedent("""
-        flat = jaxpar_magic.make_mesh("data=8")
-        grid = jaxpar_magic.make_mesh("data=4 model=2")
+        flat = jaxpar_magic.make_mesh("data=8", axis_types="auto")
+        grid = jaxpar_magic.make_mesh("data=4 model=2", axis_types="auto")
         w = jaxpar_magic.plan((1024, 4096), "bfloat16", flat, ())
         x = jaxpar_magic.plan((256, 1024), "bfloat16", flat, ("data", None))
         layouts = {"dp": {"mesh": flat, "in": {"x": P("data", None), "w": P()}},

@@ -93,13 +93,16 @@ pmap_lines = line_of(
     flag("--show"), flag("--no-show"), flag("--report"), flag("--nope"), flag("-"), flag("--"),
     flag("--collectives"), flag("--as-code"), planning,
 )
+# --out lists what a cell returns: NAME=SPEC or a bare NAME, mixed (`--out loss grads=data`).
+outputs = st.lists(assignments | names | bad_names, min_size=1, max_size=3).map(" ".join)
 shard_lines = line_of(
-    option("--mesh", meshes | names | bad_names), option("--in", assignments), option("--out", assignments),
+    option("--mesh", meshes | names | bad_names), option("--in", assignments), option("--out", outputs),
     st.lists(assignments, min_size=2, max_size=3).map(lambda a: "--in " + " ".join(a)),
+    option("--donate", names | bad_names),
     flag("--show"), flag("--no-show"), flag("--report"), flag("--bogus"), flag("--as-code"), planning,
 )
 shard_map_lines = line_of(
-    option("--mesh", meshes | names | bad_names), option("--in", assignments), option("--out", assignments),
+    option("--mesh", meshes | names | bad_names), option("--in", assignments), option("--out", outputs),
     flag("--no-check-vma"), flag("--show"), flag("--no-show"), flag("--report"), flag("--check-vma"),
     flag("--collectives"), flag("--as-code"), planning,
 )

@@ -106,10 +106,31 @@ def test_mesh_on_a_subset_of_devices(ip):
     assert state["device_ids"] == [0, 1, 2, 3]
 
 
-def test_mesh_axis_types_default_to_auto(ip):
+def test_mesh_axis_types_default_to_what_jax_make_mesh_gives(ip):
+    """%mesh data=4 model=2 is jax.make_mesh((4, 2), ('data', 'model')): Explicit axes on JAX 0.10."""
     (state,) = mesh_magic(ip, "data=4 model=2")
+    plain = jax.make_mesh((4, 2), ("data", "model"))
+    assert ip.user_ns["mesh"] == plain
+    assert plain.axis_types == (AxisType.Explicit, AxisType.Explicit)  # what this version of JAX does
+    assert state["axis_types"] == ["Explicit", "Explicit"]
+
+
+def test_mesh_axis_types_auto_on_request(ip):
+    (state,) = mesh_magic(ip, "data=4 model=2 --axis-types auto")
     assert ip.user_ns["mesh"].axis_types == (AxisType.Auto, AxisType.Auto)
     assert state["axis_types"] == ["Auto", "Auto"]
+
+
+def test_the_mesh_view_and_text_say_the_axis_types(ip):
+    from jaxpar_magic.views.mesh import to_html, to_text
+
+    (state,) = mesh_magic(ip, "data=4 model=2")
+    assert "Explicit axes" in to_text(state) and "Explicit axes" in to_html(state)
+    (state,) = mesh_magic(ip, "data=4 model=2 --axis-types auto")
+    assert "Auto axes" in to_text(state) and "Auto axes" in to_html(state)
+    mixed = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Auto))
+    state = jaxpar_magic.show_mesh(mixed).state
+    assert "data: Explicit, model: Auto" in to_text(state)
 
 
 def test_mesh_axis_types_explicit(ip):
@@ -119,7 +140,7 @@ def test_mesh_axis_types_explicit(ip):
 
 
 def test_the_seeds_vmap_dot_runs_on_the_default_mesh(jx):
-    """Unannotated code partitions on the default (Auto) mesh: the seed's listing, unchanged."""
+    """Unannotated code partitions on the default (Explicit) mesh: the seed's listing, unchanged."""
     mesh_magic(jx, "data=8")
     jx.run_cell("def dot(v1, v2):\n    return jnp.vdot(v1, v2)\n")
     v = jnp.arange(16 * 3, dtype=jnp.float32).reshape(16, 3)

@@ -32,7 +32,7 @@ def run(ip, magic: str, line: str, source: str):
 @pytest.fixture
 def mesh(jx):
     with capture_output():
-        jx.run_line_magic("mesh", "data=4 model=2 --no-show")
+        jx.run_line_magic("mesh", "data=4 model=2 --axis-types auto --no-show")  # the compiler places the rest
     return jx.user_ns["mesh"]
 
 
@@ -177,7 +177,7 @@ def test_plan_and_collectives_or_as_code_exclude_each_other(jx):
 
 def test_more_than_2048_devices_says_why_and_suggests_a_slice(jx):
     with capture_output():
-        jx.run_line_magic("mesh", "--abstract --name pod data=512 model=8 --no-show")
+        jx.run_line_magic("mesh", "--abstract --name pod data=512 model=8 --axis-types auto --no-show")
     jx.push({"x": jax.ShapeDtypeStruct((4096, 1024), jnp.float32)})
     message = failing(jx, "shard", "--plan --mesh pod --in x=data,model", "y = x * 2")
     assert "2,048" in message and "Multiprocess" in message and "data=256" in message

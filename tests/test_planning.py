@@ -31,7 +31,7 @@ POINTER = 8  # XLA counts an output tuple's table: one 8-byte pointer per elemen
 
 @pytest.fixture(scope="module")
 def grid():
-    return make_mesh("data=4 model=2")
+    return make_mesh("data=4 model=2", axis_types="auto")  # unannotated matmuls: the compiler places them
 
 
 def shard_bytes(shape, dtype, mesh, spec) -> int:
@@ -214,7 +214,7 @@ def test_roofline_of_one_all_reduce_is_the_ring_formula():
 
 def test_roofline_of_a_contraction_split_over_devices():
     # x @ w with the contraction split: each device multiplies its slice, then an all-reduce sums.
-    mesh = make_mesh("d=8")
+    mesh = make_mesh("d=8", axis_types="auto")
     n, k, m = 128, 1024, 256
     x, w = plan((n, k), "float32", mesh, (None, "d")), plan((k, m), "float32", mesh, ("d", None))
     result = compile_plan(lambda a, b: a @ b, (x, w), mesh, hardware="tpu-v5e")
@@ -602,7 +602,7 @@ def test_the_issue_step_on_2048_devices():
         from jaxpar_magic.engines.shard import make_mesh, plan
         from jaxpar_magic.stages.plan.plan_program import compile_plan
 
-        mesh = make_mesh("data=256 model=8")
+        mesh = make_mesh("data=256 model=8", axis_types="auto")
         params = {"w1": plan((8192, 32768), "bfloat16", mesh, (None, "model")),
                   "w2": plan((32768, 8192), "bfloat16", mesh, ("model", None))}
         batch = plan((4096, 8192), "bfloat16", mesh, ("data", None))

@@ -410,10 +410,15 @@ def test_as_code_of_a_shard_cell_with_a_dataclass_runs_alone(tree_ns):
     assert scope["p"].w.sharding.spec == jax.sharding.PartitionSpec("data")
 
 
-def test_as_code_says_why_it_cannot_write_plain_jit_for_nnx_and_equinox(tree_ns):
+def test_as_code_writes_nnx_and_equinox_inputs_the_librarys_way(tree_ns):
+    """(Round trips of these snippets: tests/test_as_code_libraries.py.)"""
+    from IPython.utils.capture import capture_output
+
     tree_ns.push({"model": _Model(nnx.Rngs(0)), "mlp": eqx.nn.MLP(2, 2, 4, 1, key=jax.random.key(0)),
-                  "x": jnp.ones((8, 3))})
-    with pytest.raises(UsageError, match="'model' is a Flax NNX object.*nnx.jit"):
+                  "x": jnp.ones((8, 3)), "xs": jnp.ones((8, 2))})
+    with capture_output() as captured:
         cell(tree_ns, "shard", "--mesh data=8 --as-code", "y = model(x)")
-    with pytest.raises(UsageError, match=r"'mlp' \(MLP\) has leaves that are not arrays.*eqx.filter_jit"):
-        cell(tree_ns, "pmap", "--as-code", "y = mlp(x[:2])")
+    assert "@nnx.jit" in captured.stdout
+    with capture_output() as captured:
+        cell(tree_ns, "pmap", "--broadcast mlp --as-code", "y = mlp(xs)")
+    assert "eqx.partition(mlp, eqx.is_array)" in captured.stdout

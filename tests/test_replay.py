@@ -170,8 +170,8 @@ def test_an_input_committed_to_other_devices_is_named_on_the_replay_and_the_full
     before = jx.user_ns["y"]
     jx.push({"x": jax.device_put(jnp.arange(float(N_DEVICES)), jax.devices()[3])})
     for _ in range(2):  # the replay, then the full path
-        with pytest.raises(IPythonUsageError, match=r"`x` is committed to device 3 \(read on line 1 .*runs on devices "
-                                                    rf"0-{N_DEVICES - 1}\b"):
+        with pytest.raises(IPythonUsageError, match=r"`x` is committed to device 3 \(read on line 1 .*runs on mesh "
+                                                    rf"i={N_DEVICES} \(Auto axes\) on devices 0-{N_DEVICES - 1}\b"):
             jx.run_cell_magic("pmap", line, cell)
         assert jx.user_ns["y"] is before
     jx.run_cell("x = jax.tree.map(jnp.asarray, jax.device_get(x))").raise_error()  # the advice
@@ -182,7 +182,8 @@ def test_an_input_committed_to_other_devices_is_named_on_the_replay_and_the_full
     mesh(jx, f"data={half} --devices {half} --name half")
     jx.push({"v": jnp.arange(16.0)})
     jx.run_cell_magic("shard", "--mesh half --in v=data --no-show", "w = v + 1")  # w: committed to half the devices
-    with pytest.raises(IPythonUsageError, match=rf"`w` is committed to devices 0-{half - 1} "):
+    with pytest.raises(IPythonUsageError, match=rf"`w` is on mesh data={half} \(Explicit axes\) on devices "
+                                                rf"0-{half - 1} "):
         jx.run_cell_magic("pmap", "--split w --no-show", "t = w.sum()")
 
     mesh(jx, "data=8")
@@ -247,13 +248,14 @@ def _expected(n: int) -> tuple[int, int]:
 @pytest.mark.parametrize("magic, line, per_device", [
     ("shard", "--mesh data=8 --no-show", False),
     ("shard", "--mesh data=8", False),  # the view on: the full path every run
-    ("shard", "--mesh data=8 --in x=data --no-show", False),
+    ("shard", "--mesh auto8 --in x=data --no-show", False),  # slicing a split axis: Auto axes (Explicit refuse it)
     ("pmap", "--no-show", True),
     ("pmap", "", True),
 ])
 def test_a_rerun_on_an_earlier_shape_binds_that_traces_python_values(jx, magic, line, per_device):
     """x of 8 rows, then 16, then 8 again: the third run must not bind the 16-row trace's `rows`,
     its list of parts or its final value (the compiled variant for 8 rows is reused by jit)."""
+    mesh(jx, "data=8 --axis-types auto --name auto8")
     for n in (8, 16, 8, 16):
         x = jnp.arange(float(N_DEVICES * n)).reshape(N_DEVICES, n) if per_device else jnp.arange(float(n))
         jx.push({"x": x})

@@ -228,7 +228,7 @@ def test_inline_mesh(jx):
     shard(jx, "--mesh data=4,model=2 --in w=data,model --no-show", "y = w * 2\n")
     placed = jx.user_ns["w"].sharding
     assert dict(placed.mesh.shape) == {"data": 4, "model": 2}
-    assert placed.mesh.axis_types == (AxisType.Auto, AxisType.Auto)
+    assert placed.mesh.axis_types == jax.make_mesh((4, 2), ("data", "model")).axis_types  # as %mesh: Explicit
     assert placed.spec == P("data", "model")
     assert "mesh" not in jx.user_ns
 
@@ -246,7 +246,8 @@ def test_without_mesh_flag_the_namespace_mesh_is_used(jx, grid):
 
 
 def test_final_expression_is_returned_and_shown(jx, grid):
-    value, views, _ = run_shown(jx, "--in w=data,None", "w.T @ w\n")
+    jx.user_ns["P"] = P
+    value, views, _ = run_shown(jx, "--in w=data,None", "jnp.matmul(w.T, w, out_sharding=P())\n")
     np.testing.assert_allclose(np.asarray(value), np.asarray(jnp.arange(64.0).reshape(8, 8).T @ jnp.arange(64.0).reshape(8, 8)))
     assert "(result)" in views
 
@@ -277,7 +278,8 @@ def test_report_shows_the_all_reduce_the_compiler_inserted_for_a_sum(jx, grid):
 
 def test_report_shows_a_collective_for_a_matmul_over_a_sharded_contracting_dim(jx, grid):
     jx.user_ns["x"] = jnp.ones((4, 8))
-    state = report(jx, "--in x=None,data w=data,None", "y = x @ w\n")
+    jx.user_ns["P"] = P  # Explicit axes: the sharded contraction says how its result is laid out
+    state = report(jx, "--in x=None,data w=data,None", "y = jnp.matmul(x, w, out_sharding=P())\n")
     colls = [c for c in state["collectives"] if c["op"] in ("all-reduce", "reduce-scatter")]
     assert colls and all(c["bytes"] > 0 for c in colls)
     np.testing.assert_allclose(np.asarray(jx.user_ns["y"]), np.ones((4, 8)) @ np.arange(64.0).reshape(8, 8))
@@ -413,17 +415,17 @@ def test_one_mesh_axis_twice(jx, grid):
 
 
 def test_explicit_axes_ambiguity_in_our_words(jx):
-    mesh(jx, "data=4 model=2 --axis-types explicit")
+    mesh(jx, "data=4 model=2")  # Explicit: the default, as jax.make_mesh's
     jx.user_ns["a"] = jnp.arange(64.0).reshape(8, 8)
     message = usage_error(jx, "--in a=data,model", "b = a @ a.T\n")
     assert "Explicit" in message and "ambiguous" in message
     assert "line 1" in message and "a @ a.T" in message
-    assert "--axis-types auto" in message and "jax.reshard" in message
+    assert "--axis-types auto" in message and "jax.reshard" in message and "out_sharding" in message
     assert "Traceback" not in message
 
 
 def test_the_same_cell_works_on_an_auto_mesh(jx):
-    mesh(jx, "data=4 model=2")
+    mesh(jx, "data=4 model=2 --axis-types auto")
     jx.user_ns["a"] = jnp.arange(64.0).reshape(8, 8)
     shard(jx, "--in a=data,model --no-show", "b = a @ a.T\n")
     a = np.arange(64.0).reshape(8, 8)

@@ -32,7 +32,11 @@ def mesh42(jx):
 
 
 def reference(mesh, f, in_specs, out_specs, *args, check_vma=True):
-    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=check_vma))(*args)
+    """Plain JAX: each input placed by its in_spec first (an Explicit mesh, %mesh's default as
+    jax.make_mesh's, takes nothing else), then jit(shard_map)."""
+    specs = in_specs if isinstance(in_specs, tuple) else (in_specs,)
+    placed = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, specs)]
+    return jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=check_vma))(*placed)
 
 
 def same(ours, theirs):
@@ -100,7 +104,7 @@ def test_arrays_not_in_in_are_replicated(jx, mesh42):
 
 def test_inline_mesh_and_plain_python_outputs(jx):
     jx.push({"a": jnp.arange(8.0)})
-    sm(jx, "--mesh d=8 --in a=d --out b=d", "b = a + 1\nn = 3")
+    sm(jx, "--mesh d=8 --in a=d --out b=d n", "b = a + 1\nn = 3")
     np.testing.assert_allclose(jx.user_ns["b"], np.arange(8.0) + 1)
     assert jx.user_ns["n"] == 3
 
@@ -280,7 +284,7 @@ def test_varying_axes_reads_jaxs_typing(mesh42):
         return a
 
     jax.eval_shape(jax.shard_map(body, mesh=mesh42, in_specs=P(("x", "y")), out_specs=P(("x", "y"))),
-                   jax.ShapeDtypeStruct((8,), jnp.float32))
+                   jax.ShapeDtypeStruct((8,), jnp.float32, sharding=NamedSharding(mesh42, P(("x", "y")))))
     assert seen == {"a": {"x", "y"}, "sum": {"x"}, "all": set()}
 
 

@@ -172,7 +172,7 @@ def test_a_permute_summary_says_every_device_and_cyclic_only_when_true() -> None
 
 def test_text_renderings() -> None:
     assert mesh.to_text(mesh_state([2, 4])).splitlines() == [
-        "Mesh 'mesh': data=2 × model=4 · 8 devices (cpu)",
+        "Mesh 'mesh': data=2 × model=4 · 8 devices · Auto axes (cpu)",
         "        model →",
         "        0 1 2 3",
         "data 0  0 1 2 3",

@@ -433,7 +433,8 @@ def deleted_input_error(tree: TreeInput, index: int, cell) -> UsageError:
     """What to say when a cell reads an array whose buffers were deleted (donated, most often)."""
     return UsageError(
         f"`{tree.label(index)}` was deleted: its device buffers are gone ({_where_read(tree, cell)}). Most "
-        f"often a function with donate_argnums (jax.jit's, or %%pmap --donate-argnums) took it as an argument "
+        f"often a function with donate_argnums (jax.jit's, %%shard --donate, or %%pmap --donate-argnums) took it as "
+        f"an argument "
         f"and reused its memory for its result; `.delete()` does the same. Use the value that function "
         f"returned instead, or give {tree.name!r} a new value first."
     )
@@ -447,27 +448,28 @@ def misplaced_leaf(tree: TreeInput, arrays, mesh) -> int | None:
 
 
 def misplaced_input_error(tree: TreeInput, index: int, leaf, cell, mesh) -> UsageError:
-    """What to say when a cell reads an array committed to devices its mesh does not span."""
-    on = _device_ids(leaf.sharding.device_set)
+    """What to say when a cell reads an array committed to devices its mesh does not span: the
+    input, both meshes (or devices), and the fix."""
+    import jax
+
+    from .meshes import describe_mesh, id_list
+
+    sharding = leaf.sharding
+    on = _device_ids(sharding.device_set)
+    where = (f"on {describe_mesh(sharding.mesh)}" if isinstance(sharding, jax.sharding.NamedSharding)
+             else f"committed to device{'s' if len(on) > 1 else ''} {id_list(on)}")
     return UsageError(
-        f"`{tree.label(index)}` is committed to device{'s' if len(on) > 1 else ''} {_id_list(on)} "
-        f"({_where_read(tree, cell)}), and this cell runs on devices {_id_list(_device_ids(mesh.devices.flat))}. "
-        f"JAX moves an uncommitted array where a program needs it, but never a committed one (placed by "
-        f"jax.device_put, or computed on those devices, e.g. by a cell over fewer devices). Give the cell an "
-        f"uncommitted copy, `{tree.name} = jax.tree.map(jnp.asarray, jax.device_get({tree.name}))`, or place it on "
-        f"this cell's devices with jax.device_put and a NamedSharding of its mesh."
+        f"`{tree.label(index)}` is {where} ({_where_read(tree, cell)}), and this cell runs on "
+        f"{describe_mesh(mesh)}. JAX moves an uncommitted array where a program needs it, but never a committed "
+        f"one to other devices (placed by jax.device_put, or computed on those devices, e.g. by a cell over other "
+        f"devices or under another `jax.set_mesh`). Put it on this cell's mesh, "
+        f"`{tree.name} = jax.device_put({tree.name}, NamedSharding(mesh, P()))` (or its own spec there), or give "
+        f"the cell an uncommitted copy, `{tree.name} = jax.tree.map(jnp.asarray, jax.device_get({tree.name}))`."
     )
 
 
 def _device_ids(devices) -> list[int]:
     return sorted(d.id for d in devices)
-
-
-def _id_list(ids: list[int]) -> str:
-    """`3`, `0-7`, or `0, 2, 5`: device ids as a reader scans them."""
-    if len(ids) > 2 and ids == list(range(ids[0], ids[-1] + 1)):
-        return f"{ids[0]}-{ids[-1]}"
-    return ", ".join(map(str, ids))
 
 
 def _where_read(tree: TreeInput, cell) -> str:

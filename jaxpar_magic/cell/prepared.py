@@ -25,6 +25,7 @@ class PreparedCell:
     leaf_specs: tuple  # per input, per leaf: the spec tuple it is laid out by (None: as the leaf is)
     out_specs: dict = field(default_factory=dict)  # name -> spec tuple from --out
     options: dict = field(default_factory=dict)  # the engine's own options (broadcast, split, merge, check_vma)
+    moved: list = field(default_factory=list)  # inputs laid out again from another mesh: (name, its mesh, spec)
     compile: Callable = field(default=None, repr=False)  # (record=None) -> programs.CellProgram
 
     @property

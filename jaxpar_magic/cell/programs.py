@@ -378,11 +378,14 @@ class Rerun:
                 return None
         return args
 
-    def input_error(self, args, cell: cells.Cell, mesh) -> UsageError | None:
+    def input_error(self, args, cell: cells.Cell, mesh) -> Exception | None:
         """The UsageError naming the first input leaf among `args` that JAX cannot take: one whose
         buffers were deleted (donated), else one committed to other devices than the mesh's (jit moves
-        no committed array); None when there is none. Asked only once a run has failed: re-runs pay
-        nothing for it."""
+        no committed array); InputOnOtherMesh when one is on another mesh of the same devices (the full
+        path lays it out again); None when there is none. Asked only once a run has failed: re-runs
+        pay nothing for it."""
+        from .meshes import InputOnOtherMesh, on_other_mesh
+
         pairs = list(zip(self.inputs, args))
         for tree, arrays in pairs:
             index = deleted_leaf(tree, arrays)
@@ -392,6 +395,9 @@ class Rerun:
             index = misplaced_leaf(tree, arrays, mesh)
             if index is not None:
                 return misplaced_input_error(tree, index, arrays[index], cell, mesh)
+        for tree, arrays in pairs:
+            if any(on_other_mesh(leaf, mesh) for leaf in arrays):
+                return InputOnOtherMesh(tree.name)
         return None
 
     def remember(self, reruns: "BoundedCache", key, signature, placements=None) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ..cell import analysis as cells
 from ..cell.inputs import classify, input_arrays
+from ..cell.meshes import lay_out_again
 from ..cell.prepared import PreparedCell
 from ..cell.programs import CellProgram, capture_outputs, cell_function
 from ..errors import UsageError
@@ -87,8 +88,9 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=(), 
     args = [a if t.name in broadcast else mapped_arrays(t, a, mesh, t.name in split) for t, a in zip(inputs, arrays)]
     mapped = tuple(P(*mesh.axis_names))
     leaf_specs = tuple((() if t.name in broadcast else mapped,) * len(a) for t, a in zip(inputs, args))
+    args, moved = lay_out_again(inputs, args, leaf_specs, mesh)  # inputs on another mesh of these devices
     prepared = PreparedCell("pmap", cell, mesh, inputs, constants, args, leaf_specs,
-                            options={"broadcast": broadcast, "split": split, "merge": merge})
+                            options={"broadcast": broadcast, "split": split, "merge": merge}, moved=moved)
     prepared.compile = lambda record=None: _compile_block(cell, inputs, frozenset(broadcast), mesh, namespace, record)
     return prepared
 
@@ -103,7 +105,7 @@ def mesh_for(axis_name: str = "i", devices=None, mesh=None):
     if isinstance(mesh, (str, list)):
         mesh = parse_mesh_shape(mesh)
     if isinstance(mesh, MeshShape):
-        return build_mesh(mesh, devices)
+        return build_mesh(mesh, devices, "auto")  # Auto, as jax.pmap's own mesh
     return mesh
 
 

@@ -9,22 +9,27 @@ from __future__ import annotations
 from ..cell import analysis as cells
 from ..cell.inputs import TreeInput, classify, input_arrays
 from ..cell.layout import spec_axes
+from ..cell.meshes import UnderMesh, is_explicit, lay_out_again, needs_the_mesh_set
 from ..cell.prepared import PreparedCell
-from ..cell.programs import CellProgram, capture_outputs, cell_function, within_mesh
+from ..cell.programs import WRITE_BACK, CellProgram, capture_outputs, cell_function, within_mesh
 from ..cell.specs import MeshShape, parse_mesh_shape
 from ..cell.treespecs import spec_names
 from ..errors import UsageError
 
 AUTO_AXIS = "devices"  # the axis of the 1-D mesh that `NAME=8` ("split over 8 devices") builds
+# That mesh's axis type: Auto. `NAME=8` and split() stand in for the old PositionalSharding, whose
+# arrays the compiler laid out on its own; the --as-code snippet writes the type out.
+COUNT_AXIS_TYPE = "auto"
 
 
 # --- meshes ------------------------------------------------------------------------------------
 
-def make_mesh(shape: str | MeshShape, devices=None, axis_types: str = "auto", abstract: bool = False):
+def make_mesh(shape: str | MeshShape, devices=None, axis_types: str | None = None, abstract: bool = False):
     """Plain-Python twin of `%mesh data=4 model=2`: a Mesh over exactly the devices asked for.
 
-    Axes are Auto by default, so the seeds' unannotated code partitions automatically; JAX 0.10's
-    `jax.make_mesh` defaults to Explicit, where e.g. `vmap(dot)` can raise ShardingTypeError.
+    Its axes are of the type `axis_types` ("auto", "explicit", "manual"); by default what
+    `jax.make_mesh` gives on the installed JAX (Explicit on 0.10), so a mesh made here behaves as the
+    same line in plain JAX would.
     """
     from ..cell.meshes import axis_types as types_of, build_mesh
 
@@ -98,7 +103,7 @@ def check_spec(name: str, shape: tuple, spec: tuple, mesh, option: str = "--in")
 
 def resolve_mesh(mesh_arg, namespace: dict, specs: list[dict]):
     """The mesh of a %%shard cell: a Mesh by name, an inline `data=4,model=2`, or the 1-D mesh that
-    `NAME=8` asks for; with none given, the namespace's `mesh`."""
+    `NAME=8` asks for; with none given, the mesh `jax.set_mesh` set, else the namespace's `mesh`."""
     counted = [(n, e) for d in specs for n, spec in d.items() if isinstance(spec, tuple) for e in spec
                if isinstance(e, int)]
     counts = {e for _, e in counted}
@@ -136,17 +141,33 @@ def resolve_mesh(mesh_arg, namespace: dict, specs: list[dict]):
                 f"--in {name}={count}: JAX has {have} device(s), so an array can be split over 1 to {have} "
                 f"of them; use `{name}={have}` for all of them."
             )
-        return make_mesh(MeshShape((AUTO_AXIS,), (count,)), devices=None if count == len(jax.devices()) else count)
-    if is_mesh(namespace.get("mesh")):
-        return namespace["mesh"]
+        return make_mesh(MeshShape((AUTO_AXIS,), (count,)), devices=None if count == len(jax.devices()) else count,
+                         axis_types=COUNT_AXIS_TYPE)
+    from ..cell.meshes import default_mesh
+
+    found = default_mesh(namespace)  # the mesh jax.set_mesh set, else the namespace's `mesh`
+    if found is not None:
+        return found
     raise UsageError(
-        "%%shard needs a mesh: pass `--mesh NAME` (a Mesh from `%mesh data=8`), `--mesh data=8` inline, or split "
-        "over N devices without naming axes with `--in x=8`."
+        "%%shard needs a mesh: pass `--mesh NAME` (a Mesh from `%mesh data=8`), `--mesh data=8` inline, set one "
+        "with `jax.set_mesh(mesh)`, or split over N devices without naming axes with `--in x=8`."
     )
 
 
 def with_auto_axis(spec: tuple) -> tuple:
     return tuple(AUTO_AXIS if isinstance(e, int) else e for e in spec)
+
+
+def fitted(spec: tuple, leaf) -> tuple:
+    """A leaf's spec: device counts named by the auto axis; a spec of `None`s only (replicated) fits
+    any rank, so `--in opt_state=None` replicates every leaf of a pytree, its scalars too. A spec that
+    shards and is longer than the leaf's rank (`a=data,None,None` of a vector) is still the mistake
+    check_spec names."""
+    spec = with_auto_axis(spec)
+    ndim = len(getattr(leaf, "shape", ()))
+    if len(spec) > ndim and all(e is None for e in spec):
+        return spec[:ndim]
+    return spec
 
 
 def place(value, mesh, spec, name: str = "value", namespace: dict | None = None, option: str = "place()"):
@@ -183,7 +204,7 @@ def place_leaves(tree, arrays, value, mesh, spec, namespace, option: str = "--in
     placed = []
     for index, (leaf, leaf_spec) in enumerate(zip(arrays, leaf_specs(tree, value, spec, namespace, option,
                                                                       arrays=arrays))):
-        leaf_spec = with_auto_axis(leaf_spec)
+        leaf_spec = fitted(leaf_spec, leaf)
         check_spec(tree.label(index), tuple(leaf.shape), leaf_spec, mesh, option)
         target = NamedSharding(mesh, P(*leaf_spec))
         placed.append(leaf if isinstance(leaf, jax.Array) and leaf.sharding == target else jax.device_put(leaf, target))
@@ -206,18 +227,42 @@ def split(value, devices: int | None = None, axis: int = 0):
 
     count = devices or len(jax.devices())
     spec = (None,) * axis + (count,)
-    mesh = make_mesh(MeshShape((AUTO_AXIS,), (count,)), devices=None if count == len(jax.devices()) else count)
+    mesh = make_mesh(MeshShape((AUTO_AXIS,), (count,)), devices=None if count == len(jax.devices()) else count,
+                     axis_types=COUNT_AXIS_TYPE)
     return place(value, mesh, spec, option="split()")
 
 
 # --- the cell's program ------------------------------------------------------------------------
 
+WRITE_BACK_PREFIX = WRITE_BACK.split("{}")[0]
 
-def _compile(cell, inputs, namespace, mesh, out_specs) -> CellProgram:
+
+def returned(outs: dict, outputs) -> dict:
+    """What a cell returns of the names it assigned: all of them, or with --out only those listed
+    (the others are temporaries, as a function's locals); NNX write-backs always leave."""
+    if outputs is None:
+        return outs
+    return {n: v for n, v in outs.items() if n in outputs or n.startswith(WRITE_BACK_PREFIX)}
+
+
+def check_outputs(cell: cells.Cell, outputs) -> None:
+    """Each name --out lists is one the cell assigns."""
+    for name in outputs or ():
+        if name not in cell.writes:
+            raise UsageError(
+                f"--out {name}: the cell does not assign {name!r}; --out lists what the cell returns, among the names "
+                f"it assigns ({', '.join(cell.writes) or 'none'})."
+            )
+
+
+def _compile(cell, inputs, namespace, mesh, out_specs, outputs=None, donate=()) -> CellProgram:
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     fn = cell_function(cell, inputs, namespace, write_back=True)
+
+    # --out on Explicit axes is a reshard (with_sharding_constraint only asserts the layout there).
+    constrain = jax.reshard if is_explicit(mesh) else jax.lax.with_sharding_constraint
 
     def constrained(name, value, spec):
         """The output laid out by its --out spec, each traced leaf checked as --in checks an input:
@@ -228,18 +273,36 @@ def _compile(cell, inputs, namespace, mesh, out_specs) -> CellProgram:
             if not isinstance(leaf, jax.core.Tracer):
                 return leaf
             check_spec(name + jax.tree_util.keystr(path), tuple(leaf.shape), spec, mesh, "--out")
-            return jax.lax.with_sharding_constraint(leaf, sharding)
+            return constrain(leaf, sharding)
 
         return jax.tree_util.tree_map_with_path(one, value)
 
     def whole_program(*args):
         with within_mesh(mesh):
             outs, final = fn(*args)
+            outs = returned(outs, outputs)
             for name, spec in out_specs.items():
                 outs[name] = constrained(name, outs[name], spec)
             return capture_outputs(outs, final, lambda v: v)
 
-    return CellProgram(jitted=jax.jit(whole_program))
+    # --donate: as jax.jit(donate_argnums=...), one argument (the list of its leaves) per input.
+    donated = tuple(i for i, tree in enumerate(inputs) if tree.name in donate)
+    program = CellProgram(jitted=jax.jit(whole_program, donate_argnums=donated) if donated else jax.jit(whole_program))
+    if needs_the_mesh_set(mesh):  # Explicit axes: called with the mesh set, as plain JAX must be
+        program.jitted = UnderMesh(program.jitted, mesh)
+    return program
+
+
+def check_donated(donate, inputs) -> None:
+    """Each name --donate gives is an input the cell reads (its buffers are what is donated)."""
+    names = [tree.name for tree in inputs]
+    for name in donate:
+        if name not in names:
+            raise UsageError(
+                f"--donate {name}: the cell does not read {name!r} as an input; --donate names inputs whose buffers "
+                f"the cell's program may reuse for its outputs, as jax.jit's donate_argnums does (this cell's inputs: "
+                f"{', '.join(names) or 'none'})."
+            )
 
 
 def _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):
@@ -281,17 +344,20 @@ def _check_out_forms(out_specs: dict) -> None:
 
 
 def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, *,
-            describe: bool = False, abstract: bool | None = None) -> PreparedCell:
+            describe: bool = False, abstract: bool | None = None, outputs=None, donate=()) -> PreparedCell:
     """The %%shard engine's prepare step: names and specs against the cell and the mesh, and each
     input's leaves as the program takes them: placed by --in (a run), or, with `describe` (--plan,
     --as-code), ShapeDtypeStructs laid out by --in, so nothing is allocated or moved. `abstract`
-    (default: `describe`) lets inputs be ShapeDtypeStructs themselves (--plan)."""
+    (default: `describe`) lets inputs be ShapeDtypeStructs themselves (--plan). `outputs` (--out's
+    names): the only names the cell returns; None, all it assigns. `donate` (--donate): inputs whose
+    buffers the program may reuse, as jax.jit's donate_argnums."""
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     from ..cell.treespecs import leaf_specs
 
     _check_out_forms(out_specs)
+    check_outputs(cell, outputs)
     abstract = describe if abstract is None else abstract
     inputs, constants, out_specs = _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=abstract)
     args, specs = [], []
@@ -301,8 +367,8 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: 
             args.append(arrays)
             specs.append((None,) * len(arrays))
             continue
-        per_leaf = [with_auto_axis(spec) for spec in leaf_specs(tree, value, in_specs[tree.name], namespace,
-                                                                arrays=arrays)]
+        per_leaf = [fitted(spec, leaf) for spec, leaf in zip(leaf_specs(tree, value, in_specs[tree.name], namespace,
+                                                                        arrays=arrays), arrays)]
         if describe:
             for index, (leaf, spec) in enumerate(zip(arrays, per_leaf)):
                 check_spec(tree.label(index), tuple(leaf.shape), spec, mesh)
@@ -312,8 +378,13 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: 
             arrays = place_leaves(tree, arrays, value, mesh, in_specs[tree.name], namespace)
         args.append(arrays)
         specs.append(tuple(per_leaf))
-    prepared = PreparedCell("shard", cell, mesh, inputs, constants, args, tuple(specs), out_specs)
-    prepared.compile = lambda record=None: _compile(cell, inputs, namespace, mesh, out_specs)
+    # Inputs on another mesh of these devices: laid out again (--in ones are placed already); described
+    # (--plan, --as-code): only noted.
+    args, moved = lay_out_again(inputs, args, specs, mesh, move=not describe)
+    check_donated(donate, inputs)
+    prepared = PreparedCell("shard", cell, mesh, inputs, constants, args, tuple(specs), out_specs,
+                            options={"outputs": outputs, "donate": tuple(donate)}, moved=moved)
+    prepared.compile = lambda record=None: _compile(cell, inputs, namespace, mesh, out_specs, outputs, tuple(donate))
     return prepared
 
 

@@ -15,14 +15,18 @@ stages/plan/plan_cell.py plans it, stages/ascode/as_code.py writes it out.
 from __future__ import annotations
 
 import ast
+import contextlib
+import io
+import sys
 
 from ..cell import analysis as cells
 from ..cell.inputs import classify, input_arrays
+from ..cell.meshes import is_explicit, lay_out_again, on_cell_mesh
 from ..cell.prepared import PreparedCell
 from ..cell.programs import CellProgram, capture_outputs, cell_function, traced, within_mesh
 from ..cell.treespecs import spec_names
 from ..errors import UsageError
-from .shard import check_spec, spec_mesh_axes
+from .shard import check_outputs, check_spec, fitted, returned, spec_mesh_axes
 
 FINAL = "(result)"  # the final expression's name in messages and views
 
@@ -111,40 +115,12 @@ def _spec_text(spec) -> str:
     return "P(" + ", ".join(one(e) for e in spec) + ")"
 
 
-def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, record=None) -> CellProgram:
-    """Discover what the cell returns (a trace without running), then build jit(shard_map)."""
-    import jax
+def _chosen_specs(cell, mesh, found: dict, out_specs: dict, check_vma: bool, probed) -> tuple[dict, object]:
+    """Each output's spec: its --out spec (checked against what it varies over), else P() when JAX's
+    varying-axes typing proves it the same on every device; anything else is a UsageError that says
+    the spec to write (`probed`: the probe's CellTrace). Returns (name -> spec entries, the final
+    expression's PartitionSpec or None)."""
     from jax.sharding import PartitionSpec as P
-
-    fn = cell_function(cell, inputs, namespace)
-    program = CellProgram(jitted=None)
-    program.recording = record(fn, inputs, mesh.axis_names) if record is not None else None  # --collectives
-    found: dict = {}  # name -> (varying axes, per-leaf ndims) of every value computed on the devices
-    probed = []  # the probe's CellTrace: which outputs the devices compute, for these input shapes
-
-    def probe(*blocks):
-        outs, final = fn(*blocks)
-        device, final_value, trace = capture_outputs(outs, final, lambda v: v)
-        probed[:] = [trace]
-        for name, value in list(device.items()) + ([(FINAL, final_value)] if traced(final) else []):
-            found[name] = (varying_axes(value) if check_vma else frozenset(),
-                           [leaf.ndim for leaf in jax.tree.leaves(value)])
-        return ()
-
-    in_specs = tuple([P(*s) for s in leaf_specs] for leaf_specs in specs)  # per input, one spec per leaf
-    explicit = is_explicit(mesh)
-
-    def on_blocks(mapped):
-        def whole(*args):
-            with within_mesh(mesh):
-                if explicit:  # Explicit axes: inputs must already carry the spec shard_map is given
-                    args = [jax.reshard(a, s) for a, s in zip(args, in_specs)]
-                return mapped(*args)
-        return whole
-
-    args = [[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays] for arrays in input_arrays(inputs, namespace)]
-    jax.eval_shape(on_blocks(jax.shard_map(probe, mesh=mesh, in_specs=in_specs, out_specs=(), check_vma=check_vma)),
-                   *args)
 
     final_spec = None
     chosen = {}
@@ -174,7 +150,9 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, record=
                 f"{name!r} (line {where} of the cell: `{cell.line(where)}`) differs between devices along "
                 f"{axes}: JAX's varying-axes typing tracks that, and it cannot be returned as one replicated value. "
                 f"Say how to assemble its blocks with `--out {name}={suggested_spec(varies, mesh, max(ndims, default=0))}`, "
-                f"or make it the same everywhere with `lax.psum`/`lax.pmean` over {_axes_text(varies, mesh, bare=True)}."
+                f"make it the same everywhere with `lax.psum`/`lax.pmean` over {_axes_text(varies, mesh, bare=True)}, "
+                f"or, if it is a per-device temporary, list what the cell returns with --out (the names it leaves out "
+                f"are not returned)."
             )
         else:
             chosen[name] = ()  # proven the same on every device: P()
@@ -182,12 +160,54 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, record=
             final_spec = P(*chosen.pop(FINAL))
     for name in out_specs:
         if name not in found:
-            why = ("is a plain Python value, not computed on the devices" if name in probed[0].static_outputs
+            why = ("is a plain Python value, not computed on the devices" if name in probed.static_outputs
                    else "is not assigned by the cell")
             raise UsageError(
                 f"--out {name}: {name!r} {why}; --out assembles arrays the cell computes "
                 f"({', '.join(n for n in found if n != FINAL) or 'none'})."
             )
+    return chosen, final_spec
+
+
+def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, record=None, outputs=None) -> CellProgram:
+    """Discover what the cell returns (a trace without running), then build jit(shard_map)."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    fn = cell_function(cell, inputs, namespace)
+    program = CellProgram(jitted=None)
+    program.recording = record(fn, inputs, mesh.axis_names) if record is not None else None  # --collectives
+    found: dict = {}  # name -> (varying axes, per-leaf ndims) of every value computed on the devices
+    probed = []  # the probe's CellTrace: which outputs the devices compute, for these input shapes
+
+    def probe(*blocks):
+        outs, final = fn(*blocks)
+        outs = returned(outs, outputs)
+        device, final_value, trace = capture_outputs(outs, final, lambda v: v)
+        probed[:] = [trace]
+        for name, value in list(device.items()) + ([(FINAL, final_value)] if traced(final) else []):
+            found[name] = (varying_axes(value) if check_vma else frozenset(),
+                           [leaf.ndim for leaf in jax.tree.leaves(value)])
+        return ()
+
+    in_specs = tuple([P(*s) for s in leaf_specs] for leaf_specs in specs)  # per input, one spec per leaf
+    explicit = is_explicit(mesh)
+
+    def on_blocks(mapped):
+        def whole(*args):
+            with within_mesh(mesh):
+                if explicit:  # Explicit axes: inputs must already carry the spec shard_map is given
+                    args = [jax.reshard(a, s) for a, s in zip(args, in_specs)]
+                return mapped(*args)
+        return whole
+
+    args = [[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays] for arrays in input_arrays(inputs, namespace)]
+    # The probe traces the cell once more than plain JAX would: what it prints is printed by the real
+    # trace that follows (once, as jit(shard_map) prints it), unless the probe or the checks fail first.
+    with on_cell_mesh(mesh), printed_only_on_error():
+        jax.eval_shape(on_blocks(jax.shard_map(probe, mesh=mesh, in_specs=in_specs, out_specs=(),
+                                               check_vma=check_vma)), *args)
+        chosen, final_spec = _chosen_specs(cell, mesh, found, out_specs, check_vma, probed[0])
 
     device_specs = {n: P(*chosen[n]) for n in probed[0].device_outputs}
 
@@ -196,8 +216,9 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, record=
     def body(*blocks):
         if program.recording is None:
             outs, final = fn(*blocks)
-            return capture_outputs(outs, final, lambda v: v)
+            return capture_outputs(returned(outs, outputs), final, lambda v: v)
         (outs, final), records = program.recording(*blocks)
+        outs = returned(outs, outputs)
         stacked = jax.tree.map(lambda a: a.reshape((1,) * k + a.shape), records)  # one row per device
         return (*capture_outputs(outs, final, lambda v: v, program.recording.sites), stacked)
 
@@ -210,14 +231,20 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, record=
     return program
 
 
-def is_explicit(mesh) -> bool:
-    import jax
-
-    return any(t == jax.sharding.AxisType.Explicit for t in getattr(mesh, "axis_types", ()) or ())
+@contextlib.contextmanager
+def printed_only_on_error():
+    """What the code inside prints is held back, and written out only if it raises."""
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(held):
+            yield
+    except BaseException:
+        sys.stdout.write(held.getvalue())
+        raise
 
 
 def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, *, check_vma: bool = True,
-            abstract: bool = False) -> PreparedCell:
+            abstract: bool = False, outputs=None) -> PreparedCell:
     """The %%shard_map engine's prepare step: names and specs against the cell and the mesh, one block
     spec per leaf of each input (inputs not in --in are replicated: P()), and the arguments (with
     `abstract`, for --plan, ShapeDtypeStructs laid out by those specs)."""
@@ -234,7 +261,8 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: 
         if tree.name not in in_specs:
             per_leaf = ((),) * len(tree.positions)
         else:
-            per_leaf = tuple(leaf_specs(tree, value, in_specs[tree.name], namespace, arrays=arrays))
+            per_leaf = tuple(fitted(spec, leaf) for spec, leaf in zip(leaf_specs(tree, value, in_specs[tree.name],
+                                                                                 namespace, arrays=arrays), arrays))
             for index, (leaf, spec) in enumerate(zip(arrays, per_leaf)):
                 check_spec(tree.label(index), tuple(leaf.shape), spec, mesh, "--in")
         if abstract:
@@ -242,6 +270,7 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: 
                       for leaf, spec in zip(arrays, per_leaf)]
         specs.append(per_leaf)
         args.append(arrays)
+    args, moved = lay_out_again(inputs, args, specs, mesh)  # inputs on another mesh of these devices
     for name, spec in out_specs.items():
         if name not in cell.writes:
             raise UsageError(
@@ -251,11 +280,12 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: 
         if not isinstance(spec, tuple):
             raise UsageError(f"--out {name}={spec}: --out takes one spec for every leaf of {name!r} (e.g. "
                              f"`{name}=data,None`), not a pytree of specs.")
+    check_outputs(cell, outputs)
     specs = tuple(specs)
     prepared = PreparedCell("shard_map", cell, mesh, inputs, constants + spec_names(in_specs), args, specs,
-                            dict(out_specs), {"check_vma": check_vma})
+                            dict(out_specs), {"check_vma": check_vma, "outputs": outputs}, moved=moved)
     prepared.compile = lambda record=None: _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma,
-                                                    record)
+                                                    record, outputs)
     return prepared
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..cell.bindings import bind_results
+from ..cell.meshes import moved_text, moved_title
 from ..errors import UsageError
 
 ARRAY_VIEWS = ("results", "sharding", "collectives")  # views whose devices may span processes
@@ -122,7 +123,8 @@ def pmap(options, source, namespace, defaults) -> Outcome:
             lines = [f"{name}: pmapped over {fn.mesh.devices.size} devices, axes {fn.axis_names}; original at "
                      f"{name}.__wrapped__{recorded}" for name, fn in result.items() if isinstance(fn, ParallelFunction)]
         return Outcome(text="\n".join(lines), bindings=result)
-    outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, facts=result.facts)
+    outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, facts=result.facts,
+                      text=moved_text(result.moved, result.mesh))
     if not (show or options.report or options.collectives):
         from ..stages.run.pmap import replayer
 
@@ -135,13 +137,14 @@ def pmap(options, source, namespace, defaults) -> Outcome:
             outputs["(result)"] = result.final
         figures = report_figures(result.facts, result.run_ms) if options.report and result.facts else None
         sizes = "x".join(str(s) for s in result.mesh.devices.shape)
-        title = f"%%pmap over {sizes} devices (axis {', '.join(result.mesh.axis_names)})"
+        title = f"%%pmap over {sizes} devices (axis {', '.join(result.mesh.axis_names)})" + moved_title(result.moved)
         outcome.views.append(("results", result_state(title, result.mesh, outputs, result.facts, result.cell.line,
                                                       figures)))
     elif options.report and result.facts is not None:
         f = result.facts
-        outcome.text = (f"compile {f.compile_ms:.1f} ms, run {result.run_ms:.2f} ms, flops {f.flops}, bytes "
-                        f"{f.bytes_accessed}, collectives {[c.op for c in f.collectives]}")
+        figures = (f"compile {f.compile_ms:.1f} ms, run {result.run_ms:.2f} ms, flops {f.flops}, bytes "
+                   f"{f.bytes_accessed}, collectives {[c.op for c in f.collectives]}")
+        outcome.text = "\n".join(t for t in (outcome.text, figures) if t)
     if result.collectives is not None:
         outcome.views.append(("collectives", result.collectives))
     return outcome
@@ -157,14 +160,16 @@ def shard(options, source, namespace, defaults) -> Outcome:
                      out_specs=options.out_specs)
     show = defaults.show if options.show is None else options.show
     result = shard_cell(source, namespace, mesh=options.mesh, in_specs=options.in_specs,
-                        out_specs=options.out_specs, want_facts=options.report or defaults.facts, bind=False)
+                        out_specs=options.out_specs, want_facts=options.report or defaults.facts, bind=False,
+                        outputs=options.outputs, donate=options.donate)
     outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, commit=result.commit,
-                      facts=result.facts)
+                      facts=result.facts, text=moved_text(result.moved, result.mesh))
     if not (show or options.report):
         from ..stages.run.shard import replayer
 
         outcome.replay = replayer(result.cell, result.mesh, options.in_specs, options.out_specs,
-                                  mesh_name=_namespace_mesh(options))
+                                  mesh_name=_namespace_mesh(options), outputs=options.outputs,
+                                  donate=options.donate)
     if show:
         shown = dict(result.placed)
         shown.update({n: result.outputs[n] for n in result.device_outputs})
@@ -190,13 +195,14 @@ def shard_map(options, source, namespace, defaults) -> Outcome:
     result = shard_map_cell(source, namespace, mesh=options.mesh, in_specs=options.in_specs,
                             out_specs=options.out_specs, check_vma=options.check_vma,
                             want_facts=show or options.report or defaults.facts, bind=False,
-                            collectives=options.collectives)
-    outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, facts=result.facts)
+                            collectives=options.collectives, outputs=options.outputs)
+    outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, facts=result.facts,
+                      text=moved_text(result.moved, result.mesh))
     if not (show or options.report or options.collectives):
         from ..stages.run.shard_map import replayer
 
         outcome.replay = replayer(result.cell, result.mesh, options.in_specs, options.out_specs, options.check_vma,
-                                  mesh_name=_namespace_mesh(options))
+                                  mesh_name=_namespace_mesh(options), outputs=options.outputs)
     if show:
         device = {n: result.outputs[n] for n in result.device_outputs}
         if result.has_final and result.final_is_array and not result.cell.final_is_output \
@@ -204,7 +210,8 @@ def shard_map(options, source, namespace, defaults) -> Outcome:
             device["(result)"] = result.final
         sizes = ", ".join(f"{n}={s}" for n, s in result.mesh.shape.items())
         figures = report_figures(result.facts, result.run_ms) if options.report and result.facts else None
-        title = f"%%shard_map over {result.mesh.devices.size} devices ({sizes}): each device's block"
+        title = f"%%shard_map over {result.mesh.devices.size} devices ({sizes}): each device's block" + \
+            moved_title(result.moved)
         outcome.views.append(("results", result_state(title, result.mesh, device, result.facts, result.cell.line,
                                                       figures, blocks=True)))
         outcome.views += [v for name, value in device.items() for v in sharding_views(name, value)]
@@ -222,13 +229,16 @@ _ACTIONS = {"devices": devices, "mesh": mesh, "sharding": sharding, "pmap": pmap
 # --- shared steps --------------------------------------------------------------------------------
 
 def _namespace_mesh(options) -> str | None:
-    """The name of the namespace's mesh a %%shard/%%shard_map line uses, if it uses one: a replay of
-    the cell declines once that name is bound to another mesh (the magic then starts from the line)."""
+    """The name of the namespace's mesh a %%shard/%%shard_map line uses, if it uses one (DEFAULT_MESH:
+    no --mesh, so the context mesh, else `mesh`): a replay of the cell declines once that name is
+    bound to another mesh (the magic then starts from the line)."""
+    from ..cell.meshes import DEFAULT_MESH
+
     if isinstance(options.mesh, str):
         return options.mesh
     counted = any(isinstance(e, int) for spec in [*options.in_specs.values(), *options.out_specs.values()]
                   if isinstance(spec, tuple) for e in spec)
-    return "mesh" if options.mesh is None and not counted else None
+    return DEFAULT_MESH if options.mesh is None and not counted else None
 
 
 def sharding_views(name: str, value) -> list:

@@ -135,7 +135,7 @@ class MeshLine:
     shape: MeshShape | None  # None: show the mesh called `show_name`
     show_name: str | None
     name: str
-    axis_types: str
+    axis_types: str | None  # None: what jax.make_mesh gives
     devices: int | tuple[int, ...] | None
     abstract: bool
     show: bool
@@ -174,6 +174,8 @@ class ShardLine:
     report: bool
     as_code: bool = False
     plan: PlanOptions | None = None
+    outputs: tuple[str, ...] | None = None  # with --out: the only names the cell returns (None: all it assigns)
+    donate: tuple[str, ...] = ()  # inputs whose buffers the program may reuse (jax.jit's donate_argnums)
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,7 @@ class ShardMapLine:
     as_code: bool = False
     collectives: bool = False
     plan: PlanOptions | None = None
+    outputs: tuple[str, ...] | None = None  # with --out: the only names the cell returns (None: all it assigns)
 
 
 def devices_line(args) -> DevicesLine:
@@ -235,11 +238,36 @@ def pmap_line(args) -> PmapLine:
     )
 
 
+def output_names(words) -> tuple[dict, tuple[str, ...] | None]:
+    """`--out c=x total`: (the specs given, every name listed, in order), like a `return c, total`;
+    (empty, None) without --out. A bare name is returned as the cell computes it; a word that carries
+    on a spec split by a space (`w=data, None`, `w=P('data', None)`) stays with its spec."""
+    if not words:
+        return {}, None
+    spec_words, listed = [], []
+    for word in words:
+        continues = bool(spec_words) and spec_words[-1].rstrip().endswith((",", "("))
+        if "=" not in word and not continues and _NAME.fullmatch(word) and word != "None":
+            listed.append(word)  # a bare name
+            continue
+        spec_words.append(word)
+        if "=" in word:
+            listed.append(word.partition("=")[0].strip())
+    specs = parse_assignments(spec_words, "--out")
+    for name in listed:
+        if listed.count(name) > 1:
+            raise UsageError(f"--out: {name!r} appears twice; list each output once.")
+    return specs, tuple(listed)
+
+
 def shard_line(args) -> ShardLine:
+    out_specs, outputs = output_names(list(args.outs or ()))
     return ShardLine(
         mesh=mesh_argument(args.mesh),
         in_specs=parse_assignments(list(args.ins or ()), "--in"),
-        out_specs=parse_assignments(list(args.outs or ()), "--out"),
+        out_specs=out_specs,
+        outputs=outputs,
+        donate=python_names(args.donate, "--donate"),
         show=args.show,
         report=args.report,
         as_code=args.as_code,
@@ -248,10 +276,12 @@ def shard_line(args) -> ShardLine:
 
 
 def shard_map_line(args) -> ShardMapLine:
+    out_specs, outputs = output_names(list(args.outs or ()))
     return ShardMapLine(
         mesh=mesh_argument(args.mesh),
         in_specs=parse_assignments(list(args.ins or ()), "--in"),
-        out_specs=parse_assignments(list(args.outs or ()), "--out"),
+        out_specs=out_specs,
+        outputs=outputs,
         check_vma=args.check_vma,
         show=args.show,
         report=args.report,

@@ -240,8 +240,9 @@ class JaxparMagics(Magics, Configurable):
     @argument("axes", nargs="*", metavar="AXIS=SIZE",
               help="Axis sizes, e.g. `data=4 model=2`; or the name of an existing mesh to show it.")
     @argument("--name", default="mesh", help="Bind the mesh under this name (default: mesh).")
-    @argument("--axis-types", default="auto", choices=["auto", "explicit", "manual"],
-              help="Mesh axis types (default auto: the compiler partitions plain code).")
+    @argument("--axis-types", default=None, choices=["auto", "explicit", "manual"],
+              help="Mesh axis types (default: what jax.make_mesh gives, Explicit on JAX 0.10: shardings are part "
+                   "of each array's type; auto: the compiler chooses layouts for plain code).")
     @argument("--devices", nargs="+", metavar="N_OR_IDS", help="Use the first N devices, or these device ids.")
     @argument("--abstract", action="store_true", help="An AbstractMesh: plan layouts for devices you don't have.")
     @argument("--no-show", dest="show", action="store_false", help="Do not show the mesh view.")
@@ -266,7 +267,13 @@ class JaxparMagics(Magics, Configurable):
     @argument("--mesh", nargs="+", metavar="NAME_OR_AXES", help="A Mesh by name (`--mesh mesh`) or inline (`--mesh data=4,model=2`).")
     @argument("--in", dest="ins", nargs="+", metavar="NAME=SPEC",
               help="Place inputs: `v=data`, `w=data,None`, `w=(data,model),None`, `w=P('data', None)`, or `v=8` (split axis 0 over 8 devices).")
-    @argument("--out", dest="outs", nargs="+", metavar="NAME=SPEC", help="Constrain outputs' layout, same syntax.")
+    @argument("--out", dest="outs", nargs="+", metavar="NAME[=SPEC]",
+              help="What the cell returns, like a `return` statement: only these names are bound; the other names "
+                   "it assigns are temporaries. NAME=SPEC also lays the output out by SPEC (same syntax as --in); a bare "
+                   "NAME comes back as the compiler lays it out. Without --out every name the cell assigns is bound.")
+    @argument("--donate", nargs="+", default=[], metavar="NAME",
+              help="Give these inputs' buffers to the program to reuse for its outputs, as jax.jit's donate_argnums; "
+                   "rebind the names to what the cell returns (`model, opt_state = step(model, opt_state, batch)`).")
     @argument("--show", dest="show", action="store_const", const=True, default=None, help="Show the sharding views.")
     @argument("--no-show", dest="show", action="store_const", const=False, help="Do not show the views.")
     @argument("--report", action="store_true", help="Show the compiled program's collectives, compile and run time.")
@@ -277,6 +284,11 @@ class JaxparMagics(Magics, Configurable):
 
         Inputs named in --in are placed with those PartitionSpecs (and rebound, placed); outputs come
         back as sharded arrays; the views show where every piece lives.
+
+        Which names a cell returns: every name it assigns, unless --out lists them (then only those,
+        as a function's `return`; the rest are temporaries); `del name` at the end also drops one.
+        The mesh: --mesh, else the one `jax.set_mesh` set, else the namespace's `mesh`; the cell runs
+        under it (as `with jax.set_mesh(mesh):`) whatever mesh is set globally.
         """
         return self._run("shard", line, cell)
 
@@ -286,8 +298,11 @@ class JaxparMagics(Magics, Configurable):
     @argument("--mesh", nargs="+", metavar="NAME_OR_AXES", help="A Mesh by name (`--mesh mesh`) or inline (`--mesh x=4,y=2`); default: the namespace's `mesh`.")
     @argument("--in", dest="ins", nargs="+", metavar="NAME=SPEC",
               help="Split these inputs into blocks by PartitionSpec: `a=x,y`, `b=y,None`, `w=P('x', None)`. Other arrays the cell reads are replicated (every device sees them whole).")
-    @argument("--out", dest="outs", nargs="+", metavar="NAME=SPEC",
-              help="Assemble these outputs from their blocks: `c=x,None` concatenates the blocks along dimension 0 over x. An output without --out must be provably the same on every device (P()).")
+    @argument("--out", dest="outs", nargs="+", metavar="NAME[=SPEC]",
+              help="What the cell returns, as shard_map's out_specs: only these names are bound, the other names it "
+                   "assigns are per-device temporaries. `c=x,None` assembles c from its blocks along dimension 0 over x; "
+                   "a bare NAME must be provably the same on every device (P()). Without --out every name the cell "
+                   "assigns is returned, and each must be provably the same on every device.")
     @argument("--no-check-vma", dest="check_vma", action="store_false",
               help="Turn off JAX's varying-axes checks (jax.shard_map's check_vma=False); every output then needs --out.")
     @argument("--show", dest="show", action="store_const", const=True, default=None, help="Show the per-device blocks and the outputs' layouts.")
@@ -302,6 +317,10 @@ class JaxparMagics(Magics, Configurable):
         Names in --in are split by their specs (each device sees its block, of the same rank); names
         in --out are assembled from the blocks by theirs; the cell uses collectives (lax.psum,
         all_gather, ...) over the mesh's axis names explicitly. Runs under jax.jit, cached.
+
+        Which names a cell returns: with --out, only those it lists (the rest are temporaries, as in
+        the body of a shard_map); without it, every name it assigns. `del name` also drops one.
+        The mesh: --mesh, else the one `jax.set_mesh` set, else the namespace's `mesh`.
         """
         return self._run("shard_map", line, cell)
 

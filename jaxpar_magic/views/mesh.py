@@ -47,6 +47,21 @@ def _header(state: dict[str, Any], axes: list[dict[str, Any]], total: int) -> tu
     return sub, noun
 
 
+def types_chips(state: dict[str, Any], axes: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """The mesh's axis types as chips: one ("Explicit axes") when every axis has the same type, else
+    one per axis ("data:", "Explicit"). Twin of js/mesh.js's typesChips."""
+    types = [str(t) for t in (state.get("axis_types") or [])][: len(axes)]
+    if not types:
+        return []
+    if len(set(types)) == 1:
+        return [(f"{types[0]} axes",)] if len(types) > 1 else [(f"{types[0]} axis",)]
+    return [(f"{a['name']}:", t) for a, t in zip(axes, types)]
+
+
+def _types_text(state: dict[str, Any], axes: list[dict[str, Any]]) -> str:
+    return ", ".join(" ".join(label) for label in types_chips(state, axes))
+
+
 def _abstract_rgb(row: int, col: int) -> tuple[int, int, int]:
     """Positions of an abstract mesh: a neutral checkerboard, so each cell stays visible."""
     return _NEUTRAL_RGB if (row + col) % 2 == 0 else tuple(max(0, v - 40) for v in _NEUTRAL_RGB)
@@ -82,9 +97,7 @@ def to_html(state: dict[str, Any]) -> str:
     abstract = bool(state.get("abstract"))
     sub, _ = _header(state, axes, total)
     chips = "".join(chip(k) for k in state.get("kinds") or [])
-    for k, t in enumerate(state.get("axis_types") or []):
-        if t and t != "Auto" and k < len(axes):
-            chips += chip(f"{axes[k]['name']}:", str(t))
+    chips += "".join(chip(*label) for label in types_chips(state, axes))
     if abstract:
         chips += '<span class="jpm-badge jpm-warn">abstract</span>'
     out = [
@@ -169,7 +182,9 @@ def to_text(state: dict[str, Any]) -> str:
     total = len(ids)
     sub, _ = _header(state, axes, total)
     kinds = ", ".join(str(k) for k in state.get("kinds") or [])
-    title = f"Mesh {state.get('name') or 'mesh'!r}: {sub}" + (f" ({kinds})" if kinds else "")
+    types = _types_text(state, axes)
+    title = f"Mesh {state.get('name') or 'mesh'!r}: {sub}" + (f" · {types}" if types else "") + \
+        (f" ({kinds})" if kinds else "")
     if state.get("abstract"):
         title += " [abstract]"
     lines = [title]

@@ -215,14 +215,19 @@ def result_state(title: str, mesh, outputs: dict, facts=None, line_text=lambda n
     (`%%shard_map`)."""
     import jax
 
+    from ..cell.meshes import on_cell_mesh
+
     ids, coords = mesh_coords(mesh)
     k = len(mesh.axis_names)
     items = []
-    for name, value in outputs.items():
-        leaves = jax.tree_util.tree_leaves_with_path(value)
-        for path, leaf in leaves:
-            label = name + jax.tree_util.keystr(path)
-            items.append(block_summary(label, leaf, mesh) if blocks else per_device_summary(label, leaf, k, ids, coords))
+    with on_cell_mesh(mesh):  # the summaries' small programs run on the cell's mesh, whatever mesh is set
+        for name, value in outputs.items():
+            for path, leaf in jax.tree_util.tree_leaves_with_path(value):
+                if not isinstance(leaf, jax.Array):  # an output's static leaves (a module's activation, a string)
+                    continue
+                label = name + jax.tree_util.keystr(path)
+                items.append(block_summary(label, leaf, mesh) if blocks else
+                             per_device_summary(label, leaf, k, ids, coords))
     colls = program_state(facts, len(ids), line_text)
     return {
         "title": title,

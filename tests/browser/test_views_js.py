@@ -177,6 +177,15 @@ def test_mesh_2x4(view_page: Any, samples: Any) -> None:
     view_page.shot(view_page.mount("mesh", samples.mesh([2, 4]), theme="dark"), "mesh-2x4-dark")
 
 
+def test_mesh_says_its_axis_types(view_page: Any, samples: Any) -> None:
+    """One chip when every axis has the same type, one per axis when they differ (views/mesh.py's twin)."""
+    host = view_page.mount("mesh", samples.mesh([2, 4]))
+    assert "Auto axes" in host.locator(".jpm-chips").inner_text()
+    mixed = dict(samples.mesh([2, 4]), axis_types=["Explicit", "Auto"])
+    chips = view_page.mount("mesh", mixed).locator(".jpm-chips").inner_text()
+    assert "data: Explicit" in chips and "model: Auto" in chips
+
+
 def test_mesh_4096(view_page: Any, samples: Any) -> None:
     host = view_page.mount("mesh", samples.mesh([16, 16, 16]))
     assert host.locator(".jpm-cell").count() == 4096

@@ -10,6 +10,9 @@ UsageError the magic gives), then the engine's own program is traced abstractly 
 no compile, no transfer) to learn what the cell gives back: which names are arrays computed on the
 devices and which are plain Python values, their shapes, and the out specs `%%shard_map` proves.
 
+A Flax NNX object or an Equinox module among the inputs is written the library's way (nnx.jit,
+eqx.filter_jit; nnx.split/merge or eqx.partition/combine around jax.shard_map): libraries.py.
+
 The mesh is always rebuilt from its devices' ids and axis types, never read from the namespace:
 the snippet stands alone, and `--mesh NAME` binds NAME to an equal mesh. The snippet's own names
 (`mesh`, `per_device`, `run`, ...) are chosen so that none changes a name the cell uses, and none
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 from ...cell.programs import analyse_cached
 from ...errors import UsageError
-from .common import plain_jax_inputs
+from .libraries import input_kinds
 from .pmap import pmap_code
 from .shard import shard_code
 from .shard_map import shard_map_code
@@ -34,12 +37,11 @@ def as_code(magic: str, options, source: str, namespace: dict, *, axis_name: str
     broken where Python allows (views/textwidth.py), to fit the terminal or notebook text width."""
     from ...views.textwidth import fit_code
 
-    if magic in ("pmap", "shard", "shard_map"):
-        plain_jax_inputs(analyse_cached(source, f"{magic}-cell"), namespace, magic)
+    if magic not in ("pmap", "shard", "shard_map"):
+        raise UsageError(f"--as-code: there is no %%{magic} magic; it works on %%pmap, %%shard and %%shard_map cells.")
+    kinds = input_kinds(analyse_cached(source, f"{magic}-cell"), namespace, magic)
     if magic == "pmap":
-        return fit_code(pmap_code(options, source, namespace, axis_name or options.axis_name or "i"))
+        return fit_code(pmap_code(options, source, namespace, axis_name or options.axis_name or "i", kinds))
     if magic == "shard":
-        return fit_code(shard_code(options, source, namespace))
-    if magic == "shard_map":
-        return fit_code(shard_map_code(options, source, namespace))
-    raise UsageError(f"--as-code: there is no %%{magic} magic; it works on %%pmap, %%shard and %%shard_map cells.")
+        return fit_code(shard_code(options, source, namespace, kinds))
+    return fit_code(shard_map_code(options, source, namespace, kinds))

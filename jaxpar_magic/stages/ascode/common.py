@@ -1,7 +1,7 @@
 """What every engine's `--as-code` snippet shares: the snippet's own names, its pieces of text, the
 mesh it rebuilds, the cell's lines as a function body, what a cell traced abstractly gives back, and
-the checks every engine makes before writing (plain-`jax.jit` inputs, one spec per input, a mesh
-with devices). The per-engine writers are stages/ascode/pmap.py, stages/ascode/shard.py and stages/ascode/shard_map.py.
+the checks every engine makes before writing (one spec per input, a mesh with devices); inputs
+from Flax NNX and Equinox are written the library's way (stages/ascode/libraries.py). The per-engine writers are stages/ascode/pmap.py, stages/ascode/shard.py and stages/ascode/shard_map.py.
 """
 from __future__ import annotations
 
@@ -17,30 +17,6 @@ WIDTH = 120  # a call longer than this is written one argument per line
 COMMENT_WIDTH = 100
 
 
-def plain_jax_inputs(cell: cells.Cell, namespace: dict, magic: str) -> None:
-    """The snippet calls plain `jax.jit`, which takes arrays and pytrees of arrays: an input with
-    other leaves (an Equinox module's activation) or a Flax NNX object is said before it fails."""
-    from ...cell.inputs import TreeInput
-
-    for name in cell.reads:
-        tree = TreeInput.of(name, namespace[name], abstract=True) if name in namespace else None
-        if tree is None:
-            continue
-        if tree.graphdef is not None:
-            raise UsageError(
-                f"--as-code: {name!r} is a Flax NNX object. The snippet would be plain `jax.jit`, which cannot "
-                f"update it in place the way %%{magic} does; in a script use `nnx.jit` (or `nnx.split` before and "
-                f"`nnx.merge` inside the jitted function). Run the cell without --as-code to train it here."
-            )
-        if tree.statics:
-            kinds = sorted({type(leaf).__name__ for _, leaf in tree.statics})
-            raise UsageError(
-                f"--as-code: {name!r} ({type(namespace[name]).__name__}) has leaves that are not arrays "
-                f"({', '.join(kinds)}), which plain `jax.jit` cannot take as arguments. In a script, use "
-                f"`eqx.filter_jit` (Equinox) or mark those fields static; %%{magic} itself treats them as static."
-            )
-
-
 # --- the snippet's own names -----------------------------------------------------------------------
 
 _LIBRARIES = {  # the usual name -> (module, attribute or None)
@@ -52,6 +28,8 @@ _LIBRARIES = {  # the usual name -> (module, attribute or None)
     "Mesh": ("jax.sharding", "Mesh"),
     "NamedSharding": ("jax.sharding", "NamedSharding"),
     "P": ("jax.sharding", "PartitionSpec"),
+    "nnx": ("flax.nnx", None),
+    "eqx": ("equinox", None),
 }
 
 
@@ -103,6 +81,10 @@ class SnippetNames:
         if sharding:
             parts = [attr if attr == name else f"{attr} as {name}" for attr, name in sorted(sharding)]
             lines.append(f"from jax.sharding import {', '.join(parts)}")
+        if "nnx" in used:
+            lines.append("from flax import nnx" if used["nnx"] == "nnx" else _import("flax.nnx", used["nnx"]))
+        if "eqx" in used:
+            lines.append(_import("equinox", used["eqx"]))
         return lines + self.module_imports(lines)
 
     def module_imports(self, already: list[str]) -> list[str]:
@@ -124,7 +106,8 @@ class SnippetNames:
 
 def _library_key(module) -> str | None:
     """The _LIBRARIES key under which the snippet itself imports `module`, if it does."""
-    return {"jax": "jax", "jax.numpy": "jnp", "numpy": "np"}.get(getattr(module, "__name__", None))
+    return {"jax": "jax", "jax.numpy": "jnp", "numpy": "np", "flax.nnx": "nnx", "equinox": "eqx"}.get(
+        getattr(module, "__name__", None))
 
 
 def _import(module: str, name: str) -> str:
@@ -290,6 +273,12 @@ def shard_mesh_intro(mesh, mesh_arg, specs: list[dict]) -> tuple[str, list[str]]
         name, count = counted[0]
         return "mesh", [f"{name}={count} splits over {count} devices: a 1-D mesh of {devices}, its one axis named "
                         f"{mesh.axis_names[0]!r}."]
+    if mesh_arg is None:
+        from ...cell.meshes import context_mesh
+
+        if context_mesh() is not None:  # the engines' order: the mesh jax.set_mesh set before the namespace's
+            return "mesh", [f"The mesh jax.set_mesh set ({axes_text(mesh)}: {devices}), rebuilt from its devices so "
+                            f"that this code stands alone."]
     if mesh_arg is None or (isinstance(mesh_arg, str) and "=" not in mesh_arg):
         name = mesh_arg or "mesh"
         return name, [f"Your mesh `{name}` ({axes_text(mesh)}: {devices}), rebuilt from its devices so that this "
@@ -373,10 +362,10 @@ def traced_returns(program, args, cell: cells.Cell, mesh, same_when_bound, *, se
     changes it); `note()` is added to the user's own error (explained_trace)."""
     import jax
 
+    from ...cell.meshes import on_cell_mesh
+
     def trace():
-        if not set_mesh:
-            return jax.eval_shape(program.jitted, *args)
-        with jax.set_mesh(mesh):
+        with jax.set_mesh(mesh) if set_mesh else on_cell_mesh(mesh):
             return jax.eval_shape(program.jitted, *args)
 
     device, final, cell_trace = explained_trace(trace, cell, mesh, note)[:3]
@@ -468,6 +457,20 @@ def final_edit(returns: TracedReturns, result: str | None):
     if returns.final == "name":
         return ("drop",)
     return None
+
+
+def laid_out_again(names: SnippetNames, arguments: dict, moved: list, mesh_var: str) -> tuple[list[str], list[str]]:
+    """The call's arguments (`arguments`: input name -> the name passed), each input that sits on
+    another mesh of these devices put on this one first, as the magic does (meshes.lay_out_again);
+    and the comment that says why."""
+    respecs = {name: spec for name, _, spec in moved}
+    jax_, named, p = names.lib("jax"), names.lib("NamedSharding") if moved else None, names.lib("P") if moved else None
+    call = [f"{jax_}.device_put({arg}, {named}({mesh_var}, {spec_text(p, respecs[name])}))" if name in respecs
+            else arg for name, arg in arguments.items()]
+    notes = comment_lines(f"{', '.join(respecs)} {'is' if len(respecs) == 1 else 'are'} laid out on another mesh of "
+                          f"these devices: put on this one first, as jax.device_put would (jit takes no input from "
+                          f"another mesh).") if moved else []
+    return call, notes
 
 
 # --- the snippet as a whole -------------------------------------------------------------------------

@@ -8,9 +8,10 @@ import ast
 import sys
 
 from ...cell import analysis as cells
-from ...cell.inputs import classify
+from ...cell.inputs import classify, input_arrays, rebuilt
 from ...cell.programs import analyse_cached
 from .common import INDENT, SnippetNames, TracedReturns, abstract_of, after_call_lines, axes_text, call_lines, cell_body, comment_lines, describe_devices, final_edit, is_leaf, is_snippet_library, mesh_definition, plain_intro, plain_lines, same_mesh, shape_text, snippet, spec_text, targets_text, traced_returns, tuple_text, with_weak_types
+from .libraries import arrays_only, check_plain_outputs
 
 
 _PMAP_WHY = [
@@ -20,14 +21,14 @@ _PMAP_WHY = [
 ]
 
 
-def pmap_code(options, source: str, namespace: dict, axis_name: str) -> str:
+def pmap_code(options, source: str, namespace: dict, axis_name: str, kinds: dict | None = None) -> str:
     from ...engines.pmap import mesh_for
 
     cell = analyse_cached(source, "pmap-cell")
     mesh = mesh_for(axis_name, options.devices, options.mesh)
     if cell.mode == "function":
         return _pmap_function_code(cell, options, mesh, namespace)
-    return _pmap_block_code(cell, options, mesh, namespace)
+    return _pmap_block_code(cell, options, mesh, namespace, kinds or {})
 
 
 def _pmap_mesh_intro(mesh, options) -> list[str]:
@@ -40,7 +41,7 @@ def _pmap_mesh_intro(mesh, options) -> list[str]:
             f"its axes."]
 
 
-def _pmap_block_code(cell: cells.Cell, options, mesh, namespace: dict) -> str:
+def _pmap_block_code(cell: cells.Cell, options, mesh, namespace: dict, kinds: dict) -> str:
     import jax
 
     from ...engines.pmap_inputs import per_device_note
@@ -51,20 +52,22 @@ def _pmap_block_code(cell: cells.Cell, options, mesh, namespace: dict) -> str:
     # (a --split of a real array would be a computation).
     cells.check_axis_names(cell.source, tuple(mesh.axis_names))
     trees, _ = classify(cell, namespace, {"--broadcast": broadcast, "--split": split})
-    shapes = {t.name: t.rebuild([abstract_of(a) for a in t.arrays(namespace[t.name])]) for t in trees}
+    leaves = input_arrays(trees, namespace)  # (NNX objects split together, as the run splits them)
+    shapes = dict(zip((t.name for t in trees), rebuilt(trees, [[abstract_of(a) for a in arrays] for arrays in leaves])))
     prepared = prepare(cell, {**namespace, **shapes}, mesh, broadcast=broadcast, split=split, merge=merge,
                        abstract=True)
     inputs = list(prepared.names)
-    args = [with_weak_types(a, t.arrays(namespace[t.name])) if t.name in split else t.arrays(namespace[t.name])
-            for t, a in zip(trees, prepared.arguments)]
+    args = [with_weak_types(a, arrays) if t.name in split else arrays
+            for t, a, arrays in zip(trees, prepared.arguments, leaves)]
     program = prepared.program()
     returns = traced_returns(program, args, cell, mesh, lambda n: n not in merge, set_mesh=False,
                              note=lambda: per_device_note(cell, namespace, mesh, broadcast))
-    abstract_args = {t.name: t.rebuild(a) for t, a in zip(trees, jax.eval_shape(lambda *a: a, *args))}
-    return _write_pmap_block(cell, namespace, mesh, options, inputs, abstract_args, returns)
+    check_plain_outputs(returns, "pmap")
+    abstract_args = dict(zip((t.name for t in trees), rebuilt(trees, jax.eval_shape(lambda *a: a, *args))))
+    return _write_pmap_block(cell, namespace, mesh, options, inputs, abstract_args, returns, kinds)
 
 
-def _write_pmap_block(cell, namespace, mesh, options, inputs, args, returns: TracedReturns) -> str:
+def _write_pmap_block(cell, namespace, mesh, options, inputs, args, returns: TracedReturns, kinds: dict) -> str:
     names = SnippetNames(namespace, cell.reads, cell.writes)
     jax_, p = names.lib("jax"), names.lib("P")
     mesh_var = names.value("mesh", same=same_mesh(mesh))
@@ -72,9 +75,12 @@ def _write_pmap_block(cell, namespace, mesh, options, inputs, args, returns: Tra
     plain = names.value("plain") if returns.plain or returns.final == "plain" else None
     result = names.value("result") if returns.final in ("device", "plain") else None
     k = len(mesh.axis_names)
+    split = arrays_only(names, kinds, inputs)  # NNX objects and Equinox modules: only their arrays cross
+    arguments = dict(zip(inputs, split.arguments))
 
     body = [f'{INDENT}"""The cell\'s code: what ONE device runs."""']
-    body += _pmap_slices(names, inputs, args, set(options.broadcast), k)
+    body += _pmap_slices(names, inputs, args, set(options.broadcast), k, arguments)
+    body += split.inside
     body += cell_body(cell, final_edit(returns, result))
     body += plain_lines(returns, plain, result, INDENT)
     returned = returns.device + ([result] if returns.final == "device" else [])
@@ -87,25 +93,27 @@ def _write_pmap_block(cell, namespace, mesh, options, inputs, args, returns: Tra
         f"{run} = {jax_}.jit({jax_}.shard_map",
         [per_device, f"mesh={mesh_var}", f"in_specs={in_specs}", f"out_specs={every if returned else '()'}",
          "check_vma=False"], tail=")")
-    after = _pmap_call(names, run, inputs, args, returned, returns, mesh, options)
+    after = _pmap_call(names, run, inputs, args, returned, returns, mesh, mesh_var, options, arguments)
     after += after_call_lines(returns, plain, result)
     return snippet(names, [
         mesh_definition(mesh, names, mesh_var, _pmap_mesh_intro(mesh, options)),
+        split.before,
         plain_intro(plain) if plain else [],
-        [f"def {per_device}({', '.join(inputs)}):"] + body,
+        [f"def {per_device}({', '.join(split.arguments)}):"] + body,
         run_lines,
         after,
     ])
 
 
-def _pmap_slices(names: SnippetNames, inputs, args: dict, broadcast: set, k: int) -> list[str]:
-    """The first lines of the per-device function: what each device sees of each input."""
+def _pmap_slices(names: SnippetNames, inputs, args: dict, broadcast: set, k: int, arguments: dict) -> list[str]:
+    """The first lines of the per-device function: what each device sees of each input (`arguments`:
+    the name each input crosses into the program under, an NNX object's state for instance)."""
     index = "[" + ", ".join(["0"] * k) + "]"
     axes = "axis" if k == 1 else "axes"
     lines = []
-    for name in inputs:
-        arg = args[name]
-        if name in broadcast:
+    for original in inputs:
+        arg, name = args[original], arguments[original]
+        if original in broadcast:
             what = shape_text(arg.shape, arg.dtype) if is_leaf(arg) else "value"
             lines += comment_lines(f"{name}: the whole {what}, on every device (--broadcast)", INDENT)
         elif is_leaf(arg):
@@ -132,16 +140,16 @@ def _pmap_return(names: SnippetNames, returned: list[str], shapes: dict, k: int)
 
 
 def _pmap_call(names: SnippetNames, run: str, inputs, args: dict, returned, returns: TracedReturns, mesh,
-               options) -> list[str]:
+               mesh_var: str, options, arguments: dict) -> list[str]:
     """The call, with --split's reshapes going in and --merge's coming out."""
     jax_ = names.lib("jax")
     k, total = len(mesh.axis_names), int(mesh.devices.size)
     sizes = [int(s) for s in mesh.devices.shape]
     grid = " x ".join(map(str, sizes))
     call_args, lines = [], []
-    for name in inputs:
-        arg = args[name]
-        if name not in options.split:
+    for original in inputs:
+        arg, name = args[original], arguments[original]
+        if original not in options.split:
             call_args.append(name)
         elif is_leaf(arg):
             call_args.append(f"{name}.reshape({', '.join(str(int(s)) for s in arg.shape)})")
@@ -153,7 +161,8 @@ def _pmap_call(names: SnippetNames, run: str, inputs, args: dict, returned, retu
                              f"{name})")
             lines += comment_lines(f"--split {name}: the rows of each leaf become {grid} blocks, one per device.")
     call = f"{run}({', '.join(call_args)})"
-    lines.append(f"{targets_text(returned)} = {call}" if returned else call)
+    lines.append(f"with {jax_}.set_mesh({mesh_var}):  # the cell's own mesh, whatever mesh is set globally")
+    lines.append(INDENT + (f"{targets_text(returned)} = {call}" if returned else call))
     for name in (n for n in returns.device if n in options.merge):
         shape = returns.shapes[name]
         if is_leaf(shape):
@@ -223,7 +232,8 @@ def {pmapped}(f, in_axes=0, out_axes=0, static_argnums=(), donate_argnums=()):
         axes = tuple(in_axes) if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(args)
         # A plain Python number has no device axis: every device gets it (jax.pmap would refuse it).
         axes = tuple(None if isinstance(a, (bool, int, float, complex)) else axis for a, axis in zip(args, axes))
-        return on_devices(*args, axes=axes)
+        with {jax}.set_mesh({mesh}):  # the function's own mesh, whatever mesh is set globally
+            return on_devices(*args, axes=axes)
 
     return call'''
 

@@ -206,13 +206,15 @@ def search_layouts(namespace: dict, batch: tuple[str, ...], inputs: tuple[str, .
         return out
 
     layouts = {}
-    flat = make_mesh(f"data={devices}")
+    # Auto axes: a proposal lays out the inputs only and lets the compiler place the rest, which the
+    # user's unannotated step (no out_sharding=) needs; Explicit axes would refuse its sharded matmuls.
+    flat = make_mesh(f"data={devices}", axis_types="auto")
     layouts["dp"] = {"mesh": flat, "in": specs(flat, ["data"], [])}
     layouts["fsdp"] = {"mesh": flat, "in": specs(flat, ["data"], ["data"])}
-    model = make_mesh(f"model={devices}")
+    model = make_mesh(f"model={devices}", axis_types="auto")
     layouts["tp"] = {"mesh": model, "in": specs(model, [None], ["model"])}
     for d, m in _factor_pairs(devices):
-        mesh = make_mesh(f"data={d} model={m}")
+        mesh = make_mesh(f"data={d} model={m}", axis_types="auto")
         layouts[f"fsdp{d}xtp{m}"] = {"mesh": mesh, "in": specs(mesh, ["data"], ["data", "model"])}
     return layouts
 

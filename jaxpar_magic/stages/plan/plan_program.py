@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 from ...cell.hlo import collectives, program_facts, upcasts
+from ...cell.meshes import on_cell_mesh
 from ...cell.programs import TRACE
 from ...errors import UsageError, explain_trace_error, user_line
 from .abstract_inputs import CPU_DEVICE_CEILING, abstract_inputs, check_scale, device_capacity, smaller_slice, warn_concrete
@@ -141,11 +142,8 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         filename = _source_file(fn)
     start = time.perf_counter()
     try:
-        if set_mesh:
-            with jax.set_mesh(mesh):
-                lowered = jitted.lower(*args)
-                compiled = lowered.compile()
-        else:
+        # The engines' programs enter their mesh while traced; a mesh set globally is set aside (on_cell_mesh).
+        with jax.set_mesh(mesh) if set_mesh else on_cell_mesh(mesh):
             lowered = jitted.lower(*args)
             compiled = lowered.compile()
     except UsageError:

@@ -6,7 +6,7 @@ Plain Python, no IPython. The namespace is read, never written, until the result
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...cell import analysis as cells
 from ...cell.bindings import bind_results
@@ -16,7 +16,7 @@ from ...engines.pmap import mesh_for, prepare
 from ...engines.pmap_inputs import per_device_note
 from ..record.cell_recording import recording
 from .pmap_function import ParallelFunction
-from .program import RunResult, complete, replay_function, run_program
+from .program import RunResult, complete, moved_placements, replay_function, run_cell
 
 
 @dataclass
@@ -26,6 +26,7 @@ class BlockResult(RunResult):
     final_per_device: bool = False
     per_device: dict | None = None  # device outputs before --merge: what the view shows per device
     collectives: dict | None = None  # the collective cards' view state (--collectives)
+    moved: list = field(default_factory=list)  # inputs laid out again from another mesh (meshes.moved_text)
 
 
 _block_cache = BoundedCache()
@@ -41,16 +42,14 @@ def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=()
               want_facts: bool = False, collectives: bool = False) -> BlockResult:
     """Run a block-mode cell on every device of `mesh`; the namespace is read, never written."""
     key = rerun_key(cell, mesh, broadcast, split, merge, collectives)
-    rerun = _reruns.get(key)
-    args = rerun.args(namespace) if rerun is not None else None
-    if args is None:
-        rerun, args = _full_path(cell, namespace, mesh, broadcast, split, merge, collectives)
-    program = rerun.program
-    results, run_ms, signature = run_program(
-        _block_cache, rerun, args, cell, mesh,
+    rerun, args, moved, (results, run_ms, signature) = run_cell(
+        _block_cache, _reruns.get(key), namespace, cell, mesh,
+        lambda: _full_path(cell, namespace, mesh, broadcast, split, merge, collectives),
         note=lambda exc: _note_devices(exc, cell, namespace, mesh, broadcast))
-    rerun.remember(_reruns, key, signature)
+    program = rerun.program
+    rerun.remember(_reruns, key, signature, moved_placements(moved, rerun.inputs, args))
     result = _block_result(cell, mesh, results, merge, run_ms)
+    result.moved = moved
     return complete(result, program, signature, args, mesh, cell, want_facts,
                     (results[TRACE].sites, results[RECORDS]) if collectives else None,
                     f"collectives of the %%pmap cell ({', '.join(mesh.axis_names)})")
@@ -72,7 +71,7 @@ def _full_path(cell, namespace, mesh, broadcast, split, merge, collectives=False
     reshape = tuple(tuple(tuple(a.shape) for a in arrays) if t.name in split else None
                     for t, arrays in zip(prepared.inputs, prepared.arguments))
     rerun = Rerun(prepared.inputs, reshape, fingerprints, absent_builtins(cell, namespace), program, key)
-    return rerun, prepared.arguments
+    return rerun, prepared.arguments, prepared.moved
 
 
 def _outputs(trace, device, mesh, merge) -> dict:

@@ -12,9 +12,11 @@ from collections import OrderedDict
 
 from ...cell.fingerprints import fingerprint, traced_callables
 from ...cell.jax_traces import forget_traces
-from ...cell.programs import CACHE_SIZE, traced
+from ...cell.meshes import on_cell_mesh
+from ...cell.programs import CACHE_SIZE
 from ...errors import UsageError, explaining
 from .program import ProgramFacts, block_on_cpu_collectives, compile_progress, has_collectives_on_cpu, program_facts
+from .static_leaves import has_partitioned, rebuilt, split, split_all
 
 
 def _per_arg(value, count: int, option: str):
@@ -71,8 +73,8 @@ class ParallelFunction:
 
         def per_device(*blocks):
             values = [
-                b if axis is None else jax.tree.map(
-                    lambda a, ax=axis: a.reshape(a.shape[:ax] + a.shape[ax + k:]), b)
+                rebuilt(b if axis is None else jax.tree.map(
+                    lambda a, ax=axis: a.reshape(a.shape[:ax] + a.shape[ax + k:]), b))
                 for b, axis in zip(blocks, in_axes)
             ]
             full, it = [], iter(values)
@@ -90,8 +92,16 @@ class ParallelFunction:
         def expand_out(out):
             out_axes = self.out_axes
             if isinstance(out_axes, (tuple, list)) and isinstance(out, (tuple, list)):
-                return type(out)(jax.tree.map(lambda a, ax=ax: expand(a, ax), o) for o, ax in zip(out, out_axes))
-            return jax.tree.map(lambda a: expand(a, out_axes), out)
+                return type(out)(jax.tree.map(lambda a, ax=ax: expand(a, ax), static_apart(o))
+                                 for o, ax in zip(out, out_axes))
+            return jax.tree.map(lambda a: expand(a, out_axes), static_apart(out))
+
+        def static_apart(value):  # an output's untraceable leaves (a module's activation) leave as structure
+            value = split(value)
+            statics_out[0] = statics_out[0] or has_partitioned(value)
+            return value
+
+        statics_out = [False]  # set while jit traces: does the result carry static leaves to rebuild?
 
         def out_spec_tree():
             if isinstance(self.out_axes, (tuple, list)):
@@ -107,7 +117,7 @@ class ParallelFunction:
             self._check_shapes(dynamic, in_axes, values)
             return mapped(*values)
 
-        return jax.jit(checked, donate_argnums=donate)
+        return jax.jit(checked, donate_argnums=donate), statics_out
 
     def _arg_names(self, count: int) -> list[str]:
         names = self._parameters
@@ -172,9 +182,11 @@ class ParallelFunction:
                 ) from None
         return statics
 
-    def _jitted_for(self, args):
+    def _jitted_for(self, args, parts=None):
+        """(the program's slot, its dynamic arguments); `parts`: the arguments as split_all gave them."""
         statics = self._statics(args)
-        dynamic = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
+        parts = split_all(args)[0] if parts is None else parts
+        dynamic = tuple(a for i, a in enumerate(parts) if i not in self.static_argnums)
         in_axes = self._effective_in_axes(args)
         key = (statics, in_axes)
         # jit reads the function's globals once, at trace time: a changed global (a helper's
@@ -183,20 +195,23 @@ class ParallelFunction:
         slot = self._jitted.get(key)
         if slot is None or slot[2] != reads:
             forget_traces(traced_callables((self.__wrapped__,)))  # its helpers trace again in the new program
-            slot = self._jitted[key] = [self._build(statics, in_axes), None, reads]
+            jitted, statics_out = self._build(statics, in_axes)
+            slot = self._jitted[key] = [jitted, None, reads, statics_out]
             while len(self._jitted) > CACHE_SIZE:
                 self._jitted.popitem(last=False)
         return slot, dynamic
 
     def __call__(self, *args):
-        if traced(args):
+        # Leaves JAX cannot trace (an Equinox module's activation) are static, as eqx.filter_pmap keeps them.
+        parts, is_traced = split_all(args)
+        if is_traced:
             # Called from code that is already being traced per device (another cell function, or
             # jax.grad(loss) inside train_step): run as the plain per-device function, which is what
             # the seed's code means. jax.pmap nested in jax.pmap fails on JAX 0.10; use --mesh.
             return self.__wrapped__(*args)
         if self._record_next:
             return self._recorded_call(args)
-        slot, dynamic = self._jitted_for(args)
+        slot, dynamic = self._jitted_for(args, parts)
         jitted = slot[0]
         if slot[1] is None:  # the first call of this configuration compiles: say so if it takes a while
             import jax
@@ -209,10 +224,10 @@ class ParallelFunction:
         if slot[1] is None:  # once per configuration: does this program need the CPU guard?
             slot[1] = has_collectives_on_cpu(self.mesh, jitted, dynamic)
         block_on_cpu_collectives(out, slot[1])
-        return out
+        return rebuilt(out) if slot[3][0] else out
 
     def _explained(self, jitted, dynamic):
-        with explaining(self.__wrapped__.__code__.co_filename, self.axis_names):
+        with explaining(self.__wrapped__.__code__.co_filename, self.axis_names), on_cell_mesh(self.mesh):
             return jitted(*dynamic)
 
     def _recorded_call(self, args):
@@ -226,7 +241,7 @@ class ParallelFunction:
         from ...views.collectives import CollectivesView
 
         statics = self._statics(args)
-        dynamic = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
+        dynamic = tuple(split(a) for i, a in enumerate(args) if i not in self.static_argnums)
         names = self._arg_names(len(args))
 
         def argument(path):  # `params['w1']`: the argument's name and the leaf's path
@@ -234,17 +249,18 @@ class ParallelFunction:
 
         recording = record_collectives(self.__wrapped__, self.axis_names, label_input=argument,
                                        label_output=lambda path: "returned" + jax.tree_util.keystr(tuple(path)))
-        jitted = self._build(statics, self._effective_in_axes(args), recording)
+        jitted, statics_out = self._build(statics, self._effective_in_axes(args), recording)
         out, records = self._explained(jitted, dynamic)
         jax.block_until_ready(out)
         filename = self.__wrapped__.__code__.co_filename
-        facts = program_facts(jitted, dynamic, [d.id for d in self.mesh.devices.flat], filename)
+        with on_cell_mesh(self.mesh):
+            facts = program_facts(jitted, dynamic, [d.id for d in self.mesh.devices.flat], filename)
         self._cards = collectives_state(
             f"collectives of {self.__name__}()", recording.sites, jax.tree.map(to_host, records), self.mesh,
             filename=filename, line_text=lambda n: linecache.getline(filename, n).strip(), compiled=facts.collectives)
         self._record_next = False
         display(CollectivesView(state=self._cards))
-        return out
+        return rebuilt(out) if statics_out[0] else out
 
     def collectives(self):
         """The collective cards recorded by the first call after `%%pmap --collectives`, shown again."""
@@ -261,7 +277,8 @@ class ParallelFunction:
         """Collectives, compile time and costs of the program a call with `args` runs."""
         slot, dynamic = self._jitted_for(args)
         ids = [d.id for d in self.mesh.devices.flat]
-        return program_facts(slot[0], dynamic, ids, self.__wrapped__.__code__.co_filename)
+        with on_cell_mesh(self.mesh):
+            return program_facts(slot[0], dynamic, ids, self.__wrapped__.__code__.co_filename)
 
 
 def pmap(fn=None, *, mesh=None, axis_name: str = "i", devices=None, **options):

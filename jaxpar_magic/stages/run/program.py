@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from ...cell import analysis as cells
 from ...cell.bindings import bind_results
 from ...cell.hlo import Collective, collectives
+from ...cell.meshes import DEFAULT_MESH, InputOnOtherMesh, default_mesh, on_cell_mesh
 from ...cell.programs import TRACE, BoundedCache, CellProgram, Rerun, shape_signature
 from ...errors import UsageError, explain_trace_error
 from ...views.progress import Progress
@@ -111,7 +112,8 @@ def block_on_cpu_collectives(values, needed: bool) -> None:
 def has_collectives_on_cpu(mesh, jitted, args) -> bool:
     if mesh.devices.flat[0].platform != "cpu":
         return False
-    return bool(collectives(jitted.lower(*args).compile().as_text()))
+    with on_cell_mesh(mesh):
+        return bool(collectives(jitted.lower(*args).compile().as_text()))
 
 
 def run_program(cache: BoundedCache, rerun: Rerun, args, cell: cells.Cell, mesh, note=None):
@@ -134,13 +136,14 @@ def run_program(cache: BoundedCache, rerun: Rerun, args, cell: cells.Cell, mesh,
     compiled_before = compile_clock() if first else 0.0
     start = time.perf_counter()
     try:
-        if first:
-            with compile_progress():
+        with on_cell_mesh(mesh):  # the cell's own mesh, whatever jax.set_mesh set
+            if first:
+                with compile_progress():
+                    results = program.jitted(*args)
+                    jax.block_until_ready(results)
+            else:
                 results = program.jitted(*args)
-                jax.block_until_ready(results)
-        else:
-            results = program.jitted(*args)
-            jax.block_until_ready(results)  # the views read them; also avoids the 2-core CPU hang
+                jax.block_until_ready(results)  # the views read them; also avoids the 2-core CPU hang
     except BaseException as exc:
         _forget_and_raise(cache, rerun, args, exc, cell, mesh, note)
     elapsed = (time.perf_counter() - start) * 1e3
@@ -151,21 +154,58 @@ def run_program(cache: BoundedCache, rerun: Rerun, args, cell: cells.Cell, mesh,
     return results, max(0.0, elapsed - compile_ms), signature
 
 
+def run_cell(cache: BoundedCache, rerun: Rerun | None, namespace: dict, cell: cells.Cell, mesh, full_path,
+             note=None):
+    """A cell's run: the short path of a re-run (rerun.args) when nothing it checked changed, else
+    `full_path()` (prepare, find or compile: (rerun, args, inputs laid out again)); then run_program.
+    A re-run that meets an input on another mesh of its devices takes the full path once more, which
+    lays that input out again. Returns (rerun, args, moved, (results, run_ms, signature))."""
+    args = rerun.args(namespace) if rerun is not None else None
+    moved = []
+    if args is None:
+        rerun, args, moved = full_path()
+    try:
+        return rerun, args, moved, run_program(cache, rerun, args, cell, mesh, note)
+    except InputOnOtherMesh:
+        rerun, args, moved = full_path()
+        return rerun, args, moved, run_program(cache, rerun, args, cell, mesh, note)
+
+
+def outputs_of(outputs, out_specs: dict) -> tuple[str, ...] | None:
+    """The names a %%shard / %%shard_map cell returns, as its line's --out says: `outputs` (names
+    listed without a spec) and every name given a spec; None (every name the cell assigns) when
+    neither lists any."""
+    listed = tuple(outputs or ())
+    listed += tuple(n for n in out_specs if n not in listed)
+    return listed or None
+
+
+def moved_placements(moved: list, inputs, args) -> dict:
+    """The layouts the inputs laid out again were given (Rerun.remember's `placements`): a re-run on
+    the same array from the other mesh takes the full path directly, instead of failing once first."""
+    names = {name for name, _, _ in moved}
+    return {tree.name: [leaf.sharding for leaf in arrays] for tree, arrays in zip(inputs, args) if tree.name in names}
+
+
 def _forget_and_raise(cache: BoundedCache, rerun: Rerun, args, exc: BaseException, cell: cells.Cell, mesh,
                       note=None):
     """Whatever stopped a run (an error, Kernel -> Interrupt) removes its program from the cache, so
     the next run starts clean. A foreseeable error is raised as our UsageError instead (an input
     whose buffers were donated, one committed to other devices than the mesh's, a trace error we
     can explain); any other error gets the engine's `note` (pmap: what each device saw) before it
-    goes on."""
-    cache.pop(rerun.key, None)
-    if isinstance(exc, Exception) and not isinstance(exc, UsageError):
+    goes on. An input on another mesh of the same devices raises InputOnOtherMesh, and the program
+    stays: the caller takes the full path, which lays the input out again for it."""
+    foreign = isinstance(exc, Exception) and not isinstance(exc, UsageError)  # JAX's or the cell's, not ours
+    explained = None
+    if foreign:
         explained = (rerun.input_error(args, cell, mesh)
                      or explain_trace_error(exc, cell.filename, tuple(mesh.axis_names)))
-        if explained is not None:
-            raise explained from None
-        if note is not None:
-            note(exc)
+    if not isinstance(explained, InputOnOtherMesh):
+        cache.pop(rerun.key, None)
+    if explained is not None:
+        raise explained from None
+    if foreign and note is not None:
+        note(exc)
     raise exc
 
 
@@ -185,10 +225,12 @@ def replay_function(reruns: BoundedCache, cache: BoundedCache, key, cell: cells.
     import jax
 
     has_final = cell.has_final_expression
+    by_default = mesh_name == DEFAULT_MESH  # no --mesh: the context mesh, else `mesh`, as resolve_mesh chose
 
     def replay(namespace: dict):
-        if mesh_name is not None and namespace.get(mesh_name) is not mesh:
-            return None
+        if mesh_name is not None:
+            if (default_mesh(namespace) if by_default else namespace.get(mesh_name)) is not mesh:
+                return None
         rerun = reruns.get(key)
         if rerun is None:
             return None
@@ -196,11 +238,15 @@ def replay_function(reruns: BoundedCache, cache: BoundedCache, key, cell: cells.
         if args is None:
             return None
         try:
-            results = rerun.program.jitted(*args)
-            jax.block_until_ready(results)
+            with on_cell_mesh(mesh):
+                results = rerun.program.jitted(*args)
+                jax.block_until_ready(results)
         except BaseException as exc:
             noted = None if note is None else (lambda e: note(e, namespace))
-            _forget_and_raise(cache, rerun, args, exc, cell, mesh, noted)
+            try:
+                _forget_and_raise(cache, rerun, args, exc, cell, mesh, noted)
+            except InputOnOtherMesh:  # the full path lays that input out again
+                return None
         bindings, commit = finish(rerun, args, results, namespace)
         bind_results(namespace, bindings)  # one step, after the run succeeded
         if commit is not None:
@@ -229,6 +275,7 @@ def facts_for(program: CellProgram, signature, args, mesh, cell: cells.Cell):
     facts = program.facts.get(signature)
     if facts is None:
         ids = [d.id for d in mesh.devices.flat]
-        facts = program.facts[signature] = program_facts(
-            program.jitted, args, ids, cell.filename, program.compile_ms.get(signature))
+        with on_cell_mesh(mesh):
+            facts = program.facts[signature] = program_facts(
+                program.jitted, args, ids, cell.filename, program.compile_ms.get(signature))
     return facts

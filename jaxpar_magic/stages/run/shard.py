@@ -16,7 +16,7 @@ from ...cell.programs import (
 )
 from ...cell.treespecs import normalize
 from ...engines.shard import check_cell, is_mesh, prepare, resolve_mesh
-from .program import RunResult, complete, replay_function, run_program
+from .program import RunResult, complete, moved_placements, outputs_of, replay_function, run_cell
 
 
 _cache = BoundedCache()
@@ -28,6 +28,7 @@ class ShardResult(RunResult):
     placed: dict  # inputs named in --in, as placed on the mesh
     final_is_array: bool
     write_backs: list = field(default_factory=list)  # [(values holding NNX objects, their new state)], written on bind
+    moved: list = field(default_factory=list)  # inputs laid out again from another mesh (meshes.moved_text)
 
     @property
     def bindings(self) -> dict:
@@ -44,24 +45,26 @@ class ShardResult(RunResult):
         self.commit(namespace)
 
 
-def rerun_key(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict) -> tuple:
+def rerun_key(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, outputs=None, donate=()) -> tuple:
     """What a re-run of the same cell with the same options is looked up by (a replay computes it once)."""
-    return (cell.source, mesh, tuple(sorted(in_specs.items())), tuple(sorted(out_specs.items())))
+    return (cell.source, mesh, tuple(sorted(in_specs.items())), tuple(sorted(out_specs.items())), outputs,
+            tuple(donate))
 
 
 def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict,
-              want_facts: bool = False) -> ShardResult:
-    """Run a cell's unchanged code on sharded inputs; the namespace is read, never written."""
-    key = rerun_key(cell, mesh, in_specs, out_specs)
-    rerun = _reruns.get(key)
-    args = rerun.args(namespace) if rerun is not None else None
-    if args is None:
-        rerun, args = _full_path(cell, namespace, mesh, in_specs, out_specs)
+              want_facts: bool = False, outputs=None, donate=()) -> ShardResult:
+    """Run a cell's unchanged code on sharded inputs; the namespace is read, never written (but the
+    buffers of the inputs named in `donate` are given to the program, as jax.jit's donate_argnums)."""
+    key = rerun_key(cell, mesh, in_specs, out_specs, outputs, donate)
+    rerun, args, moved, (results, run_ms, signature) = run_cell(
+        _cache, _reruns.get(key), namespace, cell, mesh,
+        lambda: _full_path(cell, namespace, mesh, in_specs, out_specs, outputs, donate))
     program = rerun.program
-    results, run_ms, signature = run_program(_cache, rerun, args, cell, mesh)
-    rerun.remember(_reruns, key, signature, {tree.name: [leaf.sharding for leaf in arrays]
-                                             for tree, arrays in zip(rerun.inputs, args) if tree.name in in_specs})
+    placements = {tree.name: [leaf.sharding for leaf in arrays]
+                  for tree, arrays in zip(rerun.inputs, args) if tree.name in in_specs}
+    rerun.remember(_reruns, key, signature, {**placements, **moved_placements(moved, rerun.inputs, args)})
     result = _shard_result(cell, mesh, rerun.inputs, args, results, namespace, in_specs, run_ms)
+    result.moved = moved
     return complete(result, program, signature, args, mesh, cell, want_facts)
 
 
@@ -110,7 +113,8 @@ def _shard_result(cell, mesh, inputs, args, results, namespace, in_specs, run_ms
     )
 
 
-def replayer(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, mesh_name: str | None = None):
+def replayer(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, mesh_name: str | None = None, outputs=None,
+             donate=()):
     """The re-run of a --no-show cell with these resolved options (program.replay_function): binds
     the placed inputs and outputs, writes NNX objects' new state, and returns (the final value,), or
     None when the cell must take the full path again."""
@@ -121,26 +125,30 @@ def replayer(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, mesh_name:
         placed.update(outputs)
         return placed, (lambda ns: apply_write_backs(write_backs)) if write_backs else None
 
-    return replay_function(_reruns, _cache, rerun_key(cell, mesh, in_specs, out_specs), cell, mesh, finish,
-                           mesh_name=mesh_name)
+    return replay_function(_reruns, _cache, rerun_key(cell, mesh, in_specs, out_specs, outputs, donate), cell, mesh,
+                           finish, mesh_name=mesh_name)
 
 
-def _full_path(cell, namespace, mesh, in_specs, out_specs):
+def _full_path(cell, namespace, mesh, in_specs, out_specs, outputs=None, donate=()):
     """The full path: prepare (places the inputs), find or compile the program."""
-    prepared = prepare(cell, namespace, mesh, in_specs, out_specs)
+    prepared = prepare(cell, namespace, mesh, in_specs, out_specs, outputs=outputs, donate=donate)
     fingerprints = prepared.fingerprints(namespace)
     key = (cell.source, tuple(t.key for t in prepared.inputs), mesh, tuple(sorted(in_specs.items())),
-           tuple(sorted(prepared.out_specs.items())), fingerprints)
+           tuple(sorted(prepared.out_specs.items())), outputs, tuple(donate), fingerprints)
     program = _cache.lookup(key, prepared.program, family=key[:-1])
     rerun = Rerun(prepared.inputs, (None,) * len(prepared.inputs), fingerprints, absent_builtins(cell, namespace),
                   program, key)
-    return rerun, prepared.arguments
+    return rerun, prepared.arguments, prepared.moved
 
 
 def shard_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None,
-               want_facts: bool = False, bind: bool = True) -> ShardResult:
+               want_facts: bool = False, bind: bool = True, outputs=None, donate=()) -> ShardResult:
     """Plain-Python twin of `%%shard`: specs as dicts of tuples or PartitionSpecs, e.g.
     in_specs={'v1s': ('data',)}; a pytree input takes one spec for every leaf, or a pytree of specs.
+    `outputs` (a line's --out names, e.g. ('loss',)): the only names the cell returns, the others are
+    temporaries; None (the default) returns every name it assigns. `donate` (a line's --donate
+    names): inputs whose buffers the program may reuse for its outputs, as jax.jit's donate_argnums;
+    rebind them to what the cell returns (`model, opt_state = step(model, opt_state, batch)`).
 
     With `bind`, the placed inputs and the outputs go into `namespace` only after the cell succeeded
     (placed inputs are rebound like the seed's `v1sp = jax.device_put(v1s, sharding)`, so a re-run
@@ -152,7 +160,8 @@ def shard_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_sp
     check_cell(cell)
     if not is_mesh(mesh):
         mesh = resolve_mesh(mesh, namespace, [in_specs, out_specs])
-    result = run_shard(cell, namespace, mesh, in_specs, out_specs, want_facts)
+    outputs = outputs_of(outputs, out_specs)
+    result = run_shard(cell, namespace, mesh, in_specs, out_specs, want_facts, outputs, tuple(donate))
     if bind:
         result.bind(namespace)
     return result
