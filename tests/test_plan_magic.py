@@ -66,7 +66,7 @@ def test_the_issues_example_plans_without_allocating(step):
     grads = step.user_ns["grads"]
     assert isinstance(grads["w1"], jax.ShapeDtypeStruct) and grads["w1"].shape == (8192, 16384)
     assert grads["w1"].sharding.spec == P(None, "model")
-    assert state["caveats"] and "CPU compiler" in state["caveats"][0]
+    assert state["caveats"] and "XLA:CPU" in state["caveats"][0]
 
 
 def test_a_training_step_planned_cell_by_cell(step):
@@ -219,7 +219,7 @@ def test_no_show_prints_one_line_and_still_binds(step):
         step.run_cell_magic("shard", "--plan --mesh mesh --hardware tpu-v5e --no-show",
                             "loss, grads = jax.value_and_grad(loss_fn)(params, batch)")
     assert not shown_widgets(captured) and not captured.outputs  # no view, and no status line left behind
-    assert captured.stdout.startswith("planned: ") and "per device (fits in 16.0 GiB)" in captured.stdout
+    assert captured.stdout.startswith("planned by XLA:CPU: ") and "per device (fits in 16.0 GiB)" in captured.stdout
     assert "estimate" in captured.stdout and "bound by" in captured.stdout
     assert isinstance(step.user_ns["grads"]["w1"], jax.ShapeDtypeStruct)
 

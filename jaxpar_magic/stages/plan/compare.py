@@ -32,10 +32,12 @@ class Row:
             return {"label": self.label, "error": self.error}
         p, r = self.plan, self.plan.roofline
         moved = sum(c.bytes * (c.count or 1) for c in p.collectives if c.group_size > 1)
+        largest = p.peak.largest if p.peak is not None else None
         return {
             "label": self.label, "error": None,
             "axes": [{"name": n, "size": s} for n, s in p.axes.items()],
-            "memory": p.total_bytes, "capacity": p.capacity, "fits": p.fits,
+            "memory": p.total_bytes, "peak": p.total_bytes, "capacity": p.capacity, "fits": p.fits,
+            "largest": largest.state() if largest is not None else None, "compiler": p.compiler,
             "collective_bytes": moved, "collectives": sum(1 for c in p.collectives if c.group_size > 1),
             "flops": p.flops,
             "compute_s": r.compute_s if r else None, "memory_s": r.memory_s if r else None,
@@ -148,8 +150,9 @@ def comparison_state(title: str, rows: list[Row], hardware) -> dict:
         if row.plan is not None:
             caveats = list(row.plan.caveats)
             break
+    compilers = sorted({row.plan.target.describe() for row in rows if row.plan is not None and row.plan.target})
     return {"kind": "compare", "title": title, "hardware": hardware.state() if hardware is not None else None,
-            "rows": [row.state() for row in rows], "caveats": caveats}
+            "rows": [row.state() for row in rows], "caveats": caveats, "compilers": compilers}
 
 
 # --- --search: the standard candidates ------------------------------------------------------------

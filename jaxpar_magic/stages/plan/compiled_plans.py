@@ -1,0 +1,68 @@
+"""Compiling a plan, once: the compiled program with XLA's buffer dump, kept for the next plan of the
+same program.
+
+A plan compiles with `compiler_options={"xla_dump_to": ...}` (cell/xla_dump.py), which JAX's own
+compilation cache keys on, and a fresh folder each time: so re-planning an unchanged cell would
+compile again (XLA:TPU takes 13-27 s for a train step on 2 cores). Plans are therefore kept here,
+keyed by the lowered program's text and the devices it was compiled for, like any cell's compiled
+program: re-running a plan cell, or planning the same layout in a `--compare`, compiles nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from ...cell.xla_dump import BufferDump, compile_with_dump
+
+KEEP = 8  # compiled plans kept (an XLA:TPU executable for compile-only devices is a few MB)
+
+
+@dataclass
+class CompiledPlan:
+    compiled: object  # jax.stages.Compiled
+    memory: object  # compiled.memory_analysis()
+    cost: dict  # compiled.cost_analysis(), or {} where the backend has none
+    text: str  # compiled.as_text()
+    dump: BufferDump
+    compile_s: float  # how long the compile took when it ran
+
+
+_kept: OrderedDict = OrderedDict()
+
+
+def _cost(compiled) -> dict:
+    try:
+        cost = compiled.cost_analysis() or {}
+    except Exception:  # not every backend implements cost analysis
+        return {}
+    return cost[0] if isinstance(cost, (list, tuple)) and cost else cost if isinstance(cost, dict) else {}
+
+
+def key_of(program_text: str, mesh) -> str:
+    """The lowered program's text and the devices it compiles for (platform and ids in mesh order)."""
+    devices = [(d.platform, d.id) for d in mesh.devices.flat]
+    digest = hashlib.sha256(program_text.encode())
+    digest.update(repr((devices, tuple(mesh.axis_names))).encode())
+    return digest.hexdigest()
+
+
+def compile_plan_program(lowered, key: str) -> tuple[CompiledPlan, bool]:
+    """(the compiled plan, whether it was kept from before)."""
+    if key in _kept:
+        _kept.move_to_end(key)
+        return _kept[key], True
+    start = time.perf_counter()
+    compiled, dump = compile_with_dump(lowered)
+    found = CompiledPlan(compiled, compiled.memory_analysis(), _cost(compiled), compiled.as_text(), dump,
+                         time.perf_counter() - start)
+    _kept[key] = found
+    while len(_kept) > KEEP:
+        _kept.popitem(last=False)
+    return found, False
+
+
+def forget() -> None:
+    """Drop every kept plan (tests; memory)."""
+    _kept.clear()
