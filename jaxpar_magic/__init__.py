@@ -43,6 +43,9 @@ def __getattr__(name: str):
 
 
 def load_ipython_extension(ipython) -> None:
+    from .cell.devices import cpu_when_nothing_attached
+
+    cpu_when_nothing_attached()  # libtpu installed, nothing attached: no TPU probe, no libtpu warnings
     from .face.magics import JaxparMagics
 
     ipython.register_magics(JaxparMagics)  # registering again replaces: loading twice is harmless

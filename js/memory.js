@@ -60,7 +60,7 @@ export function peakRows(peak) {
   /** @type {Array<[number, string, string, string]>} */
   const out = (peak.buffers || []).map((/** @type {any} */ b) => [b.bytes, whatText(b), shapeText(b), whereText(b)]);
   if (peak.other_count) out.push([peak.other_bytes, `other: ${peak.other_count} smaller buffers`, "", ""]);
-  if ((peak.reserved_bytes || 0) > 0) out.push([peak.reserved_bytes, peak.reserved_note || "reserved", "", ""]);
+  for (const part of peak.reserve || []) out.push([part.bytes, part.note, "", ""]);
   return out;
 }
 
@@ -137,7 +137,7 @@ export function memorySection(state) {
 export function draw(state) {
   const root = h("div", { class: "jpm-view jpm-plan" });
   root.append(h("div", { class: "jpm-head" }, h("span", { class: "jpm-title jpm-mono", text: state.title || "memory" }), h("span", { class: "jpm-badge", text: "planned, not run" })));
-  root.append(section(state));
+  root.append(memorySection(state));
   const detail = detailLine(root, "hover or click a bar or a row for details");
   root.append(detail.line);
   return { node: root, dispose: detail.dispose };

@@ -101,8 +101,7 @@ def rows(peak: dict) -> list[tuple[int, str, str, str]]:
     out = [(b["bytes"], what_text(b), shape_text(b), where_text(b)) for b in peak.get("buffers") or []]
     if peak.get("other_count"):
         out.append((peak["other_bytes"], f"other: {peak['other_count']} smaller buffers", "", ""))
-    if (peak.get("reserved_bytes") or 0) > 0:
-        out.append((peak["reserved_bytes"], peak.get("reserved_note") or "reserved", "", ""))
+    out += [(part["bytes"], part["note"], "", "") for part in peak.get("reserve") or []]
     return out
 
 

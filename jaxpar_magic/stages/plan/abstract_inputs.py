@@ -68,15 +68,16 @@ def on_this_mesh(sharding, mesh, mesh_devices=None):
     """`sharding` as it lays a value out on `mesh`: itself when it lives on the mesh's devices; the same
     PartitionSpec on `mesh` when it is a NamedSharding over a mesh of the same axes elsewhere (the
     simulated CPU mesh of a plan compiled for TPU devices); None otherwise (the caller replicates)."""
-    from jax.sharding import NamedSharding
+    from jax.sharding import Mesh, NamedSharding
 
+    other = getattr(sharding, "mesh", None)
+    same_axes = isinstance(sharding, NamedSharding) and other is not None and dict(other.shape) == dict(mesh.shape)
+    if isinstance(sharding, NamedSharding) and not isinstance(other, Mesh):  # over an AbstractMesh: no devices
+        return NamedSharding(mesh, sharding.spec) if same_axes else None
     devices = mesh_devices if mesh_devices is not None else set(mesh.devices.flat)
     if set(sharding.device_set) == devices:
         return sharding
-    other = getattr(sharding, "mesh", None)
-    if isinstance(sharding, NamedSharding) and other is not None and dict(other.shape) == dict(mesh.shape):
-        return NamedSharding(mesh, sharding.spec)
-    return None
+    return NamedSharding(mesh, sharding.spec) if same_axes else None
 
 
 # --- scale -------------------------------------------------------------------------------------

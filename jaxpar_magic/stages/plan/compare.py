@@ -66,7 +66,8 @@ def read_layouts(name: str, namespace: dict) -> dict:
                          f"first, e.g. `{EXAMPLE}`.")
     value = namespace[name]
     if not isinstance(value, dict) or not value:
-        raise UsageError(f"--compare {name}: {name!r} is a {type(value).__name__}{' (empty)' if value == {} else ''}; "
+        empty = " (empty)" if isinstance(value, dict) else ""  # never `value == {}`: an array compares elementwise
+        raise UsageError(f"--compare {name}: {name!r} is a {type(value).__name__}{empty}; "
                          f"expected a dict mapping each label to a layout, e.g. `{EXAMPLE}`.")
     layouts = {}
     for label, layout in value.items():
@@ -230,16 +231,23 @@ def search_note(devices: int) -> str:
 
 def devices_of(mesh, namespace: dict) -> int:
     """Devices a --search spans: the line's mesh if it names one, else every device."""
+    import jax
+
     from ...engines.shard import is_mesh
 
+    if isinstance(mesh, str):
+        mesh = namespace.get(mesh, mesh)
+    elif mesh is None:
+        mesh = namespace.get("mesh")
+    if isinstance(mesh, jax.sharding.AbstractMesh):
+        layout = ", ".join(f"{n}={s}" for n, s in mesh.shape.items())
+        raise UsageError(
+            f"--search: the mesh ({layout}) is an AbstractMesh, which has no devices to lay the candidate layouts "
+            f"onto. Simulate the devices (`%devices --simulate {math.prod(mesh.axis_sizes)}` in a fresh kernel) and "
+            f"give a Mesh (`%mesh {' '.join(f'{n}={s}' for n, s in mesh.shape.items())}`), or let --search use all "
+            f"devices: drop --mesh.")
     if is_mesh(mesh):
         return int(math.prod(mesh.devices.shape))
     if hasattr(mesh, "sizes"):  # --mesh data=4,model=2 on the line
         return int(math.prod(mesh.sizes))
-    if isinstance(mesh, str) and is_mesh(namespace.get(mesh)):
-        return int(namespace[mesh].devices.size)
-    if mesh is None and is_mesh(namespace.get("mesh")):
-        return int(namespace["mesh"].devices.size)
-    import jax
-
     return jax.device_count()

@@ -40,11 +40,28 @@ def _cost(compiled) -> dict:
     return cost[0] if isinstance(cost, (list, tuple)) and cost else cost if isinstance(cost, dict) else {}
 
 
-def key_of(program_text: str, mesh) -> str:
-    """The lowered program's text and the devices it compiles for (platform and ids in mesh order)."""
+_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+
+
+def key_of(program_text: str, mesh, filename: str | None = None) -> str:
+    """The lowered program and the devices it compiles for (platform and ids in mesh order).
+
+    The program's source frames count only up to the cell's (or function's) own file: what calls it
+    (IPython runs each magic from a new `<ipython-input-N-...>`) does not change the program, while
+    the lines inside it, which name the collectives and buffers, do."""
+    from ...cell.hlo_text import frames
+
+    body = "\n".join(line for line in program_text.split("\n\n") if line.split("\n", 1)[0].strip() not in _TABLES)
+    inner = {}
+    for frame, chain in frames(program_text).items():
+        upto = next((i for i, f in enumerate(chain) if f[0] == filename), None)
+        if filename is None:
+            inner[frame] = chain
+        elif upto is not None:  # frames outside the cell (its callers alone) name nothing
+            inner[frame] = chain[:upto + 1]
     devices = [(d.platform, d.id) for d in mesh.devices.flat]
-    digest = hashlib.sha256(program_text.encode())
-    digest.update(repr((devices, tuple(mesh.axis_names))).encode())
+    digest = hashlib.sha256(body.encode())
+    digest.update(repr((sorted(inner.items()), devices, tuple(mesh.axis_names))).encode())
     return digest.hexdigest()
 
 

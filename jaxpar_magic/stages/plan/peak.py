@@ -19,6 +19,7 @@ Plain Python; no JAX.
 """
 from __future__ import annotations
 
+import linecache
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,9 @@ MAX_ROWS = 10  # buffers named one by one; the rest are "other"
 MIN_SHARE = 0.005  # ... and each of those at least this share of the peak
 TIMELINE_POINTS = 240  # the timeline's resolution in the view (each point the busiest step of its stretch)
 _ARG_PATH = re.compile(r"^args\[(\d+)\]\[(\d+)\]$")
+# What moves a value without computing it: the value keeps the name of what computed it.
+_MOVES = ("copy", "copy-start", "copy-done", "bitcast", "get-tuple-element", "async-start", "async-done",
+          "async-update")
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,7 @@ class MemoryPeak:
     other_bytes: int = 0  # the smaller live buffers, grouped
     other_count: int = 0
     reserved_bytes: int = 0  # reported - live: what the compiler holds beyond the live buffers
-    reserved_note: str = ""
+    reserve: list = field(default_factory=list)  # [(bytes, what)]: that, in parts (they add up to reserved_bytes)
     at: dict | None = None  # the operation the peak step runs: {"op", "instruction", "line", "source", "origin"}
     timeline: list[dict] = field(default_factory=list)  # [{"step", "bytes", "op", "instruction", "line", "source"}]
 
@@ -76,7 +80,8 @@ class MemoryPeak:
         return {"reported": self.reported, "live": self.live, "step": self.step, "steps": self.steps,
                 "buffers": [b.state() for b in self.buffers], "other_bytes": self.other_bytes,
                 "other_count": self.other_count, "reserved_bytes": self.reserved_bytes,
-                "reserved_note": self.reserved_note, "at": self.at, "timeline": self.timeline}
+                "reserve": [{"bytes": n, "note": note} for n, note in self.reserve], "at": self.at,
+                "timeline": self.timeline}
 
 
 @dataclass
@@ -150,6 +155,16 @@ class _Sources:
             seen += 1
         return ins if ins is not None and ins.key is not None else None
 
+    def producer(self, name: str) -> str:
+        """The instruction that computed a value, through the copies, async moves and tuple
+        elements XLA adds around it (XLA:TPU moves buffers between memory spaces)."""
+        seen = 0
+        ins = self.by_name.get(name)
+        while ins is not None and ins.op in _MOVES and ins.operands and seen < 16:
+            ins = self.by_name.get(ins.operands[0]) or ins
+            seen += 1
+        return ins.name if ins is not None else name
+
     def describe(self, name: str) -> dict:
         own = self.by_name.get(name)
         keyed = self.keyed(name)
@@ -166,7 +181,8 @@ class _Sources:
         if inner is not None and inner[0] != self.filename:
             origin = origin_of(inner)
         if line is not None:
-            source = (self.line_text(line) if self.line_text is not None else None) or None
+            text = self.line_text(line) if self.line_text is not None else linecache.getline(self.filename, line)
+            source = text.strip() or None
         elif inner is not None and origin is None:
             line, source = inner[1], None
         if origin is not None and line is None and self.filename is None:
@@ -210,10 +226,12 @@ def _output_names(program: list[Instruction], entry: str | None) -> dict[str, in
 
 def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None, reported: int, *,
                 leaf_labels=None, output_labels: list[str] | None = None, filename: str | None = None,
-                line_text: Callable[[int], str] | None = None, reserved_note: str = "") -> MemoryPeak:
+                line_text: Callable[[int], str] | None = None, rest_note: str = "") -> MemoryPeak:
     """The peak of one compile. `program`: hlo_text.instructions of compiled.as_text(); `entry` its
     ENTRY computation; `reported` the peak the plan reports. `leaf_labels[i][j]` names leaf j of
-    input i (the engines' arguments `args[i][j]`); `output_labels[k]` output k."""
+    input i (the engines' arguments `args[i][j]`); `output_labels[k]` output k. What the plan
+    reports beyond the buffers live at the peak is the output buffers not yet written there, and
+    the rest, which `rest_note` says what it is."""
     buffers = _buffers(dump)
     live = _timeline(buffers, dump.steps)
     step = max(range(len(live)), key=live.__getitem__) if live else 0
@@ -224,14 +242,15 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
     labels = {by_number[n]: _argument_label(parameters.get(n), leaf_labels, _Param(n)) for n in by_number}
     sources = _Sources(program, filename, line_text, labels)
     outputs = _output_names(program, entry)
-    rows = []
+    rows, live_allocations = [], set()
     for b in buffers:
         if not b.first <= step <= b.last:
             continue
+        live_allocations.add(b.allocation)
         _, value = max((e for e in b.values if e[0] <= step), key=lambda e: e[0])
         allocation = dump.allocations[b.allocation]
         dtype, shape = _array(value.type)
-        described = sources.describe(value.name)
+        described = sources.describe(sources.producer(value.name))
         if allocation.kind == "parameter":
             kind, name = "argument", _argument_label(parameters.get(allocation.parameter), leaf_labels, allocation)
             described.update(op=None, line=None, source=None, origin=None)
@@ -247,10 +266,18 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
     named = [r for r in rows[:MAX_ROWS] if r.bytes >= MIN_SHARE * max(reported, 1)] or rows[:1]
     other = rows[len(named):]
     at_name = dump.sequence[step] if step < len(dump.sequence) else None
+    later = [a for a in dump.allocations.values()
+             if a.kind == "output" and a.color == 0 and a.index not in live_allocations]
+    written_later = min(sum(a.size for a in later), max(0, reported - peak_live))
+    reserve = []
+    if written_later:
+        reserve.append((written_later, f"outputs written after this step ({len(later)} buffer{'s' if len(later) != 1 else ''})"))
+    if reported - peak_live - written_later > 0:
+        reserve.append((reported - peak_live - written_later, rest_note or "held by the compiler beyond these buffers"))
     return MemoryPeak(
-        reported=reported, live=peak_live, step=step, steps=len(dump.sequence), buffers=named,
+        reported=reported, live=peak_live, step=step, steps=len(live), buffers=named,
         other_bytes=sum(r.bytes for r in other), other_count=len(other),
-        reserved_bytes=reported - peak_live, reserved_note=reserved_note,
+        reserved_bytes=reported - peak_live, reserve=reserve,
         at=sources.describe(at_name) if at_name else None,
         timeline=_sampled(live, dump.sequence, sources),
     )
@@ -300,8 +327,8 @@ def peak_text(peak: dict, capacity: int | None = None, limit: int = MAX_ROWS) ->
         lines.append(f"{format_bytes(b['bytes']):>10}  {buffer_words(b)}")
     if peak.get("other_count"):
         lines.append(f"{format_bytes(peak['other_bytes']):>10}  other: {peak['other_count']} smaller buffers")
-    if peak.get("reserved_bytes", 0) > 0:
-        lines.append(f"{format_bytes(peak['reserved_bytes']):>10}  {peak.get('reserved_note') or 'reserved'}")
+    for part in peak.get("reserve") or []:
+        lines.append(f"{format_bytes(part['bytes']):>10}  {part['note']}")
     return lines
 
 

@@ -31,8 +31,8 @@ SCATTER_CAVEAT = (
 )
 # jax.checkpoint / jax.remat in the lowered program (its op names: .../checkpoint/..., .../remat2).
 REMAT = re.compile(r'op_name="[^"]*/(?:checkpoint|remat\d*)[/"]')
-RESERVED_CPU = "reserved but not live at the peak: outputs written later, free space in XLA's temporary arena"
-RESERVED_TPU = "held by XLA:TPU beyond the buffers live at the peak (its reported peak): scratch of collectives and fusions"
+RESERVED_CPU = "free space in XLA's temporary arena (its packing leaves gaps)"
+RESERVED_TPU = "held by XLA:TPU beyond its buffers (its peak_memory_in_bytes): scratch of collectives and fusions"
 
 
 def remat_caveat(hardware) -> str:

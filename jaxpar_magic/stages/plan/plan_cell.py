@@ -65,7 +65,7 @@ def bindable(planned: dict, namespace: dict) -> tuple[dict, tuple[str, ...]]:
             bound[name] = value
         else:
             left.append(name)
-    return bound, tuple(left)
+    return bound, tuple(sorted(left))
 
 
 def _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, devices, broadcast, split, merge,

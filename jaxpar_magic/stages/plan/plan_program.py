@@ -154,7 +154,7 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         else:
             lowered = jitted.lower(*args)
         program = lowered.as_text(dialect="hlo", debug_info=True)  # the program's own dtypes, before XLA's passes
-        made, kept = compile_plan_program(lowered, key_of(program, mesh))
+        made, kept = compile_plan_program(lowered, key_of(program, mesh, filename))
     except UsageError:
         raise
     except Exception as exc:
@@ -217,7 +217,7 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
     plan.peak = memory_peak(made.dump, instructions(text), entry_name(text), plan.total_bytes,
                             leaf_labels=leaf_labels, output_labels=_labels(output_labels, outputs),
                             filename=filename, line_text=line_text,
-                            reserved_note=RESERVED_TPU if target.is_tpu else RESERVED_CPU)
+                            rest_note=RESERVED_TPU if target.is_tpu else RESERVED_CPU)
     return plan
 
 
