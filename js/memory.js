@@ -22,9 +22,10 @@ export function whereText(b) {
 
 /** @param {any} b */
 export function whatText(b) {
-  if (b.kind === "argument" || b.kind === "output") return `${b.kind} ${b.name}`;
+  const space = b.space ? ` in ${b.space}` : "";
+  if (b.kind === "argument" || b.kind === "output") return `${b.kind} ${b.name}${space}`;
   const op = b.op || b.instruction;
-  return `temporary from ${op}${b.instruction && b.instruction !== op ? ` (${b.instruction})` : ""}`;
+  return `temporary from ${op}${b.instruction && b.instruction !== op ? ` (${b.instruction})` : ""}${space}`;
 }
 
 /** @param {any} p */
@@ -99,8 +100,10 @@ function timeline(state) {
   const peak = state.peak || {};
   const { top, on } = scale(state);
   const chart = h("div", { class: "jpm-timeline", role: "img", "aria-label": peakSentence(state) });
+  const places = peak.places || [];
   for (const p of peak.timeline || []) {
-    const detail = `step ${p.step}: ${formatBytes(p.bytes)} live — ${stepText(p)}`;
+    const at = typeof p.at === "number" && places[p.at] ? places[p.at] : p;
+    const detail = `step ${p.step}: ${formatBytes(p.bytes)} live — ${stepText(at)}`;
     chart.append(
       h("span", {
         class: p.step === peak.step ? "jpm-tl-bar jpm-tl-peak" : "jpm-tl-bar",

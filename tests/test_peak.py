@@ -144,7 +144,8 @@ def test_the_timeline_peaks_where_the_breakdown_is_taken(huge):
     peak = huge.peak
     assert max(p["bytes"] for p in peak.timeline) == peak.live
     assert any(p["step"] == peak.step for p in peak.timeline)
-    assert len(peak.timeline) <= 240 and peak.steps >= len(peak.timeline)
+    assert len(peak.timeline) <= 120 and peak.steps >= len(peak.timeline)
+    assert all(0 <= p["at"] < len(peak.places) for p in peak.timeline)
     assert json.loads(json.dumps(peak.state())) == peak.state()
 
 

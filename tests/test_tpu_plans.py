@@ -15,6 +15,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxpar_magic
+from jaxpar_magic.errors import UsageError
 from jaxpar_magic.engines.shard import make_mesh, plan
 from jaxpar_magic.stages.plan.plan_program import compile_plan
 from jaxpar_magic.views import plan as plan_view
@@ -184,3 +185,20 @@ def test_libtpu_installed_changes_nothing_at_startup_and_a_tpu_plan_prints_nothi
     assert "planned XLA:TPU cpu" in done.stdout
     for noise in ("TPU_ACCELERATOR_TYPE", "InitGoogle", "TPU_WORKER_HOSTNAMES", "libtpu"):
         assert noise not in done.stderr, done.stderr
+
+
+def test_an_abstract_mesh_needs_no_simulated_devices_and_shard_map_plans_too():
+    """16 chips from a process with 8 CPU devices: the TPU devices come from the slice. A tiny
+    shard_map program, so one quick compile."""
+    from jax.sharding import AbstractMesh
+
+    pod = AbstractMesh((8, 2), ("data", "model"))
+    x = jax.ShapeDtypeStruct((64, 256), jnp.float32, sharding=NamedSharding(pod, P("data", "model")))
+    # no mesh= of its own: shard_map takes the mesh the plan compiles under (jax.set_mesh)
+    summed = jax.shard_map(lambda a: jax.lax.psum(a, "data"), in_specs=P("data", "model"), out_specs=P(None, "model"))
+    planned = compile_plan(summed, (x,), pod, hardware="tpu-v5e", topology="4x4")
+    assert planned.compiler == "XLA:TPU" and planned.mesh.devices.size == 16
+    assert [c.op for c in planned.collectives] == ["all-reduce"] and planned.collectives[0].axes == ("data",)
+    assert planned.argument_bytes == 64 * 256 * 4 // 16
+    with pytest.raises(UsageError, match="needs a Mesh of devices"):
+        compile_plan(summed, (x,), pod, hardware="tpu-v5e")  # no slice named: XLA:CPU, which needs devices

@@ -21,7 +21,7 @@ DTYPE_BYTES = {
 }
 ARRAY = re.compile(r"\b([a-z]+\d*(?:e\dm\d\w*)?)\[([\d,]*)\]")
 FRAME = re.compile(r"stack_frame_id=(\d+)")
-OP_NAME = re.compile(r'op_name="([^"]*)"')
+OP_NAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')  # JAX escapes quotes in it: params[\'w1\']
 _OPERATION = re.compile(r"^\s*(?P<root>ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>.+?)\s+(?P<op>[\w\-]+)\((?P<args>.*)$")
 _TYPES_IN_ARGS = re.compile(r"\w+\d*\[[\d,]*\](?:\{[^}]*\})?")
 
@@ -138,7 +138,7 @@ def instructions(text: str) -> list[Instruction]:
         key = None
         if op_name:
             chain = tuple(chains.get(int(frame.group(1)), [])) if frame else ()
-            key = (op_name.group(1), chain)
+            key = (re.sub(r"\\(.)", r"\1", op_name.group(1)), chain)
         found.append(Instruction(m.group("name"), m.group("type"), m.group("op"), operands,
                                  callee.group(1) if callee else None, key, current, line, bool(m.group("root"))))
     return found

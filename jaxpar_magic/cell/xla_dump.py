@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 BUFFER_FILE = "after_optimizations-buffer-assignment.txt"
 LIVE_RANGE_FILE = "after_optimizations-live-range.txt"
+USAGE_FILE = "after_optimizations-memory-usage-report.txt"  # optional: the memory spaces' names
 
 _ALLOCATION = re.compile(r"^allocation (\d+): size (\d+)(.*):\s*$")
 _VALUE = re.compile(r"^ value: <(\d+) ([\w.\-]+)(\{[\d,]*\})?(?: \([\w\-]+\))* @\d+> \(size=(\d+),offset=(\d+)\): (.*)$")
@@ -29,6 +30,7 @@ _COLOR = re.compile(r"\bcolor (\d+)\b")
 _SEQUENCE = re.compile(r"^\s+(\d+):([\w.\-]+)\s*$")
 _RANGE = re.compile(r"^\s+([\w.\-]+)(\{[\d,]*\}):(\d+)-(\d+)\s*$")
 _MAX = re.compile(r"^HloLiveRange \(max (\d+)\):")
+_SPACE = re.compile(r"^Memory Space: (\S+) \(color=(\d+)\)", re.M)
 
 
 class DumpFormatError(RuntimeError):
@@ -42,7 +44,7 @@ class Allocation:
     kind: str  # "parameter" | "output" | "temp" | "constant" | "thread-local"
     parameter: int | None = None  # the entry parameter it holds
     shape_index: str = "{}"  # which part of that parameter
-    color: int = 0  # the memory space: 0 is the device's main memory (HBM); XLA:TPU also uses VMEM, SMEM, ...
+    color: int = 0  # the memory space: 0 is the device's main memory; XLA:TPU's also "vmem", "smem" (BufferDump.spaces)
 
     @property
     def counted(self) -> bool:
@@ -71,6 +73,7 @@ class BufferDump:
     sequence: list[str]  # the schedule: instruction name at each step
     ranges: dict[str, tuple[int, int]] = field(default_factory=dict)  # value key -> (first, last) step it is live
     steps: int = 0  # the live ranges' last step
+    spaces: dict[int, str] = field(default_factory=dict)  # color -> memory space: {0: "default", 1: "vmem"} on XLA:TPU
 
 
 def _kind(flags: str) -> str:
@@ -166,7 +169,11 @@ def read_dump(folder: str) -> BufferDump:
             found[suffix] = f.read()
     allocations, values = parse_buffer_assignment(found[BUFFER_FILE])
     sequence, ranges, steps = parse_live_range(found[LIVE_RANGE_FILE])
-    return BufferDump(allocations, values, sequence, ranges, steps)
+    spaces = {}
+    for path in glob.glob(os.path.join(folder, f"*{USAGE_FILE}"))[-1:]:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            spaces = {int(color): name for name, color in _SPACE.findall(f.read())}
+    return BufferDump(allocations, values, sequence, ranges, steps, spaces)
 
 
 def compile_with_dump(lowered, options: dict | None = None):

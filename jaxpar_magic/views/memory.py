@@ -14,7 +14,7 @@ from .base import ViewBase, bundle_esm, esc, format_bytes, style_block
 TEXT_WIDTH = 78  # text lines stay within 80 columns
 SPARK = " ▁▂▃▄▅▆▇█"
 KEY_STEPS = 6  # the steps that raise live memory most, listed in the static table and the text
-MAX_BARS = 240  # the engines send at most this many timeline points
+MAX_BARS = 240  # the engines send at most 120 timeline points
 
 
 def _clip(text: str, width: int = TEXT_WIDTH) -> str:
@@ -38,10 +38,12 @@ def where_text(b: dict) -> str:
 
 def what_text(b: dict) -> str:
     """`argument params['w1']`, `output grads['w1']`, `temporary from dot_general (fusion.4)`."""
+    space = f" in {b['space']}" if b.get("space") else ""
     if b.get("kind") in ("argument", "output"):
-        return f"{b['kind']} {b.get('name')}"
+        return f"{b['kind']} {b.get('name')}{space}"
     op = b.get("op") or b.get("instruction")
-    return f"temporary from {op}" + (f" ({b['instruction']})" if b.get("instruction") and b["instruction"] != op else "")
+    return (f"temporary from {op}" + (f" ({b['instruction']})" if b.get("instruction") and b["instruction"] != op else "")
+            + space)
 
 
 def step_text(p: dict) -> str:
@@ -53,9 +55,17 @@ def step_text(p: dict) -> str:
     return head + (f", {where}" if where else "")
 
 
+def place(peak: dict, point: dict) -> dict:
+    """A timeline point's operation and line (the state lists each place once)."""
+    places = peak.get("places") or []
+    at = point.get("at")
+    return places[at] if isinstance(at, int) and 0 <= at < len(places) else point
+
+
 def key_steps(peak: dict, count: int = KEY_STEPS) -> list[dict]:
-    """The timeline points where live memory rises most (the peak's step always among them), in order."""
-    points = peak.get("timeline") or []
+    """The timeline points where live memory rises most (the peak's step always among them), in order,
+    each with its place's fields and its rise."""
+    points = [{**place(peak, p), **p} for p in peak.get("timeline") or []]
     rises = []
     for i, p in enumerate(points):
         before = points[i - 1]["bytes"] if i else 0
@@ -121,12 +131,10 @@ def timeline_html(state: dict) -> str:
     peak = state.get("peak") or {}
     points = (peak.get("timeline") or [])[:MAX_BARS]
     top, cap_on = _scale(state)
-    bars = []
+    bars = []  # no title per bar: static pages list the steps in a table instead
     for p in points:
         cls = "jpm-tl-bar jpm-tl-peak" if p.get("step") == peak.get("step") else "jpm-tl-bar"
-        title = f"step {p.get('step')}: {format_bytes(p.get('bytes'))} live — {step_text(p)}"
-        bars.append(f'<span class="{cls}" style="height:{100 * (p.get("bytes") or 0) / top:.2f}%" '
-                    f'title="{esc(title)}"></span>')
+        bars.append(f'<span class="{cls}" style="height:{100 * (p.get("bytes") or 0) / top:.2f}%"></span>')
     cap = ""
     if cap_on:
         cap = (f'<span class="jpm-tl-cap" style="bottom:{100 * state["capacity"] / top:.2f}%" '

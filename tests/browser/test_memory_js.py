@@ -43,7 +43,7 @@ def test_bars_rows_and_hover_match_the_python_twin(view_page: Any, planned) -> N
     bars.nth(peak_at[0]).hover()
     detail = host.locator(".jpm-detail").inner_text()
     assert detail == f"step {points[peak_at[0]]['step']}: {memory.format_bytes(points[peak_at[0]]['bytes'])} live — " \
-                     f"{memory.step_text(points[peak_at[0]])}"
+                     f"{memory.step_text(memory.place(state['peak'], points[peak_at[0]]))}"
     assert "line 3: out = jnp.tanh(h * scale) @ w2" in detail or "line 2: h = x @ w1" in detail
     cells = [row.locator("td").all_inner_texts() for row in host.locator("table.jpm-peak-table tbody tr").all()]
     expected = [[memory.format_bytes(n), what, shape, where or "—"] for n, what, shape, where in memory.rows(state["peak"])]

@@ -3,8 +3,9 @@
 From XLA's own buffer assignment and live ranges for the compile (cell/xla_dump.py) and the
 compiled program's text (its instructions, their JAX op names and source frames):
 
-- each value in device memory (the allocations compiled.memory_analysis() counts as arguments,
-  outputs and temporaries; XLA:TPU's other memory spaces, VMEM and SMEM, left out) becomes a buffer:
+- each value in the allocations compiled.memory_analysis() counts as arguments, outputs and
+  temporaries, in any memory space (XLA:TPU also places temporaries in the space its reports call
+  "vmem", and counts them in its peak) becomes a buffer:
   values at the same place in the same allocation whose live ranges touch are one buffer (XLA's
   in-place updates and aliases), so no byte is counted twice;
 - the timeline is the bytes of the buffers live at each step of the schedule, and the peak is its
@@ -30,7 +31,7 @@ from .mesh_collectives import is_user_file, origin_of
 
 MAX_ROWS = 10  # buffers named one by one; the rest are "other"
 MIN_SHARE = 0.005  # ... and each of those at least this share of the peak
-TIMELINE_POINTS = 240  # the timeline's resolution in the view (each point the busiest step of its stretch)
+TIMELINE_POINTS = 120  # the timeline's resolution in the view (each point the busiest step of its stretch)
 _ARG_PATH = re.compile(r"^args\[(\d+)\]\[(\d+)\]$")
 # What moves a value without computing it: the value keeps the name of what computed it.
 _MOVES = ("copy", "copy-start", "copy-done", "bitcast", "get-tuple-element", "async-start", "async-done",
@@ -49,11 +50,12 @@ class PeakBuffer:
     line: int | None = None  # the cell's line
     source: str | None = None
     origin: dict | None = None  # the line inside a function the cell calls (as collectives carry it)
+    space: str | None = None  # the memory space, where the program uses more than one ("vmem" on XLA:TPU)
 
     def state(self) -> dict:
         return {"bytes": self.bytes, "dtype": self.dtype, "shape": list(self.shape), "kind": self.kind,
                 "name": self.name, "op": self.op, "instruction": self.instruction, "line": self.line,
-                "source": self.source, "origin": self.origin}
+                "source": self.source, "origin": self.origin, "space": self.space}
 
 
 @dataclass
@@ -70,7 +72,8 @@ class MemoryPeak:
     reserved_bytes: int = 0  # reported - live: what the compiler holds beyond the live buffers
     reserve: list = field(default_factory=list)  # [(bytes, what)]: that, in parts (they add up to reserved_bytes)
     at: dict | None = None  # the operation the peak step runs: {"op", "instruction", "line", "source", "origin"}
-    timeline: list[dict] = field(default_factory=list)  # [{"step", "bytes", "op", "instruction", "line", "source"}]
+    timeline: list[dict] = field(default_factory=list)  # [{"step", "bytes", "at"}]: "at" indexes `places`
+    places: list[dict] = field(default_factory=list)  # [{"op", "instruction", "line", "source", "origin"}], once each
 
     @property
     def largest(self) -> PeakBuffer | None:
@@ -81,7 +84,7 @@ class MemoryPeak:
                 "buffers": [b.state() for b in self.buffers], "other_bytes": self.other_bytes,
                 "other_count": self.other_count, "reserved_bytes": self.reserved_bytes,
                 "reserve": [{"bytes": n, "note": note} for n, note in self.reserve], "at": self.at,
-                "timeline": self.timeline}
+                "timeline": self.timeline, "places": self.places}
 
 
 @dataclass
@@ -99,7 +102,7 @@ def _buffers(dump: BufferDump) -> list[_Buffer]:
     for v in dump.values:
         allocation = dump.allocations.get(v.allocation)
         span = dump.ranges.get(v.key)
-        if allocation is None or not allocation.counted or allocation.color != 0 or span is None or v.size <= 0:
+        if allocation is None or not allocation.counted or span is None or v.size <= 0:
             continue
         places.setdefault((v.allocation, v.offset, v.size), []).append((span, v))
     found = []
@@ -260,27 +263,28 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
             name = output_labels[k] if output_labels is not None and k < len(output_labels) else f"output {k}"
         else:
             kind, name = "temporary", None
+        space = dump.spaces.get(allocation.color) if allocation.color else None
         rows.append(PeakBuffer(b.size, dtype, shape, kind, name, described["op"], value.name, described["line"],
-                               described["source"], described["origin"]))
+                               described["source"], described["origin"], space))
     rows.sort(key=lambda r: -r.bytes)
     named = [r for r in rows[:MAX_ROWS] if r.bytes >= MIN_SHARE * max(reported, 1)] or rows[:1]
     other = rows[len(named):]
     at_name = dump.sequence[step] if step < len(dump.sequence) else None
-    later = [a for a in dump.allocations.values()
-             if a.kind == "output" and a.color == 0 and a.index not in live_allocations]
+    later = [a for a in dump.allocations.values() if a.kind == "output" and a.index not in live_allocations]
     written_later = min(sum(a.size for a in later), max(0, reported - peak_live))
     reserve = []
     if written_later:
         reserve.append((written_later, f"outputs written after this step ({len(later)} buffer{'s' if len(later) != 1 else ''})"))
     if reported - peak_live - written_later > 0:
         reserve.append((reported - peak_live - written_later, rest_note or "held by the compiler beyond these buffers"))
-    return MemoryPeak(
+    peak = MemoryPeak(
         reported=reported, live=peak_live, step=step, steps=len(live), buffers=named,
         other_bytes=sum(r.bytes for r in other), other_count=len(other),
         reserved_bytes=reported - peak_live, reserve=reserve,
         at=sources.describe(at_name) if at_name else None,
-        timeline=_sampled(live, dump.sequence, sources),
     )
+    peak.timeline, peak.places = _sampled(live, dump.sequence, sources)
+    return peak
 
 
 @dataclass(frozen=True)
@@ -302,48 +306,21 @@ def _argument_label(op_name: str | None, leaf_labels, allocation) -> str:
     return op_name + ("" if allocation.shape_index == "{}" else allocation.shape_index)
 
 
-def _sampled(live: list[int], sequence: list[str], sources: _Sources) -> list[dict]:
-    """At most TIMELINE_POINTS points, each the busiest step of its stretch of the schedule."""
+def _sampled(live: list[int], sequence: list[str], sources: _Sources) -> tuple[list[dict], list[dict]]:
+    """At most TIMELINE_POINTS points, each the busiest step of its stretch of the schedule, and the
+    places (operation and line) they name, each place once: a step is `{"step", "bytes", "at"}`."""
     if not live:
-        return []
+        return [], []
     stretch = max(1, -(-len(live) // TIMELINE_POINTS))
-    points = []
+    points, places, index = [], [], {}
     for start in range(0, len(live), stretch):
         step = max(range(start, min(len(live), start + stretch)), key=live.__getitem__)
         name = sequence[step] if step < len(sequence) else None
-        point = {"step": step, "bytes": live[step]}
-        if name is not None:
-            point.update(sources.describe(name))
-        points.append(point)
-    return points
-
-
-def peak_text(peak: dict, capacity: int | None = None, limit: int = MAX_ROWS) -> list[str]:
-    """The peak's buffers in words, one line each (what the plan's text and the timeline's share)."""
-    from .plan import format_bytes
-
-    lines = []
-    for b in peak.get("buffers", [])[:limit]:
-        lines.append(f"{format_bytes(b['bytes']):>10}  {buffer_words(b)}")
-    if peak.get("other_count"):
-        lines.append(f"{format_bytes(peak['other_bytes']):>10}  other: {peak['other_count']} smaller buffers")
-    for part in peak.get("reserve") or []:
-        lines.append(f"{format_bytes(part['bytes']):>10}  {part['note']}")
-    return lines
-
-
-def buffer_words(b: dict) -> str:
-    """`temporary bf16[8192,32768] from dot_general, line 2: h = x @ w1`."""
-    shape = f"{b['dtype']}[{','.join(str(d) for d in b['shape'])}]"
-    if b["kind"] == "argument":
-        return f"argument {b['name']}: {shape}"
-    if b["kind"] == "output":
-        return f"output {b['name']}: {shape}" + (f" ({b['op']})" if b.get("op") else "")
-    where = ""
-    if b.get("origin"):
-        o = b["origin"]
-        where = f", line {o['line']} of {o['cell']}" + (f" in {o['function']}()" if o.get("function") else "")
-        where += f": {o['source']}" if o.get("source") else ""
-    elif b.get("line") is not None:
-        where = f", line {b['line']}" + (f": {b['source']}" if b.get("source") else "")
-    return f"temporary {shape} from {b.get('op') or b['instruction']}{where}"
+        place = sources.describe(name) if name is not None else {"op": "end of the program", "instruction": "",
+                                                                   "line": None, "source": None, "origin": None}
+        key = (place["op"], place["line"], place["source"], repr(place["origin"]))
+        if key not in index:
+            index[key] = len(places)
+            places.append(place)
+        points.append({"step": step, "bytes": live[step], "at": index[key]})
+    return points, places
