@@ -50,6 +50,17 @@ def _executed(path: Path) -> nbformat.NotebookNode:
     return nb
 
 
+def executed_source(sources: list[str]) -> list:
+    """The cells of a notebook made of `sources`, run top to bottom in a fresh kernel (not cached)."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in sources])
+    with tempfile.NamedTemporaryFile(suffix=".ipynb", mode="w", delete=False) as f:
+        nbformat.write(nb, f)
+    try:
+        return list(copy.deepcopy(_executed.__wrapped__(Path(f.name))).cells)
+    finally:
+        Path(f.name).unlink()
+
+
 def executed(path: Path) -> nbformat.NotebookNode:
     """A deep copy of the notebook at ``path`` after running it top to bottom (cached)."""
     return copy.deepcopy(_executed(Path(path).resolve()))

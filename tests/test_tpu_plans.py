@@ -19,7 +19,6 @@ from jaxpar_magic.errors import UsageError
 from jaxpar_magic.engines.shard import make_mesh, plan
 from jaxpar_magic.stages.plan.plan_program import compile_plan
 from jaxpar_magic.views import plan as plan_view
-from shell_helpers import run_python
 from tpu_support import has_libtpu, require_libtpu
 
 @pytest.fixture(scope="module", autouse=True)
@@ -160,31 +159,30 @@ def test_the_largest_activation_is_named_with_its_bytes_and_its_line(remat):
 
 
 @pytest.mark.skipif(not has_libtpu(), reason="needs libtpu")
-def test_libtpu_installed_changes_nothing_at_startup_and_a_tpu_plan_prints_nothing():
-    """A kernel as users start it (JAX_PLATFORMS unset): %load_ext, %devices, then a TPU plan."""
-    code = '''
-    import sys
-    from IPython.core.interactiveshell import InteractiveShell
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "jaxpar_magic")
-    shell.run_line_magic("devices", "")
-    import jax
-    print("devices", jax.default_backend(), len(jax.devices()))
-    print("libtpu loaded", any("libtpu" in line for line in open("/proc/self/maps")))
-    import jaxpar_magic, jax.numpy as jnp
-    from jax.sharding import AbstractMesh
-    mesh = jaxpar_magic.make_mesh("i=1")
-    planned = jaxpar_magic.plan_cell("y = x * 2", {"x": jnp.ones((4, 128))}, mesh=mesh, bind=False,
-                                     hardware="tpu-v5e", topology="1x1")
-    print("planned", planned.compiler, jax.default_backend())
-    sys.stdout.flush()
-    '''
-    done = run_python(code, timeout=300, platforms=None)
-    assert done.returncode == 0, done.stderr
-    assert "devices cpu 1" in done.stdout and "libtpu loaded False" in done.stdout
-    assert "planned XLA:TPU cpu" in done.stdout
-    for noise in ("TPU_ACCELERATOR_TYPE", "InitGoogle", "TPU_WORKER_HOSTNAMES", "libtpu"):
-        assert noise not in done.stderr, done.stderr
+def test_a_kernel_with_libtpu_starts_on_the_cpu_and_a_tpu_plan_prints_nothing_in_the_notebook():
+    """A kernel as users start it (JAX_PLATFORMS unset) through nbclient: %load_ext, %devices, a plan
+    compiled by XLA:TPU, then JAX's own devices. No output carries libtpu's start-up text."""
+    import nbformat
+
+    from notebooks import executed_source
+
+    cells = executed_source([
+        "%load_ext jaxpar_magic\n%devices",
+        "print('libtpu loaded:', any('libtpu' in line for line in open('/proc/self/maps')))",
+        "import jax, jaxpar_magic\nmesh = jaxpar_magic.make_mesh('i=1')\n"
+        "x = jaxpar_magic.plan((8, 128), 'float32', mesh, ())",
+        "%%shard --plan --mesh mesh --hardware tpu-v5e --topology 1x1\ny = x * 2",
+        "print(jax.default_backend(), len(jax.devices()), type(y).__name__)",
+    ])
+    streams = [o for c in cells for o in c.outputs if o.output_type == "stream"]
+    assert not [o for o in streams if o.name == "stderr"], [o.text for o in streams]
+    text = "\n".join(nbformat.writes(nbformat.v4.new_notebook(cells=cells)).splitlines())
+    for noise in ("TPU_ACCELERATOR_TYPE", "InitGoogle", "TPU_WORKER_HOSTNAMES", "libtpu_init"):
+        assert noise not in text
+    assert cells[1].outputs[0].text == "libtpu loaded: False\n"  # %devices did not probe for a TPU
+    plan_text = next(o for o in cells[3].outputs if "text/plain" in o.get("data", {}))["data"]["text/plain"]
+    assert "compiled by XLA:TPU for a v5e 1x1 slice" in plan_text
+    assert cells[4].outputs[0].text == "cpu 1 ShapeDtypeStruct\n"
 
 
 def test_an_abstract_mesh_needs_no_simulated_devices_and_shard_map_plans_too():
