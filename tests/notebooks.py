@@ -19,7 +19,7 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-CELL_TIMEOUT_S = 300
+CELL_TIMEOUT_S = 600  # a plan compiled by XLA:TPU for 256 chips (the planning chapter) takes minutes on 2 cores
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 

@@ -200,3 +200,15 @@ def test_an_abstract_mesh_needs_no_simulated_devices_and_shard_map_plans_too():
     assert planned.argument_bytes == 64 * 256 * 4 // 16
     with pytest.raises(UsageError, match="needs a Mesh of devices"):
         compile_plan(summed, (x,), pod, hardware="tpu-v5e")  # no slice named: XLA:CPU, which needs devices
+
+
+def test_a_slice_xla_tpu_cannot_route_is_a_usage_error_naming_the_offered_shapes():
+    from jax.sharding import AbstractMesh
+
+    quiz = AbstractMesh((8, 4), ("X", "Y"))  # the scaling book's Pop Quiz 2 on a v5e 2x16 (not a GCP slice)
+    x = jax.ShapeDtypeStruct((2048, 8192), jnp.bfloat16, sharding=NamedSharding(quiz, P("Y", None)))
+    with pytest.raises(UsageError) as err:
+        compile_plan(lambda a: a + 1, (x,), quiz, hardware="tpu-v5e", topology="2x16")
+    message = str(err.value)
+    assert message.startswith("XLA:TPU could not compile this cell for a v5e 2x16 slice: ")
+    assert "2x4, 4x4, 4x8" in message and "drop --topology" in message

@@ -163,6 +163,8 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         explained = explain_trace_error(exc, filename or "", tuple(str(n) for n in mesh.axis_names))
         if explained is not None:
             raise explained from None
+        if target.is_tpu and isinstance(exc, jax.errors.JaxRuntimeError):
+            raise tpu_compile_error(exc, target) from None
         raise
     compile_ms = (time.perf_counter() - start) * 1e3
     memory, cost, text = made.memory, made.cost, made.text
@@ -219,6 +221,16 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
                             filename=filename, line_text=line_text,
                             rest_note=RESERVED_TPU if target.is_tpu else RESERVED_CPU)
     return plan
+
+
+def tpu_compile_error(exc: BaseException, target) -> UsageError:
+    """XLA:TPU refusing a slice (measured: a v5e 2x16 fails in its DMA routing), said as a UsageError."""
+    said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return UsageError(
+        f"XLA:TPU could not compile this cell for {target.where}: {said[:300]}. Plan a slice shape Google Cloud "
+        f"offers (v5e and v6e: 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16; v4 and v5p: 2x2x1, 2x2x2, 2x2x4, 2x4x4, "
+        f"4x4x4 and larger multiples of 4), or plan with XLA:CPU: drop --topology (or plan_cell(..., compiler=\"cpu\"))."
+    )
 
 
 def _reported_peak(memory) -> int | None:
