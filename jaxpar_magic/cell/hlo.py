@@ -334,10 +334,11 @@ class Upcasts:
     traffic_bytes: float  # bytes of HBM traffic the upcast adds to cost_analysis' 'bytes accessed'
 
 
-def upcasts(compiled_text: str, types: dict[tuple, str]) -> Upcasts:
+def upcasts(compiled_text: str, types: dict[tuple, str], instructions: list | None = None) -> Upcasts:
     """Find the compiled program's f32 values that are the program's bf16/f16 ones, and the traffic
-    XLA:CPU's conversions add (its cost analysis counts them as memory time)."""
-    instructions = _instructions(compiled_text)
+    XLA:CPU's conversions add (its cost analysis counts them as memory time). `instructions`: the
+    compiled text's, when already read."""
+    instructions = instructions if instructions is not None else _instructions(compiled_text)
     by_name = {i.name: i for i in instructions}
     bodies: dict[str, list[_Instruction]] = {}
     for ins in instructions:

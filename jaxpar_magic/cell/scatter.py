@@ -30,8 +30,8 @@ def _elements(type_text: str) -> list[int]:
 
 
 class _Graph:
-    def __init__(self, text: str):
-        self.instructions = instructions(text)
+    def __init__(self, text: str, read: list | None = None):
+        self.instructions = read if read is not None else instructions(text)
         self.by_name = {i.name: i for i in self.instructions}
         self.users: dict[str, list[Instruction]] = {}
         self.params: dict[tuple[str, int], Instruction] = {}
@@ -103,14 +103,15 @@ def _group_size(line: str, partitions: int) -> int:
     return len(groups[0]) if groups and groups[0] else partitions
 
 
-def reduce_scatters(text: str, found: list[Collective]) -> list[Collective]:
+def reduce_scatters(text: str, found: list[Collective], read: list | None = None) -> list[Collective]:
     """`found` (hlo.collectives of `text`) with each sliced all-reduce, or the sliced elements of a
     combined one, turned into the reduce-scatter the target's compiler makes; the rest of a
-    combined all-reduce stays an all-reduce. Each turned one has `sliced_from="all-reduce"`."""
+    combined all-reduce stays an all-reduce. Each turned one has `sliced_from="all-reduce"`. `read`:
+    hlo_text.instructions(text), when already read."""
     candidates = [c for c in found if c.op == "all-reduce" and c.name]
     if not candidates:
         return found
-    graph = _Graph(text)
+    graph = _Graph(text, read)
     partitions = _PARTITIONS.search(text)
     total = int(partitions.group(1)) if partitions else 1
     out = []

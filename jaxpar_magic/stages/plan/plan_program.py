@@ -169,8 +169,9 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
     compile_ms = (time.perf_counter() - start) * 1e3
     memory, cost, text = made.memory, made.cost, made.text
     types, matmuls = program_facts(program)
-    upcast = upcasts(text, types) if not target.is_tpu else Upcasts({}, set(), 0.0)  # XLA:TPU keeps bf16
-    found = reduce_scatters(text, collectives(text, None, filename, upcast.shadows, is_user_file))
+    read = instructions(text)  # the compiled program's instructions, read once for the three readers below
+    upcast = upcasts(text, types, read) if not target.is_tpu else Upcasts({}, set(), 0.0)  # XLA:TPU keeps bf16
+    found = reduce_scatters(text, collectives(text, None, filename, upcast.shadows, is_user_file), read)
     planned = plan_collectives(found, mesh, line_text, filename, rewritten=not target.is_tpu)
     flops, target_bytes = _figure(cost, "flops"), _figure(cost, "bytes accessed")
     bytes_accessed = max(0.0, target_bytes - upcast.traffic_bytes) if target_bytes is not None else None
@@ -216,7 +217,7 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         peak_bytes=_reported_peak(memory) if target.is_tpu else None,
         reused=kept,
     )
-    plan.peak = memory_peak(made.dump, instructions(text), entry_name(text), plan.total_bytes,
+    plan.peak = memory_peak(made.dump, read, entry_name(text), plan.total_bytes,
                             leaf_labels=leaf_labels, output_labels=_labels(output_labels, outputs),
                             filename=filename, line_text=line_text,
                             rest_note=RESERVED_TPU if target.is_tpu else RESERVED_CPU)
