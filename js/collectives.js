@@ -166,6 +166,18 @@ function drawCard(card, ctx) {
   return { node: el, dispose: stop };
 }
 
+/**
+ * A card as views/collectives.py's `wire_state` sent it, with its transfers back as objects (they
+ * travel as `[src, src_block, dst, dst_block, reduce]`: a saved notebook stores every one).
+ * @param {any} card
+ */
+export function unpackCard(card) {
+  const mv = card.movement;
+  if (!mv || !mv.packed) return card;
+  const unpack = (/** @type {number[][]} */ ts) => (ts || []).map(([src, srcBlock, dst, dstBlock, reduce]) => ({ src, src_block: srcBlock, dst, dst_block: dstBlock, reduce: Boolean(reduce) }));
+  return { ...card, movement: { ...mv, transfers: unpack(mv.transfers), steps: (mv.steps || []).map((/** @type {any} */ s) => ({ ...s, transfers: unpack(s.transfers) })) } };
+}
+
 /** @param {any} state */
 export function draw(state) {
   const axes = state.axes || [];
@@ -177,7 +189,7 @@ export function draw(state) {
   const root = h("div", { class: "jpm-view jpm-collectives" });
   const chips = h("span", { class: "jpm-chips" });
   for (const a of axes) chips.append(h("span", { class: "jpm-chip" }, `${a.name} `, h("b", { text: a.size })));
-  const cards = (state.cards || []).slice(0, MAX_CARDS);
+  const cards = (state.cards || []).slice(0, MAX_CARDS).map(unpackCard);
   root.append(
     h(
       "div",

@@ -19,7 +19,7 @@ const MAX_LINKS = 256;
  */
 const LABEL_W = 50;
 const GROUP_GAP = 12;
-const MIN_COL_W = 50;
+const MIN_COL_W = 30;
 
 /**
  * @typedef {{src: number, src_block: number, dst: number, dst_block: number, reduce?: boolean}} Transfer
@@ -173,7 +173,7 @@ export function movementModel(card, step) {
     inSlots = n;
     outSlots = n;
     shown = steps[k - 1].transfers || [];
-    label = `step ${k} of ${steps.length}: ${steps[k - 1].label}`;
+    label = stepLabel(k, steps);
   }
   const visible = shown.filter((t) => drawn.has(t.src) && drawn.has(t.dst));
   // A column whose communicating group has devices not drawn: its blocks hold more than we show.
@@ -190,6 +190,18 @@ export function movementModel(card, step) {
     links_omitted: Math.max(0, visible.length - MAX_LINKS),
     label,
   };
+}
+
+/**
+ * `step 3 of 14: reduce-scatter step 3 of 7`; a step whose own label counts the same steps (a
+ * one-phase movement) is not counted twice: `step 1 of 1: permute`. Twin of `step_label`.
+ * @param {number} k
+ * @param {Step[]} steps
+ */
+export function stepLabel(k, steps) {
+  const own = String(steps[k - 1].label);
+  const same = ` step ${k} of ${steps.length}`;
+  return `step ${k} of ${steps.length}: ${own.endsWith(same) ? own.slice(0, -same.length) : own}`;
 }
 
 /**

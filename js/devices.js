@@ -74,13 +74,16 @@ function card(d, showKind, showProcess, where = "") {
 const COMPACT_AFTER = 16;
 
 /**
- * Whether a group's cards are drawn as small chips: many devices, none with more to say than its
- * name (no kind column, coordinates, core or memory); the twin of views/devices.py's.
+ * Whether a group's cards are drawn as small chips: none with more to say than its name (no kind
+ * column, coordinates, core or memory), so eight simulated devices stand in one row; cards that
+ * also name their process only past COMPACT_AFTER. The twin of views/devices.py's.
  * @param {Device[]} mine
  * @param {number} kinds
+ * @param {number} [processes]
  */
-export function compactCards(mine, kinds) {
-  return mine.length > COMPACT_AFTER && kinds <= 1 && mine.every((d) => !(d.coords && d.coords.length) && d.core == null && d.mem_used == null);
+export function compactCards(mine, kinds, processes = 1) {
+  const nameOnly = kinds <= 1 && mine.every((d) => !(d.coords && d.coords.length) && d.core == null && d.mem_used == null);
+  return nameOnly && (processes <= 1 || mine.length > COMPACT_AFTER);
 }
 
 /** @param {any} state */
@@ -114,7 +117,7 @@ export function draw(state) {
     const where = g === null ? "" : hostText(state, g.process);
     // The host in its own case (the heading is upper-cased).
     if (g !== null) sec.append(h("div", { class: "jpm-h" }, `process ${g.process} · ${g.count} device${g.count === 1 ? "" : "s"}${mine.length < g.count ? ` (${mine.length} listed)` : ""}`, where ? h("span", { class: "jpm-mono", text: ` · ${where}` }) : null));
-    sec.append(h("div", { class: compactCards(mine, kinds.length) ? "jpm-cards jpm-compact" : "jpm-cards" }, ...mine.map((d) => card(d, kinds.length > 1, processes.length > 1, where))));
+    sec.append(h("div", { class: compactCards(mine, kinds.length, processes.length) ? "jpm-cards jpm-compact" : "jpm-cards" }, ...mine.map((d) => card(d, kinds.length > 1, processes.length > 1, where))));
     root.append(sec);
   }
   if (state.omitted) root.append(h("div", { class: "jpm-note", text: `… ${state.omitted} more devices not listed (${devices.length} of ${total} shown)` }));

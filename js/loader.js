@@ -8,7 +8,12 @@
  * "helper:<name>" and "view:<name>") and which helpers each view needs (`needs`). The view's
  * module is those pieces joined, exactly as views/base.py's bundle_esm joins them, imported
  * once per page from a Blob URL (as anywidget imports any `_esm`); the stylesheet goes into
- * one <style> in the page's head.
+ * one <style> where the view's root is: the page's head, or the shadow root a host such as
+ * marimo mounts the view in (styles in the head do not reach inside a shadow root).
+ *
+ * In a kernel each view is shown twice: its static picture, then this widget (views/base.py). Once
+ * the widget has drawn, it hides the static twin (the element of class `jpm-twin-<_jpm_twin>`, and
+ * the output box around it when the front end has one); where the widget cannot draw, the twin stays.
  */
 
 const STYLE_ID = "jpm-views-css";
@@ -18,15 +23,37 @@ const loaded = /** @type {Map<string, Promise<any>>} */ (
   /** @type {any} */ (globalThis).__jpmViewModules ??= new Map()
 );
 
-/** @param {string} css */
-function useStylesheet(css) {
-  let style = document.getElementById(STYLE_ID);
+/**
+ * @param {string} css
+ * @param {Node} where the view's element: its root node gets the stylesheet
+ */
+function useStylesheet(css, where) {
+  const root = where.getRootNode();
+  const shadow = typeof ShadowRoot !== "undefined" && root instanceof ShadowRoot;
+  const scope = shadow ? /** @type {ShadowRoot} */ (root) : document;
+  let style = scope.querySelector(`#${STYLE_ID}`);
   if (!style) {
     style = document.createElement("style");
     style.id = STYLE_ID;
-    document.head.append(style);
+    (shadow ? root : document.head).append(style);
   }
   if (style.textContent !== css) style.textContent = css;
+}
+
+/**
+ * Hide the static twin of a drawn view (and the output box that holds only it).
+ * @param {HTMLElement} el
+ * @param {string} twin
+ */
+function hideTwin(el, twin) {
+  if (!/^[0-9a-f]+$/.test(twin)) return;
+  const root = /** @type {Document | ShadowRoot} */ (el.getRootNode());
+  if (!root.querySelectorAll) return;
+  for (const node of root.querySelectorAll(`.jpm-twin-${twin}`)) {
+    const box = node.closest(".jp-OutputArea-child");
+    const target = /** @type {HTMLElement} */ (box && !box.contains(el) ? box : node);
+    target.style.display = "none";
+  }
 }
 
 /**
@@ -37,7 +64,6 @@ async function importView(lib, view) {
   const needs = (lib.get("needs") || {})[view];
   const code = lib.get("code") || {};
   if (!needs || !(`view:${view}` in code)) throw new Error(`the view library has no code for "${view}"`);
-  useStylesheet(lib.get("css") || "");
   const source = [...needs.map((/** @type {string} */ n) => code[`helper:${n}`]), code[`view:${view}`]].join("");
   const url = URL.createObjectURL(new Blob([source], { type: "text/javascript" }));
   try {
@@ -54,7 +80,7 @@ function viewModule(model) {
   const key = `${id}/${view}`;
   let found = loaded.get(key);
   if (!found) {
-    found = model.widget_manager.get_model(id).then((lib) => importView(lib, view));
+    found = model.widget_manager.get_model(id).then(async (lib) => ({ css: lib.get("css") || "", mod: await importView(lib, view) }));
     // A failure is not kept: the next view tries again (the library may arrive later).
     found.catch(() => loaded.delete(key));
     loaded.set(key, found);
@@ -65,9 +91,9 @@ function viewModule(model) {
 export default {
   /** @param {{model: any, el: HTMLElement}} ctx */
   async render(ctx) {
-    let mod;
+    let found;
     try {
-      mod = await viewModule(ctx.model);
+      found = await viewModule(ctx.model);
     } catch (err) {
       const note = document.createElement("div");
       note.className = "jpm-view jpm-error";
@@ -75,6 +101,9 @@ export default {
       ctx.el.replaceChildren(note);
       return () => ctx.el.replaceChildren();
     }
-    return mod.default.render(ctx);
+    useStylesheet(found.css, ctx.el);
+    const cleanup = found.mod.default.render(ctx);
+    hideTwin(ctx.el, String(ctx.model.get("_jpm_twin") || ""));
+    return cleanup;
   },
 };

@@ -15,6 +15,12 @@
  * dark themes.
  */
 
+/**
+ * Devices 0-7: colours picked for readers with a colour-vision deficiency (every two differ by a
+ * CIELAB distance of at least 19 under simulated protanopia, deuteranopia and tritanopia); the
+ * twin of views/palette.py's CVD_SAFE, where the check is described.
+ */
+const CVD_SAFE = ["#78c1d6", "#eed936", "#aef077", "#5ef0d4", "#e1eaae", "#f58c98", "#a69ff5", "#d4a16c"];
 const SATURATION = [0.62, 0.5, 0.74];
 const LIGHTNESS = [0.8, 0.72, 0.86, 0.76];
 
@@ -30,6 +36,7 @@ function hex2(v) {
  */
 export function deviceColor(id) {
   const n = Math.abs(Math.trunc(id));
+  if (n < CVD_SAFE.length) return { bg: CVD_SAFE[n], fg: "#111111" };
   const hue = ((n * 13751) % 36000) / 100;
   const s = SATURATION[n % 3];
   let fold = 0;

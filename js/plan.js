@@ -169,7 +169,7 @@ function roofline(r, hw, topology) {
     grid.append(
       h("span", { class: bound ? "jpm-roof-name jpm-bound" : "jpm-roof-name", text: name }),
       h("span", { class: "jpm-roof-track", title: detail, data: { detail, bound: bound ? "yes" : "no" } }, h("span", { class: bound ? "jpm-roof-bar jpm-bound" : "jpm-roof-bar", style: { width: `${(100 * (Number(s) || 0)) / top}%` } })),
-      h("span", { class: bound ? "jpm-roof-val jpm-bound" : "jpm-roof-val", text: `${formatSeconds(s)}${bound ? "  ← bounds the estimate" : ""}` }),
+      h("span", { class: bound ? "jpm-roof-val jpm-bound" : "jpm-roof-val", text: `${roofValue(key, s, r)}${bound ? "  ← bounds the estimate" : ""}` }),
     );
   }
   return h(
@@ -181,6 +181,18 @@ function roofline(r, hw, topology) {
     topology && topology.text ? h("div", { class: "jpm-note", text: `topology: ${topology.text}` }) : null,
     hw && hw.source ? h("div", { class: "jpm-note", text: `profile: ${hw.name} — ${hw.source}` }) : null,
   );
+}
+
+/**
+ * A roofline row's time; a collectives row at 0 s beside a latency row says where its collectives'
+ * time went. The twin of views/plan.py's `roof_value`.
+ * @param {string} key
+ * @param {number} s
+ * @param {any} r
+ */
+export function roofValue(key, s, r) {
+  const latencyBound = (key === "ici" || key === "dcn") && !s && r.latency_s;
+  return `${formatSeconds(s)}${latencyBound ? " (latency-bound: see collective latency)" : ""}`;
 }
 
 /**

@@ -262,8 +262,9 @@ function drawCollective(coll, order) {
       "div",
       { class: "jpm-coll-head" },
       h("span", { class: "jpm-op", text: coll.op }),
+      coll.reduction ? h("span", { class: "jpm-chip" }, "combines by ", h("b", { text: coll.reduction })) : null,
       coll.shape ? h("span", { class: "jpm-chip" }, h("b", { text: coll.shape })) : null,
-      coll.bytes !== null && coll.bytes !== undefined ? h("span", { class: "jpm-chip", text: formatBytes(coll.bytes) }) : null,
+      coll.bytes !== null && coll.bytes !== undefined ? h("span", { class: "jpm-chip", title: "the size of the compiled collective's result on one device, not the bytes it sends" }, "result buffer ", h("b", { text: formatBytes(coll.bytes) })) : null,
       coll.groups_text ? h("span", { class: "jpm-sub", text: coll.groups_text }) : null,
     ),
   );

@@ -4,7 +4,8 @@
  *
  * The array's blocks are drawn to relative scale (1-D: a row; 2-D: a grid; N-D: facets over
  * the leading dimensions, at most 16), each coloured by the device that holds it; a block
- * held by several devices is striped with their colours and labelled with their ids. The
+ * held by several devices is drawn as copies: a neutral cell labelled "N copies: ids" with a
+ * small mark per copy in each device's colour (side-by-side stripes would read as a split). The
  * legend maps mesh axes to array dimensions and writes the PartitionSpec. Hover or click a
  * block for its index slices and shard shape.
  */
@@ -15,7 +16,7 @@ import { h, formatBytes, formatShape, formatSpec, formatSlices, formatIds, unrav
 const MAX_FACETS = 16;
 /** A 1-D array with more blocks than this wraps into rows of equal blocks. */
 const WRAP_1D = 64;
-/** Stripes drawn for a block held by several devices. */
+/** Copy marks drawn for a block held by several devices. */
 const MAX_STRIPES = 8;
 
 /**
@@ -116,20 +117,33 @@ function block(tile, dtype, wpx, hpx, procOf = () => null) {
   const devs = tile.devices || [];
   const who = devs.length === 0 ? "no device" : devs.length === 1 ? `device ${devs[0]}` : `devices ${formatIds(devs, 8)} (${devs.length}, replicated)`;
   const detail = `block (${tile.block.join(", ")}) · index ${formatSlices(tile.index)} · shard ${formatShape(dtype, tile.shard_shape)} · ${who}${processText(procOf, devs)}`;
-  const el = h("div", { class: wpx >= 48 && hpx >= 40 ? "jpm-block jpm-big" : "jpm-block", title: detail, data: { detail } });
+  const copies = devs.length > 1;
+  const big = wpx >= 48 && hpx >= 40 ? " jpm-big" : "";
+  const el = h("div", { class: `jpm-block${big}${copies ? " jpm-copies" : ""}`, title: detail, data: { detail } });
   if (devs.length === 1) {
     const c = deviceColor(devs[0]);
     el.style.background = c.bg;
     el.style.color = c.fg;
-  } else {
-    const stripes = h("div", { class: "jpm-stripes" });
-    for (const id of devs.slice(0, MAX_STRIPES)) stripes.append(h("i", { style: { background: deviceColor(id).bg } }));
-    el.append(stripes);
   }
-  const label = devs.length === 1 ? String(devs[0]) : formatIds(devs, 2);
-  const fits = hpx >= 15 && wpx >= 7 * label.length + 8;
-  if (fits) el.append(h("span", { class: devs.length === 1 ? "" : "jpm-blabel", text: label }));
+  // Copies, not a split: one neutral cell that names its devices, and a small mark per copy.
+  const label = copies ? copiesLabel(devs) : devs.length ? String(devs[0]) : "";
+  const fits = hpx >= 15 && wpx >= 7 * Math.min(label.length, 12) + 8;
+  if (fits) el.append(h("span", { class: copies ? "jpm-blabel" : "", text: label }));
+  if (copies) {
+    const marks = h("span", { class: "jpm-copy-marks" });
+    for (const id of devs.slice(0, MAX_STRIPES)) marks.append(h("i", { style: { background: deviceColor(id).bg } }));
+    if (devs.length > MAX_STRIPES) marks.append(`+${devs.length - MAX_STRIPES}`);
+    el.append(marks);
+  }
   return el;
+}
+
+/**
+ * A replicated block's label: `2 copies: 0,1`; the twin of views/sharding.py's `copies_label`.
+ * @param {number[]} devs
+ */
+export function copiesLabel(devs) {
+  return `${devs.length} copies: ${formatIds(devs, 2)}`;
 }
 
 /**
@@ -178,6 +192,7 @@ function blockGrid(g) {
     class: "jpm-blocks",
     style: {
       width: `${g.width}px`,
+      "max-width": "100%", // a narrow output area squeezes the blocks rather than cutting them off
       height: `${g.height}px`,
       gap: `${gap}px`,
       "grid-template-columns": g.cols.map((c) => `minmax(0, ${c / csum}fr)`).join(" "),
@@ -233,7 +248,7 @@ export function draw(state) {
       { class: "jpm-head" },
       h("span", { class: "jpm-title" }, h("code", { text: state.name || "array" })),
       h("span", { class: "jpm-chip" }, h("b", { text: formatShape(dtype, shape) })),
-      state.nbytes !== null && state.nbytes !== undefined ? h("span", { class: "jpm-chip", text: formatBytes(state.nbytes) }) : null,
+      state.nbytes !== null && state.nbytes !== undefined ? h("span", { class: "jpm-chip" }, "whole array ", h("b", { text: formatBytes(state.nbytes) })) : null,
       h("span", { class: "jpm-sub", text: `${count} distinct block${count === 1 ? "" : "s"} on ${state.total_devices ?? "?"} device${state.total_devices === 1 ? "" : "s"}` }),
       state.abstract ? h("span", { class: "jpm-badge jpm-warn", text: "abstract", title: "no devices yet: positions in an abstract mesh" }) : null,
       state.process_count > 1 ? h("span", { class: "jpm-badge", text: `${state.process_count} processes` }) : null,

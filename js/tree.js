@@ -89,7 +89,7 @@ export function drawTree(state) {
       h("span", { class: "jpm-title" }, h("code", { text: state.name || "tree" })),
       h("span", { class: "jpm-chip" }, h("b", { text: String(state.type || "") })),
       h("span", { class: "jpm-chip", text: summary(state) }),
-      h("span", { class: "jpm-chip", text: formatBytes(state.bytes) }),
+      h("span", { class: "jpm-chip" }, "all leaves ", h("b", { text: formatBytes(state.bytes) })),
       state.device_bytes !== null && state.device_bytes !== undefined ? h("span", { class: "jpm-chip", title: "what the most loaded device holds of this tree" }, "per device ", h("b", { text: formatBytes(state.device_bytes) })) : null,
       state.abstract ? h("span", { class: "jpm-badge jpm-warn", text: "abstract", title: "ShapeDtypeStructs: shapes and layouts, no data" }) : null,
       state.process_count > 1 ? h("span", { class: "jpm-badge", text: `${state.process_count} processes` }) : null,

@@ -120,7 +120,9 @@ def test_parse_targets(words, expected):
     assert cluster_magic.parse_targets(words, 4) == expected
 
 
-@pytest.mark.parametrize("words", [["4"], ["one"], ["2-1"], ["0-9"], ["-1"]])
+@pytest.mark.parametrize("words", [["4"], ["one"], ["2-1"], ["0-9"], ["-1"],
+                                   ["²"], ["0-²"], ["١"],  # digits str.isdigit() takes and int() may not
+                                   ["0-99999999999"], ["99999999999-99999999999"]])  # refused before building a range
 def test_bad_targets(words):
     with pytest.raises(UsageError, match="--targets"):
         cluster_magic.parse_targets(words, 4)

@@ -73,10 +73,12 @@ def wait_until_serving(proc: subprocess.Popen, url: str, token: str, log: Path) 
     pytest.fail(f"jupyter lab did not answer within {SERVER_START_S} s:\n{log.read_text(errors='replace')[-4000:]}")
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+@contextlib.contextmanager
+def jupyter_server(tmp_path: Path, app: str) -> Iterator[Lab]:
+    """A Jupyter server (``app``: ``jupyterlab`` or ``notebook``, Notebook 7) of its own: a home and
+    Jupyter/IPython folders in `tmp_path`, no news toast, no autosave, copies of the examples in its
+    root; stopped with SIGTERM."""
     require_chromium()
-    tmp_path = tmp_path_factory.mktemp("lab")
     home, root = tmp_path / "home", tmp_path / "root"
     env = dict(os.environ)
     for name, sub in [("HOME", "home"), ("JUPYTER_CONFIG_DIR", "home/config"), ("JUPYTER_DATA_DIR", "home/data"),
@@ -96,11 +98,12 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         shutil.copy(notebook, root / notebook.name)
 
     port, token = free_port(), secrets.token_hex(16)
-    log = tmp_path / "lab.log"
+    log = tmp_path / f"{app}.log"
+    expose = "--LabApp.expose_app_in_browser=True" if app == "jupyterlab" else "--JupyterNotebookApp.expose_app_in_browser=True"
     command = [
-        sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+        sys.executable, "-m", app, "--no-browser", "--ip=127.0.0.1", f"--port={port}",
         f"--ServerApp.token={token}", f"--ServerApp.root_dir={root}", "--allow-root",
-        "--LabApp.expose_app_in_browser=True", "--ServerApp.port_retries=0",
+        expose, "--ServerApp.port_retries=0",
     ]
     with log.open("wb") as sink:
         proc = subprocess.Popen(command, cwd=root, env=env, stdout=sink, stderr=subprocess.STDOUT)
@@ -116,6 +119,12 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    with jupyter_server(tmp_path_factory.mktemp("lab"), "jupyterlab") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +200,10 @@ def run_all_and_check(page, lab: Lab, notebook: Path, expected: list[tuple[int, 
     )
     kinds = ["jpm-sharding" if k == "jpm-tree" else k for k in kinds]  # a pytree's one view per name
     assert kinds == [f"jpm-{k}" for _, k in expected], f"live views {kinds}, expected {expected}"
-    assert page.locator(f"{STATIC_OUTPUT} .jpm-view").count() == 0, "JupyterLab fell back to static HTML"
+    # Each view's static twin (the output before its widget) is hidden once the widget has drawn.
+    shown_static = page.evaluate(
+        "sel => [...document.querySelectorAll(sel)].filter(v => v.offsetParent !== null).length", f"{STATIC_OUTPUT} .jpm-view")
+    assert shown_static == 0, f"{shown_static} static views still show beside their live widgets"
     widget_errors = page.locator(WIDGET_OUTPUT).filter(has_text="Error displaying widget").count()
     assert widget_errors == 0, "JupyterLab could not display some widgets"
 

@@ -39,3 +39,23 @@ def test_a_short_wait_shows_nothing(ip):
         with progress.Progress("compiling", delay=5, enabled=True):
             pass
     assert shown.outputs == []
+
+
+def test_a_view_gives_its_static_twin_the_line_and_follows_with_the_widget(ip, monkeypatch):
+    """A status line's place goes to the view's first output (its static twin); the widget comes
+    right after it (in a kernel a view is two outputs: views/base.py's display_parts)."""
+    from jaxpar_magic.views import base
+    from jaxpar_magic.views.devices import DevicesView
+
+    monkeypatch.setattr(base, "_in_kernel", lambda: True)
+    view = DevicesView(state={"devices": [], "counts": {"cpu": 1}, "total": 1, "backend": "cpu"})
+    with capture_output() as shown:
+        with progress.kept_lines() as slots:
+            with progress.Progress("compiling", delay=0.05, interval=0.05, enabled=True):
+                time.sleep(0.2)
+            assert slots.fill(view)
+            slots.close()
+    kinds = [sorted(o.data) for o in shown.outputs]
+    assert kinds[-2:] == [["text/html", "text/plain"], [base.WIDGET_MIME]], kinds
+    assert shown.outputs[-2].data["text/html"].startswith(f'<div class="jpm-static jpm-twin-{view._jpm_twin}">')
+    view.close()

@@ -13,7 +13,7 @@ from IPython.utils.capture import capture_output
 from jax.sharding import PartitionSpec as P
 
 from jaxpar_magic.face import magics
-from shell_helpers import N_DEVICES, run_python
+from shell_helpers import N_DEVICES, run_python, shown_widgets
 
 
 def mesh(ip, line: str):
@@ -228,3 +228,80 @@ def test_a_deleted_leaf_of_a_pytree_input_is_named_by_its_path(jx):
     new["w"].delete()  # a new object: not known by identity, checked by structure, caught at the run
     with pytest.raises(UsageError, match=r"`params\['w'\]` was deleted"):
         jx.run_cell_magic("shard", line, cell)
+
+
+# --- a re-run on an earlier input shape (issue 22, item 1) ---------------------------------------
+
+SHAPED = """\
+rows = x.shape[0]
+parts = [x[i:i + 4] for i in range(0, x.shape[0], 4)]
+len(parts)
+"""
+
+
+def _expected(n: int) -> tuple[int, int]:
+    """(rows, number of parts) plain Python gives for a per-device block of n rows."""
+    return n, len(range(0, n, 4))
+
+
+@pytest.mark.parametrize("magic, line, per_device", [
+    ("shard", "--mesh data=8 --no-show", False),
+    ("shard", "--mesh data=8", False),  # the view on: the full path every run
+    ("shard", "--mesh data=8 --in x=data --no-show", False),
+    ("pmap", "--no-show", True),
+    ("pmap", "", True),
+])
+def test_a_rerun_on_an_earlier_shape_binds_that_traces_python_values(jx, magic, line, per_device):
+    """x of 8 rows, then 16, then 8 again: the third run must not bind the 16-row trace's `rows`,
+    its list of parts or its final value (the compiled variant for 8 rows is reused by jit)."""
+    for n in (8, 16, 8, 16):
+        x = jnp.arange(float(N_DEVICES * n)).reshape(N_DEVICES, n) if per_device else jnp.arange(float(n))
+        jx.push({"x": x})
+        with capture_output():
+            final = jx.run_cell_magic(magic, line, SHAPED)
+        rows, count = _expected(n)
+        assert jx.user_ns["rows"] == rows and type(jx.user_ns["rows"]) is int
+        assert len(jx.user_ns["parts"]) == count and all(p is not None for p in jx.user_ns["parts"])
+        assert final == count
+        first = np.asarray(jx.user_ns["parts"][0])
+        expected = np.asarray(x)[..., :4] if per_device else np.asarray(x)[:4]
+        np.testing.assert_array_equal(first, expected)
+
+
+def test_the_twins_bind_each_shapes_own_python_values(jx):
+    from jaxpar_magic import pmap_cell, shard_cell, shard_map_cell
+
+    mesh(jx, "data=8")
+    ns = jx.user_ns
+    for n in (8, 16, 8):
+        ns["x"] = jnp.arange(float(n))
+        result = shard_cell(SHAPED, ns, mesh=ns["mesh"])
+        assert (ns["rows"], len(ns["parts"]), result.final) == (n, len(range(0, n, 4)), len(range(0, n, 4)))
+        ns["x"] = jnp.ones((N_DEVICES, n))
+        result = pmap_cell("rows = x.shape[0]\nrows * 10", ns)
+        assert (ns["rows"], result.final) == (n, 10 * n)
+        ns["x"] = jnp.arange(float(N_DEVICES * n))
+        result = shard_map_cell("rows = x.shape[0]\nrows * 10", ns, mesh=ns["mesh"], in_specs={"x": ("data",)})
+        assert (ns["rows"], result.final) == (n, 10 * n)  # a block of n rows per device
+
+
+def test_collective_cards_belong_to_the_trace_that_ran(jx):
+    """--collectives: the number of calls depends on the shape; each run's cards are its own trace's."""
+    source = "for k in range(x.shape[0]):\n    t = lax.psum(x[k], 'i')\n"
+    for n in (1, 3, 1):
+        jx.push({"x": jnp.ones((N_DEVICES, n))})
+        with capture_output() as captured:
+            jx.run_cell_magic("pmap", "--collectives --no-show", source)
+        (view,) = [w for w in shown_widgets(captured) if type(w).__name__ == "CollectivesView"]
+        assert len(view.state["cards"]) == n
+
+
+def test_a_plan_after_runs_of_other_shapes_binds_its_own_trace(jx):
+    mesh(jx, "data=8")
+    for n in (8, 16):
+        jx.push({"x": jnp.arange(float(n))})
+        jx.run_cell_magic("shard", "--no-show", "rows = x.shape[0]\ny = x * 2")
+    jx.push({"x": jax.ShapeDtypeStruct((8,), jnp.float32)})
+    with capture_output():
+        jx.run_cell_magic("shard", "--plan --no-show", "rows = x.shape[0]\ny = x * 2")
+    assert jx.user_ns["rows"] == 8 and jx.user_ns["y"].shape == (8,)

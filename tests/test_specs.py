@@ -117,6 +117,10 @@ def test_a_trailing_comma_inside_P_adds_no_dimension():
         "data model",
         "1.5",
         "[data]",
+        # nested 500 deep: a UsageError, not a RecursionError
+        pytest.param("(" * 500 + "data" + ")" * 500, id="parentheses-500-deep"),
+        pytest.param("P(" + "(" * 500 + "data" + ")" * 500 + ")", id="P-of-parentheses-500-deep"),
+        pytest.param("data," + "(" * 500 + "model" + ")" * 500, id="second-entry-500-deep"),
     ],
 )
 def test_malformed_specs_are_usage_errors_and_nothing_runs(text, monkeypatch):

@@ -1,5 +1,8 @@
 """Changing a global that a helper reads takes effect on the next run (jax.jit alone would keep the
-first run's value), in block mode, function mode and %%shard; unchanged values keep the fast path.
+first run's value), in block mode, function mode, %%shard and %%shard_map: directly, through the
+wrappers JAX and functools make (jax.grad, vmap, jit, checkpoint, partial, Partial, a lax.scan body,
+a callable object), and by what the program is compiled for (-0.0 is not 0.0, 1 is not True or
+1.0, NaNs by their bits); unchanged values keep the fast path.
 """
 from __future__ import annotations
 
@@ -159,3 +162,223 @@ def test_refs_hold_weakly_and_die_unequal():
     gc.collect()
     assert ref.get() is None
     assert ref != ref  # a dead reference matches nothing, not even itself
+
+
+# --- a helper reached through a wrapper (issue 22, item 2) ---------------------------------------
+
+WRAPPERS = {  # name -> (definitions, the cell, y as a function of x and sg)
+    "jax.grad": ("h = jax.grad(lambda v: jnp.sum(v * sg))", "y = h(x)", lambda x, sg: np.full_like(x, sg)),
+    "jax.vmap": ("def f(v):\n    return v * sg\nh = jax.vmap(f)", "y = h(x)", lambda x, sg: x * sg),
+    "jax.value_and_grad": ("def f(v):\n    return jnp.sum(v * sg)\nh = jax.value_and_grad(f)", "y = h(x)[1]",
+                           lambda x, sg: np.full_like(x, sg)),
+    "jax.jit": ("def f(v):\n    return v * sg\nh = jax.jit(f)", "y = h(x)", lambda x, sg: x * sg),
+    "jax.jit(jax.grad)": ("h = jax.jit(jax.grad(lambda v: jnp.sum(v * sg)))", "y = h(x)",
+                          lambda x, sg: np.full_like(x, sg)),
+    "functools.partial": ("import functools\ndef f(v, k):\n    return v * sg * k\nh = functools.partial(f, k=2.0)",
+                          "y = h(x)", lambda x, sg: x * sg * 2.0),
+    "jax.tree_util.Partial": ("def f(v, k):\n    return v * sg * k\nh = jax.tree_util.Partial(f, k=2.0)",
+                              "y = h(x)", lambda x, sg: x * sg * 2.0),
+    "a callable object": ("class Scaled:\n    def __call__(self, v):\n        return v * sg\nh = Scaled()", "y = h(x)",
+                          lambda x, sg: x * sg),
+    "a method": ("class Model:\n    def apply(self, v):\n        return v * sg\nm = Model()", "y = m.apply(x)",
+                 lambda x, sg: x * sg),
+    "jax.checkpoint": ("def f(v):\n    return v * sg\nh = jax.checkpoint(f)", "y = h(x)", lambda x, sg: x * sg),
+    "a lax.scan body": ("def body(c, v):\n    return c, v * sg\ndef h(v):\n    return lax.scan(body, 0.0, v)[1]",
+                        "y = h(x)", lambda x, sg: x * sg),
+    "a lax.cond branch": ("def f(v):\n    return v * sg\ndef h(v):\n    return lax.cond(True, f, lambda v: v, v)",
+                          "y = h(x)", lambda x, sg: x * sg),
+}
+MAGICS = {  # name -> (magic, line)
+    "shard": ("shard", "--mesh data=8 --in x=data --no-show"),
+    "shard with the view": ("shard", "--mesh data=8 --in x=data"),
+    "pmap": ("pmap", "--no-show"),
+    "shard_map": ("shard_map", "--mesh data=8 --in x=data --out y=data --no-show"),
+}
+
+
+@pytest.mark.parametrize("magic", list(MAGICS))
+@pytest.mark.parametrize("wrapper", list(WRAPPERS))
+def test_a_changed_global_is_seen_through_a_wrapper(jx, wrapper, magic):
+    definitions, cell, expected = WRAPPERS[wrapper]
+    name, line = MAGICS[magic]
+    if wrapper in ("a lax.scan body", "jax.vmap") and name == "pmap":
+        cell = "y = h(x[None])[0]"  # per device x is a scalar: map over a one-row block
+    values = np.arange(1.0, N_DEVICES + 1)
+    run(jx, "sg = 2.0\n" + definitions)
+    for sg in (2.0, 3.0, -0.0, 3.0):
+        jx.user_ns["sg"] = sg
+        jx.push({"x": jnp.asarray(values)})
+        with capture_output():
+            jx.run_cell_magic(name, line, cell)
+        y = np.asarray(jx.user_ns["y"])
+        np.testing.assert_array_equal(y, expected(values, sg))
+        np.testing.assert_array_equal(np.signbit(y), np.signbit(expected(values, sg)))  # -0.0 is not 0.0
+
+
+INPUTS_HOLDING_FUNCTIONS = {  # an input (it has array leaves) whose structure holds a function of the user's
+    "jax.tree_util.Partial": "def f(v, w):\n    return v * w * sg\nh = jax.tree_util.Partial(f, w=jnp.float32(2.0))",
+    "an Equinox module": ("import equinox as eqx\nclass Scaled(eqx.Module):\n    w: jax.Array\n"
+                          "    def __call__(self, v):\n        return v * self.w * sg\nh = Scaled(jnp.float32(2.0))"),
+    "an Equinox static field": ("import equinox as eqx\ndef act(v):\n    return v * sg\nclass Layer(eqx.Module):\n"
+                                "    w: jax.Array\n    fn: object = eqx.field(static=True)\n"
+                                "    def __call__(self, v):\n        return self.fn(v * self.w)\nh = Layer(jnp.float32(2.0), act)"),
+}
+
+
+@pytest.mark.parametrize("magic, line", [("shard", "--mesh data=8 --no-show"), ("pmap", "--broadcast h --no-show")])
+@pytest.mark.parametrize("holder", list(INPUTS_HOLDING_FUNCTIONS))
+def test_a_global_read_by_a_function_an_input_holds(jx, x, holder, magic, line):
+    """The function is part of the input's pytree structure, which == compares by identity only."""
+    run(jx, "sg = 1.0\n" + INPUTS_HOLDING_FUNCTIONS[holder])
+    for sg in (1.0, 3.0, -0.0):
+        jx.user_ns["sg"] = sg
+        jx.push({"x": jnp.asarray(x + 1)})
+        jx.run_cell_magic(magic, line, "y = h(x)")
+        np.testing.assert_array_equal(jx.user_ns["y"], (x + 1) * 2.0 * sg)
+        np.testing.assert_array_equal(np.signbit(jx.user_ns["y"]), np.signbit((x + 1) * 2.0 * sg))
+
+
+def test_function_mode_sees_a_global_through_a_wrapper(jx, x):
+    run(jx, "sg = 2.0\nh = jax.grad(lambda v: jnp.sum(v * sg))")
+    with capture_output():
+        pmap(jx, "def step(v):\n    return h(v)\n", "")
+    for sg in (2.0, 5.0):
+        jx.user_ns["sg"] = sg
+        np.testing.assert_array_equal(jx.user_ns["step"](jnp.asarray(x)), np.full(N_DEVICES, sg))
+
+
+def test_an_attribute_of_a_callable_object_is_part_of_the_key(jx, x, compiles):
+    run(jx, "class Scaled:\n    def __init__(self, k):\n        self.k = k\n    def __call__(self, v):\n"
+            "        return v * self.k\nh = Scaled(2.0)")
+    pmap(jx, "y = h(x)")
+    run(jx, "h.k = 3.0")  # changed in place: a plain jax.jit would keep 2.0
+    pmap(jx, "y = h(x)")
+    np.testing.assert_array_equal(jx.user_ns["y"], x * 3.0)
+    before = compiles.count
+    pmap(jx, "y = h(x)")  # unchanged: no compile
+    assert compiles.count == before
+
+
+def test_a_jitted_helper_gives_the_fresh_value_even_when_jit_traced_it_before(jx, x):
+    """jit keeps the trace it made with the old global; the magic's promise is stronger."""
+    run(jx, "sg = 1.0\ndef f(v):\n    return v * sg\nh = jax.jit(f)\nplain = h(x)")
+    line = "--mesh data=8 --no-show"
+    jx.run_cell_magic("shard", line, "y = h(x)")  # traces h for x's shape under the mesh
+    run(jx, "sg = 2.0\nstill = h(x)")
+    np.testing.assert_array_equal(jx.user_ns["still"], x * 1.0)  # plain JAX: jit's cached program
+    jx.run_cell_magic("shard", line, "z = h(x)")  # a new cell: jit would hand it the sg = 1 trace
+    np.testing.assert_array_equal(jx.user_ns["z"], x * 2.0)
+    jx.run_cell_magic("shard", line, "y = h(x)")  # the first cell, compiled again
+    np.testing.assert_array_equal(jx.user_ns["y"], x * 2.0)
+    pmap(jx, "w = h(x)")
+    np.testing.assert_array_equal(jx.user_ns["w"], x * 2.0)
+
+
+def test_an_unchanged_wrapped_helper_keeps_the_compiled_program(jx, x, compiles):
+    run(jx, "sg = 2.0\nh = jax.jit(jax.grad(lambda v: jnp.sum(v * sg)))")
+    pmap(jx, "y = h(x)")
+    before = compiles.count
+    for _ in range(3):
+        pmap(jx, "y = h(x)")
+    assert compiles.count == before
+
+
+@pytest.mark.parametrize("use", ["scan", "cond", "checkpoint", "jit", "jit of grad"])
+def test_forget_traces_makes_a_kept_trace_go(use):
+    """The one reach into JAX's private caches (cell/jax_traces.py): fails loudly when a JAX release
+    moves the registry or stops keying these traces by the function."""
+    import jax
+    from jax import lax
+    from jax._src.util import _caches  # noqa: F401  (what forget_traces walks)
+
+    from jaxpar_magic.cell.fingerprints import traced_callables
+    from jaxpar_magic.cell.jax_traces import forget_traces
+
+    ns = {"lax": lax, "jnp": jnp, "sg": 1.0}
+    exec("def f(v):\n    return v * sg\ndef body(c, v):\n    return c, v * sg\n"
+         "def g(v):\n    return jnp.sum(v * sg)\n", ns)
+    helper = {"scan": ns["body"], "cond": ns["f"], "checkpoint": jax.checkpoint(ns["f"]), "jit": jax.jit(ns["f"]),
+              "jit of grad": jax.jit(jax.grad(ns["g"]))}[use]
+    call = {"scan": lambda v: lax.scan(helper, 0.0, v)[1], "cond": lambda v: lax.cond(True, helper, lambda u: u, v)}
+    call = call.get(use, helper)
+    x = jnp.arange(1.0, 4.0)
+    first = jax.jit(lambda v: call(v))(x)
+    ns["sg"] = 2.0
+    stale = jax.jit(lambda v: call(v))(x)  # a new program, as a recompiled cell is
+    np.testing.assert_array_equal(stale, first)  # JAX kept the trace: why forget_traces exists
+    forget_traces(traced_callables([helper]))
+    fresh = jax.jit(lambda v: call(v))(x)
+    np.testing.assert_array_equal(fresh, 2.0 * np.asarray(first))
+
+
+def test_fingerprints_follow_wrappers_without_walking_library_code():
+    import functools
+
+    import jax
+
+    ns: dict = {"jnp": jnp, "sg": 1.0}
+    exec("def f(v):\n    return jnp.sum(v * sg)\n", ns)
+    for wrap in (jax.grad, jax.vmap, jax.jit, jax.checkpoint, jax.value_and_grad, lambda f: functools.partial(f),
+                 lambda f: jax.tree_util.Partial(f)):
+        wrapped = wrap(ns["f"])
+        before = fingerprint(wrapped)
+        assert len(repr(before)) < 1000  # f's own reads, not JAX's internals
+        ns["sg"] = 2.0
+        assert fingerprint(wrapped) != before
+        ns["sg"] = 1.0
+        assert fingerprint(wrapped) == before
+
+
+# --- values that compare equal but are not (issue 22, item 3) ------------------------------------
+
+def test_negative_zero_is_its_own_program(jx, x):
+    run(jx, "s = 0.0")
+    pmap(jx, "y = (x + 1) / s")
+    assert np.all(np.isposinf(jx.user_ns["y"]))
+    run(jx, "s = -0.0")  # -0.0 == 0.0, but x / s is -inf
+    pmap(jx, "y = (x + 1) / s")
+    assert np.all(np.isneginf(jx.user_ns["y"]))
+    jx.run_cell_magic("shard", "--mesh data=8 --no-show", "z = (x + 1) / s")
+    assert np.all(np.isneginf(jx.user_ns["z"]))
+    run(jx, "s = 0.0\ndef f(v):\n    return v / s\n")
+    jx.run_cell_magic("shard", "--mesh data=8 --no-show", "z = f(x + 1)")
+    run(jx, "s = -0.0")  # through a helper
+    jx.run_cell_magic("shard", "--mesh data=8 --no-show", "z = f(x + 1)")
+    assert np.all(np.isneginf(jx.user_ns["z"]))
+
+
+def _nan(payload: int) -> float:
+    import struct
+
+    return struct.unpack("<d", struct.pack("<Q", 0x7FF8000000000000 | payload))[0]
+
+
+def test_nans_are_compared_by_their_bits(jx, x, compiles):
+    run(jx, "s = float('nan')")
+    pmap(jx, "y = x * 0 + s")
+    before = compiles.count
+    jx.user_ns["s"] = float("nan")  # another NaN object with the same bits: the same program
+    pmap(jx, "y = x * 0 + s")
+    assert compiles.count == before
+    assert fingerprint(_nan(1 << 40)) != fingerprint(_nan(0))  # another payload: another program
+    assert fingerprint(_nan(1 << 40)) == fingerprint(_nan(1 << 40))
+
+
+@pytest.mark.parametrize("values", [(1, True, 1.0), (0, False, 0.0)])
+def test_python_types_are_part_of_the_key(jx, x, values):
+    for value in values + values[:1]:
+        jx.user_ns["s"] = value
+        pmap(jx, "y = jnp.asarray(s) + jnp.zeros((), jnp.asarray(s).dtype)")
+        assert jx.user_ns["y"].dtype == jnp.asarray(value).dtype
+        jx.run_cell_magic("shard", "--mesh data=8 --no-show", "z = jnp.asarray(s)\nt = s")
+        assert jx.user_ns["z"].dtype == jnp.asarray(value).dtype and type(jx.user_ns["t"]) is type(value)
+
+
+def test_fingerprints_of_equal_but_different_values():
+    assert fingerprint(0.0) != fingerprint(-0.0)
+    assert fingerprint(1) != fingerprint(True) != fingerprint(1.0) != fingerprint(1)
+    assert fingerprint(complex(0.0, 0.0)) != fingerprint(complex(0.0, -0.0))
+    assert fingerprint((0.0, {"a": 1})) != fingerprint((-0.0, {"a": 1})) != fingerprint((0.0, {"a": True}))
+    assert fingerprint(np.float32(0.0)) != fingerprint(np.float32(-0.0)) != fingerprint(np.float64(0.0))
+    assert fingerprint(np.float32(2.0)) == fingerprint(np.float32(2.0))  # a NumPy scalar by content
+    assert fingerprint(np.array([0.0])) != fingerprint(np.array([-0.0]))

@@ -10,19 +10,21 @@ from typing import Any
 import pytest
 from html_tags import parse
 
+from jaxpar_magic.views.inline import inline_styles
+from jaxpar_magic.views.textwidth import fit_text, text_width
 from jaxpar_magic.views import PlanView, base, plan
 from sample_states import plan_state
 
 HOSTILE = "<img src=x onerror=window.__xss=1>\"'&"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-ALLOWED_TAGS = {"style", "div", "span", "b", "i", "table", "thead", "tbody", "tr", "th", "td", "ul", "li", "details",
+ALLOWED_TAGS = {"div", "span", "b", "i", "table", "thead", "tbody", "tr", "th", "td", "ul", "li", "details",
                 "summary"}
 GIB = 2**30
 
 
 def body(page: str) -> str:
     """The HTML after the stylesheet (which names every class)."""
-    return page.split("</style>", 1)[1]
+    return page.split("</style>", 1)[-1]
 
 
 def hostile_state() -> dict[str, Any]:
@@ -91,7 +93,7 @@ def test_roofline_and_no_hardware() -> None:
     r = state["roofline"]
     assert r["bound"] == "compute" and r["estimate_s"] == r["compute_s"]
     out = plan.to_html(state)
-    assert '<span class="jpm-roof-name jpm-bound">compute</span>' in out
+    assert '<td class="jpm-roof-name jpm-bound">compute</td>' in out
     assert "6.09 ms  ← bounds the estimate" in out
     assert "estimate 6.09 ms per step, compute-bound (the largest of the three)" in out  # a state from before the split
     assert "FLOPs ÷ 197.00 TFLOP/s" in out and "bytes accessed ÷ 819.00 GB/s" in out
@@ -139,7 +141,8 @@ def test_sizes_bounded() -> None:
     state = plan_state()
     state["collectives"] = state["collectives"] * 200  # 400 collectives sent: 256 listed
     out = plan.to_html(state)
-    assert out.count("<tr>") == 256 + 1 + 1 + 2  # collectives, their header, the outputs' header and rows
+    # Collectives, their header, the outputs' header and rows, and the roofline's three rows.
+    assert out.count("<tr>") == 256 + 1 + 1 + 2 + 3
     assert "… 144 more collectives not listed" in out
     assert len(out.encode()) < 160 * 1024
     text = plan.to_text(state)
@@ -151,7 +154,8 @@ def test_mimebundle_has_widget_html_and_text() -> None:
     widget = PlanView(state=state)
     data, _ = widget._repr_mimebundle_()
     assert set(data) == {WIDGET_MIME, "text/html", "text/plain"}
-    assert data["text/html"] == plan.to_html(state) and data["text/plain"] == plan.to_text(state)
+    assert data["text/html"] == f'<div class="jpm-static jpm-twin-{widget._jpm_twin}">{inline_styles(plan.to_html(state))}</div>'
+    assert data["text/plain"] == fit_text(plan.to_text(state), text_width())
     assert "<script" not in data["text/html"]
     widget.close()
 
@@ -193,7 +197,7 @@ def test_the_dominant_term_and_both_overlap_bounds_are_named() -> None:
     assert "3.00 ms" in dcn and dcn.endswith("← bounds the estimate")
     assert "2 slices over DCN" in text and "FLOPs ÷ 197.00 TFLOP/s (bf16 peak)" in text
     out = body(plan.to_html(state))
-    assert '<span class="jpm-roof-name jpm-bound">DCN collectives</span>' in out
+    assert '<td class="jpm-roof-name jpm-bound">DCN collectives</td>' in out
     assert "topology: 16x16 ICI slice" in out
 
 
@@ -219,3 +223,15 @@ def test_long_output_lists_and_caveats_are_folded() -> None:
     assert '<details class="jpm-section"><summary class="jpm-h">Outputs' in page and "(19)</summary>" in page
     short = body(plan.to_html(plan_state()))
     assert '<details class="jpm-caveats" role="note" open>' in short  # two caveats: open
+
+
+def test_a_collectives_row_at_zero_says_its_collectives_went_to_latency() -> None:
+    """Latency-bound collectives are booked under latency only: the ICI row at 0 s says so, in the
+    HTML and the text (js/plan.js's roofValue is the twin)."""
+    state = plan_state()
+    state["roofline"] = {**state["roofline"], "ici_s": 0.0, "latency_s": 5e-6, "serial_s": 1e-3,
+                         "labels": {"ici": "ICI collectives", "latency": "collective latency"}}
+    out, text = plan.to_html(state), plan.to_text(state)
+    assert "0 s (latency-bound: see collective latency)" in out
+    assert "(latency-bound: see collective latency)" in text
+    assert plan.roof_value("compute", 0.0, state["roofline"]) == "0 s"

@@ -21,7 +21,7 @@ HOSTILE = "<img src=x onerror=window.__xss=1>\"'&"
 
 
 def body(page: str) -> str:
-    return page.split("</style>", 1)[1]
+    return page.split("</style>", 1)[-1]
 
 
 def hosts(n: int) -> dict[str, Any]:

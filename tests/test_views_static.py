@@ -18,13 +18,15 @@ from hypothesis import strategies as st
 
 from jaxpar_magic.views import DevicesView, MeshView, ResultView, ShardingView
 from jaxpar_magic.views import base, devices, mesh, results, sharding
+from jaxpar_magic.views.inline import inline_styles
+from jaxpar_magic.views.textwidth import fit_text, text_width
 from jaxpar_magic.views.palette import device_color
 from sample_states import sharding_state
 
 HOSTILE = "<img src=x onerror=window.__xss=1>"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 #: Tags the static HTML may contain; anything else means a string got in unescaped.
-ALLOWED_TAGS = {"style", "div", "span", "code", "b", "i", "pre", "img"}
+ALLOWED_TAGS = {"div", "span", "code", "b", "i", "pre", "img", "table", "tr", "td", "th", "colgroup", "col", "br"}
 
 
 # --- sample states (the engines' shapes) ---------------------------------------------------
@@ -132,11 +134,10 @@ def test_mimebundle_has_widget_html_and_text(view: str) -> None:
     data, _metadata = widget._repr_mimebundle_()
     assert set(data) == {WIDGET_MIME, "text/html", "text/plain"}
     assert data[WIDGET_MIME]["model_id"] == widget.model_id
-    assert data["text/html"] == module.to_html(state)
-    assert data["text/plain"] == module.to_text(state)
-    assert "<script" not in data["text/html"]
-    # The static HTML carries the views' stylesheet, every rule scoped under .jpm-.
-    assert data["text/html"].startswith("<style>")
+    # The static HTML: the renderer's page with every style inline, inside the twin's marker.
+    assert data["text/html"] == f'<div class="jpm-static jpm-twin-{widget._jpm_twin}">{inline_styles(module.to_html(state))}</div>'
+    assert data["text/plain"] == fit_text(module.to_text(state), text_width())
+    assert "<script" not in data["text/html"] and "<style" not in data["text/html"]
     assert 'class="jpm-view' in data["text/html"]
     # The widget syncs exactly one state trait, and the positional form works too.
     assert cls(state).state == state
@@ -193,12 +194,15 @@ def test_text_renderings() -> None:
     assert lines[2] == "  device 0 · cpu · TPU v5e · process 0 · coords [0, 0, 0]"
     assert len(lines) == 2 + 16 and lines[-1] == "  … 49 more lines like these"
 
-    assert 'class="jpm-cards jpm-compact"' in devices.to_html(devices_state(64))  # chips, as js/devices.js
-    assert '"jpm-cards jpm-compact"' not in devices.to_html(devices_state(16)) + devices.to_html(tpus)
+    # Cards that would show only their name are chips, as js/devices.js draws them: eight simulated
+    # devices in one row; cards with more to say (coordinates, memory) or that name their process stay cards.
+    assert 'class="jpm-cards jpm-compact"' in devices.to_html(devices_state(64))
+    assert 'class="jpm-cards jpm-compact"' in devices.to_html(devices_state(8))
+    assert '"jpm-cards jpm-compact"' not in devices.to_html(devices_state(16, processes=2)) + devices.to_html(tpus)
     tall = mesh.to_text(mesh_state([32, 8])).splitlines()
     assert len(tall) == 1 + 2 + 6 + 1 + 2  # title, axis lines, 6 rows, the elision, the last 2 rows
     assert "… rows 6–29 (devices 48…239) not shown" in tall[9] and tall[-1].split()[:2] == ["31", "248"]
-    assert "width:11px;height:11px" in mesh.to_html(mesh_state([32, 8]))  # small cells, not 32 rows of 40 px
+    assert "height:11px" in mesh.to_html(mesh_state([32, 8]))  # small cells, not 32 rows of 40 px
 
 
 def test_formatting_twins() -> None:
@@ -272,8 +276,9 @@ def test_png_is_valid() -> None:
 
 def test_palette_fixed_values() -> None:
     # Pinned: palette.js must produce the same (the browser test compares all 4,096 ids).
-    assert device_color(0) == ("#ecacac", "#111111")
-    assert [device_color(i)[0] for i in (1, 2, 3, 7, 4095)] == ["#94dba9", "#e0c1f6", "#e8de9c", "#cbc9ed", "#e8ecac"]
+    assert device_color(0) == ("#78c1d6", "#111111")  # devices 0-7: the colour-blind-safe set (test_palette_cvd.py)
+    assert [device_color(i)[0] for i in (1, 2, 3, 7, 8, 4095)] == ["#eed936", "#aef077", "#5ef0d4", "#d4a16c", "#f6d3c1",
+                                                                    "#e8ecac"]
     assert len({device_color(i)[0] for i in range(64)}) == 64
     # Static HTML colours a device exactly as the palette says.
     page = mesh.to_html(mesh_state([2, 4]))
@@ -301,7 +306,7 @@ def test_every_view_ships_the_loader_and_the_library_holds_the_code_once() -> No
         assert v._esm == base._LOADER and v._css == ""  # per model: about 1.8 KB, no stylesheet
         assert v._jpm_lib == f"IPY_MODEL_{lib.model_id}" and v._jpm_view == type(v)._bundle.view
         assert v.layout is views[0].layout  # one Layout model for all views, not one each
-    assert len(base._LOADER) < 2048 and "/*" not in base._LOADER
+    assert len(base._LOADER) < 2400 and "/*" not in base._LOADER
     assert lib.css == base.read_asset("views.css")
     assert {"devices", "results", "mesh"} <= set(lib.needs) and lib.needs["results"] == ["palette", "format"]
     assert lib.code["view:results"] == ResultView._bundle.body
@@ -313,37 +318,6 @@ def test_every_view_ships_the_loader_and_the_library_holds_the_code_once() -> No
         v.close()
     lib.close()
     assert base.library() is not lib and base.library().comm is not None  # a closed library is made again
-
-
-def test_style_carrier_keeps_one_style_per_session() -> None:
-    carrier = base.StyleCarrier()
-    assert carrier.take("cell-a") and not carrier.take("cell-a") and not carrier.take("cell-b")
-    carrier.cell_runs("cell-b")  # another cell re-runs: cell-a's output still carries it
-    assert not carrier.take("cell-b")
-    carrier.cell_runs("cell-a")  # the carrying cell re-runs: its output is replaced
-    assert carrier.take("cell-b") and not carrier.take("cell-a")
-    nameless = base.StyleCarrier()  # nbclient sends no cell ids: the first view keeps it
-    assert nameless.take(None) and not nameless.take(None)
-    nameless.cell_runs(None)
-    assert not nameless.take(None)
-
-
-def test_static_html_in_a_kernel_carries_the_style_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    cells = iter(["a", "a", "b"])
-    monkeypatch.setattr(base, "_carrier", base.StyleCarrier())
-    monkeypatch.setattr(base, "_kernel_cell", lambda: (True, next(cells)))
-    page = devices.to_html(_devices_state_for_style())
-    first, second, third = (DevicesView(state=_devices_state_for_style())._repr_mimebundle_()[0]["text/html"] for _ in range(3))
-    assert first == page and first.count("</style>") == 1
-    assert second == third == page.replace(base.style_block(), "", 1) and "</style>" not in second
-    assert re.search(r'<div class="jpm-view jpm-devices"', second)
-    # Outside a kernel (terminal IPython, plain Python) every output is the whole page.
-    monkeypatch.setattr(base, "_kernel_cell", lambda: (False, None))
-    assert DevicesView(state=_devices_state_for_style())._repr_mimebundle_()[0]["text/html"] == page
-
-
-def _devices_state_for_style() -> dict[str, Any]:
-    return {"devices": [], "counts": {}}
 
 
 def test_js_never_uses_html_sinks() -> None:

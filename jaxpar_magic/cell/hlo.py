@@ -15,7 +15,7 @@ import numpy as np
 
 from .hlo_text import ARRAY as _ARRAY, DTYPE_BYTES as _DTYPE_BYTES, FRAME as _FRAME, Instruction as _Instruction
 from .hlo_text import array_bytes as _array_bytes, frames as _frames, instructions as _instructions, ints as _ints
-from .hlo_text import type_bytes as _type_bytes
+from .hlo_text import OPERATION as _OPERATION, computation_name, type_bytes as _type_bytes
 
 OPS = ("all-reduce", "all-gather", "collective-permute", "reduce-scatter", "all-to-all")
 _INSTRUCTION = re.compile(
@@ -52,6 +52,7 @@ class Collective:
     count: int | None = 1  # times one run of the program issues it (inside loops); None: a loop of unknown length
     upcast_from: str | None = None  # the program's dtype where XLA:CPU moves it as f32 (shape and bytes are the program's)
     origin: tuple | None = None  # (file, line, function): the innermost user frame, where it is not the cell's own line
+    reduction: str | None = None  # what an all-reduce or reduce-scatter combines with: "sum", "max", "min", ...
     name: str | None = None  # the instruction's name in the compiled program
     sliced_from: str | None = None  # "all-reduce": an all-reduce each device only slices (cell/scatter.py)
 
@@ -220,6 +221,27 @@ def _computation_counts(text: str) -> tuple[list[str | None], dict[str, int | No
     return owner, counts
 
 
+#: The root operation of a reduction's computation (``to_apply``), in the words the views write.
+_REDUCTION_WORDS = {"add": "sum", "maximum": "max", "minimum": "min", "multiply": "product", "and": "and", "or": "or",
+                    "xor": "xor"}
+_TO_APPLY = re.compile(r"\bto_apply=%?([\w.\-]+)")
+
+
+def _reductions(text: str) -> dict[str, str]:
+    """Each computation's root operation, by the computation's name (``%region_0.4 -> "add"``)."""
+    roots: dict[str, str] = {}
+    current = None
+    for line in text.splitlines():
+        opened = computation_name(line)
+        if opened is not None:
+            current = opened
+        elif current is not None and line.lstrip().startswith("ROOT"):
+            op = _OPERATION.match(line)
+            if op:
+                roots[current] = op.group("op")
+    return roots
+
+
 def collectives(text: str, device_ids: list[int] | None = None, filename: str | None = None,
                 shadows: dict[str, str] | None = None, is_user=None) -> list[Collective]:
     """Every collective in the compiled program, in program order, with device ids and bytes.
@@ -232,7 +254,7 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
         return device_ids[i] if device_ids is not None and i < len(device_ids) else i
 
     frames = _frames(text) if filename else {}
-    types = counts = None  # read only when a program has collectives
+    types = counts = roots = None  # read only when a program has collectives (roots: with reductions)
     found, channels = [], set()
     for index, line in enumerate(text.splitlines()):
         m = _INSTRUCTION.match(line)
@@ -283,8 +305,12 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
         if low:  # the program's own dtypes: the bytes XLA:CPU's f32 copy moves, less the upcast
             shape, size, operands = program_shape(shape, size, operands, low)
             low = low if isinstance(low, str) else next(t for t in low if t)
+        applied = _TO_APPLY.search(line)
+        if applied and roots is None:
+            roots = _reductions(text)
+        reduction = _REDUCTION_WORDS.get((roots or {}).get(applied.group(1), "")) if applied else None
         found.append(Collective(m.group("op"), shape, size, groups, pairs, user_line, operands, count, low, origin,
-                                defined.group("name") if defined else None))
+                                reduction, name=defined.group("name") if defined else None))
     return found
 
 

@@ -22,7 +22,7 @@ DTYPE_BYTES = {
 ARRAY = re.compile(r"\b([a-z]+\d*(?:e\dm\d\w*)?)\[([\d,]*)\]")
 FRAME = re.compile(r"stack_frame_id=(\d+)")
 OP_NAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')  # JAX escapes quotes in it: params[\'w1\']
-_OPERATION = re.compile(r"^\s*(?P<root>ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>.+?)\s+(?P<op>[\w\-]+)\((?P<args>.*)$")
+OPERATION = re.compile(r"^\s*(?P<root>ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>.+?)\s+(?P<op>[\w\-]+)\((?P<args>.*)$")
 _TYPES_IN_ARGS = re.compile(r"\w+\d*\[[\d,]*\](?:\{[^}]*\})?")
 
 
@@ -123,7 +123,7 @@ def instructions(text: str) -> list[Instruction]:
         if opened is not None:
             current = opened
             continue
-        m = _OPERATION.match(line)
+        m = OPERATION.match(line)
         if not m or current is None:
             continue
         args = m.group("args")

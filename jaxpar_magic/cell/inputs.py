@@ -18,8 +18,8 @@ import builtins
 import functools
 
 from ..errors import UsageError
-from . import nnx_graphs
-from .fingerprints import fingerprint
+from . import dict_keys, nnx_graphs
+from .fingerprints import custom_nodes, fingerprint, held_callables, structure_key
 
 
 def is_array(value) -> bool:
@@ -45,38 +45,47 @@ def is_abstract(value) -> bool:
 
 
 class TreeInput:
-    """One named input: its structure, where its array leaves sit, and its static leaves."""
+    """One named input: its structure, where its array leaves sit, and its static leaves.
 
-    __slots__ = ("name", "graphdef", "treedef", "positions", "statics", "static_key", "signature", "_paths", "bare")
+    An input holding Flax NNX objects is the slotted tree of a joint split (cell/nnx_graphs.py):
+    `graphdef` is the graph of *all* the NNX objects the cell's inputs hold, and `group` names those
+    inputs, in argument order, so that they are split, matched and merged together."""
 
-    def __init__(self, name, graphdef, treedef, positions, statics, signature):
+    __slots__ = ("name", "graphdef", "group", "treedef", "positions", "statics", "static_key", "signature", "_paths",
+                 "bare", "structure_key", "held")
+
+    def __init__(self, name, graphdef, treedef, positions, statics, signature, group=()):
         self.name = name
-        self.graphdef = graphdef  # NNX: the static graph; None for plain pytrees
+        self.graphdef = graphdef  # NNX: the static graph of the group's objects; None for plain pytrees
+        self.group = group  # NNX: the names of the inputs split with this one (itself included)
         self.treedef = treedef
         self.positions = positions  # indices of the traced leaves among all leaves
         self.statics = statics  # ((index, leaf), ...): leaves kept as they are
         self.static_key = tuple((i, fingerprint(leaf)) for i, leaf in statics)
+        nodes = custom_nodes(treedef)  # a Partial's function, static fields: what == on treedefs misses
+        self.structure_key = structure_key(nodes)
+        self.held = held_callables(nodes)  # what an identical re-run fingerprints again
         self.signature = signature  # ((shape, dtype), ...) of the traced leaves
         self._paths = None
         self.bare = not self.is_tree  # one array and nothing around it: rebuilding is the array itself
 
     @classmethod
     def of(cls, name: str, value, abstract: bool = False) -> "TreeInput | None":
-        """The input `value` makes, or None when it has no array leaves (then it is a constant)."""
+        """The input `value` makes on its own, or None when it has no array leaves (then it is a constant)."""
+        return trees_of([(name, value)], abstract)[0]
+
+    @classmethod
+    def _of_tree(cls, name: str, tree, abstract: bool, graphdef=None, group=()) -> "TreeInput | None":
         import jax
 
-        graphdef = None
-        tree = value
-        if nnx_graphs.holds_graph_nodes(value):
-            graphdef, tree = nnx_graphs.split(value)
         leaves, treedef = jax.tree.flatten(tree)
         positions = tuple(i for i, leaf in enumerate(leaves) if is_array(leaf) or (abstract and is_abstract(leaf)))
-        if not positions:
+        if not positions and graphdef is None:  # (an NNX holder whose state another input carries is still one)
             return None
         traced = set(positions)
         statics = tuple((i, leaf) for i, leaf in enumerate(leaves) if i not in traced)
         signature = tuple((tuple(leaves[i].shape), leaves[i].dtype) for i in positions)
-        return cls(name, graphdef, treedef, positions, statics, signature)
+        return cls(name, graphdef, treedef, positions, statics, signature, group)
 
     @property
     def is_tree(self) -> bool:
@@ -87,34 +96,45 @@ class TreeInput:
     @property
     def key(self) -> tuple:
         """What the compiled program depends on besides the leaves' shapes and dtypes."""
-        return (self.name, self.graphdef, self.treedef, self.static_key)
+        return (self.name, self.graphdef, self.group, self.treedef, self.static_key, self.structure_key)
 
     def arrays(self, value) -> list:
-        """The traced leaves of `value` (of this input's structure), in order: the program's argument."""
+        """The traced leaves of `value` (of this input's structure), in order: the program's argument.
+        An input split with others (`group`) takes input_arrays(), which splits them together."""
         import jax
 
-        tree = nnx_graphs.split(value)[1] if self.graphdef is not None else value
-        leaves = jax.tree.leaves(tree)
+        if self.graphdef is not None:
+            self._alone("arrays")
+            value = nnx_graphs.split_values([value])[1][0]
+        leaves = jax.tree.leaves(value)
         return [leaves[i] for i in self.positions]
+
+    def _alone(self, what: str) -> None:
+        if len(self.group) > 1:
+            raise RuntimeError(f"TreeInput.{what}: {self.name!r} is split together with {self.group}; "
+                               f"use the group's functions (input_arrays, rebuilt)")
 
     def matching_arrays(self, value) -> list | None:
         """The traced leaves of `value` if it has this very structure, statics and leaf shapes; else None.
 
         The re-run check: a new object of the same treedef, shapes and dtypes is the same program.
         """
+        if self.graphdef is not None:
+            self._alone("matching_arrays")
+            found = matching_group([self], [value])
+            return None if found is None else found[0]
+        return self.matching_tree(value)
+
+    def matching_tree(self, tree) -> list | None:
+        """matching_arrays of a value already split (for NNX inputs, its slotted tree)."""
         import jax
 
-        graphdef = None
-        tree = value
-        if self.graphdef is not None:
-            if not nnx_graphs.holds_graph_nodes(value):
-                return None
-            graphdef, tree = nnx_graphs.split(value)
-            if graphdef != self.graphdef:
-                return None
         leaves, treedef = jax.tree.flatten(tree)
         if treedef != self.treedef:
             return None
+        for held, fp in self.held:  # the very objects (== on treedefs compared them by identity)
+            if fingerprint(held) != fp:
+                return None
         for (i, leaf), (_, fp) in zip(self.statics, self.static_key):
             if leaf is not leaves[i] and fingerprint(leaves[i]) != fp:
                 return None
@@ -128,19 +148,21 @@ class TreeInput:
         """The value the cell sees, inside the trace: traced leaves where the arrays were."""
         if self.bare:
             return arrays[0]
-        return _rebuild(self.treedef, self.positions, self.statics, arrays, self.graphdef)
+        if self.graphdef is not None:
+            self._alone("rebuild")
+            return rebuilt([self], [arrays])[0]
+        return _unflatten(self.treedef, self.positions, self.statics, arrays)
 
     def tree_of(self, arrays):
-        """The pytree around `arrays` before any NNX merge: for an NNX input, its state."""
+        """The pytree around `arrays` before any NNX merge: for an NNX input, its slotted tree."""
         return _unflatten(self.treedef, self.positions, self.statics, arrays)
 
     def paths(self) -> list[str]:
         """Each traced leaf's path (`['w1']`, `.mu['b']`), for messages and views."""
         if self._paths is None:
-            placeholder = self.rebuild([_Leaf(i) for i in range(len(self.positions))])
-            tree = nnx_graphs.split(placeholder)[1] if self.graphdef is not None else placeholder
+            placeholder = self.tree_of([_Leaf(i) for i in range(len(self.positions))])
             found = {}
-            for where, leaf in nnx_graphs.leaves_with_paths(tree):
+            for where, leaf in nnx_graphs.leaves_with_paths(placeholder):
                 if isinstance(leaf, _Leaf):
                     found[leaf.index] = where
             self._paths = [found.get(i, f"[{i}]") for i in range(len(self.positions))]
@@ -149,6 +171,99 @@ class TreeInput:
     def label(self, index: int) -> str:
         """`params['w1']`: the name and the path of traced leaf `index` (the bare name for an array)."""
         return self.name + (self.paths()[index] if self.is_tree else "")
+
+
+def trees_of(named: list, abstract: bool = False, cell=None) -> list:
+    """The TreeInput (or None: a constant) of each (name, value), the NNX objects of all of them
+    split as one graph, the way `nnx.jit(f)(a, b)` splits its arguments. `cell`, when given, is
+    where messages say the value is read."""
+    flat = [i for i, (name, value) in enumerate(named) if _flattens(name, value, abstract, cell)]
+    holders = [i for i in flat if nnx_graphs.holds_graph_nodes(named[i][1]) and _has_arrays(named[i][1], abstract)]
+    found = [None] * len(named)
+    if holders:
+        graphdef, trees = nnx_graphs.split_values([named[i][1] for i in holders])
+        group = tuple(named[i][0] for i in holders)
+        for i, tree in zip(holders, trees):
+            found[i] = TreeInput._of_tree(named[i][0], tree, abstract, graphdef, group)
+    for i in flat:
+        if i not in holders:
+            found[i] = TreeInput._of_tree(named[i][0], named[i][1], abstract)
+    return found
+
+
+def _flattens(name: str, value, abstract: bool, cell) -> bool:
+    """Whether JAX flattens `value`. A dict mixing key types (`{0: .5, 'lr': .1}`) it cannot flatten
+    is a constant when it holds no arrays (plain jax.jit closes over it the same way); with arrays
+    it is a UsageError that names it."""
+    import jax
+
+    try:
+        jax.tree.structure(value)
+        return True
+    except (ValueError, TypeError):
+        found = dict_keys.first_unsortable(value)
+        if found is None:
+            raise
+    path, mapping = found
+    if not dict_keys.holds(value, lambda leaf: is_array(leaf) or (abstract and is_abstract(leaf))):
+        return False
+    label = name + path
+    where = _where_name_read(name, cell) if cell is not None else "an input of the cell"
+    raise UsageError(
+        f"`{label}` is a dict whose keys mix {dict_keys.key_types(mapping)} ({where}), and it holds arrays: JAX "
+        f"sorts a dict's keys to flatten it into the arrays a compiled cell takes, and cannot order these. Give "
+        f"its keys one type (e.g. `{{str(k): v for k, v in {label}.items()}}`), or keep the arrays out of it: a "
+        f"dict without arrays is read as a constant, as jax.jit closing over it does."
+    )
+
+
+def _has_arrays(value, abstract: bool) -> bool:
+    import jax
+
+    return any(is_array(leaf) or (abstract and is_abstract(leaf)) for leaf in jax.tree.leaves(value))
+
+
+def _graph_members(inputs) -> list[int]:
+    return [i for i, tree in enumerate(inputs) if tree.graphdef is not None]
+
+
+def input_arrays(inputs, namespace: dict) -> list[list]:
+    """Each input's traced leaves from the namespace, in order (the NNX ones split together)."""
+    arrays = [None if tree.graphdef is not None else tree.arrays(namespace[tree.name]) for tree in inputs]
+    members = _graph_members(inputs)
+    if members:
+        trees = nnx_graphs.split_values([namespace[inputs[i].name] for i in members])[1]
+        for i, tree in zip(members, trees):
+            leaves = _leaves(tree)
+            arrays[i] = [leaves[j] for j in inputs[i].positions]
+    return arrays
+
+
+def _leaves(tree) -> list:
+    import jax
+
+    return jax.tree.leaves(tree)
+
+
+def graph_state(inputs, args):
+    """The joint state of the inputs' NNX objects around their traced leaves `args` (e.g. as --in
+    placed them): what nnx_graphs.write writes into the user's objects."""
+    return nnx_graphs.joint_state([inputs[i].tree_of(args[i]) for i in _graph_members(inputs)])
+
+
+def matching_group(members, values) -> list | None:
+    """matching_arrays of inputs split together (`members`, all of one group) on their new `values`:
+    the same graph (the same sharing between them), the same slotted trees; else None."""
+    graphdef, trees = nnx_graphs.split_values(values)
+    if graphdef != members[0].graphdef:
+        return None
+    found = []
+    for tree, slotted in zip(members, trees):
+        arrays = tree.matching_tree(slotted)
+        if arrays is None:
+            return None
+        found.append(arrays)
+    return found
 
 
 class _Leaf:
@@ -195,16 +310,17 @@ class OutputTree:
         self.bare = graphdef is None and not statics and treedef.num_nodes == 1 and positions == (0,)
 
     @classmethod
-    def split(cls, value) -> "tuple[OutputTree, list] | None":
-        """(the output's shape of things, its traced leaves), or None for a plain Python value."""
+    def split(cls, value, always: bool = False) -> "tuple[OutputTree, list] | None":
+        """(the output's shape of things, its traced leaves), or None for a plain Python value
+        (with `always`, a value without traced leaves is an OutputTree too)."""
         import jax
 
         graphdef = None
         tree = value
-        if nnx_graphs.holds_graph_nodes(value):
+        if nnx_graphs.holds_graph_nodes(value, variables=False):  # an nnx.State's Variables flatten as pytrees
             graphdef, tree = nnx_graphs.split(value)
         leaves, treedef = jax.tree.flatten(tree)
-        if not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+        if not always and not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
             return None
         # Numbers beside traced leaves come back as arrays, as jax.jit and jax.pmap return them;
         # other leaves (an activation function, a string) stay as they are.
@@ -228,11 +344,15 @@ def classify(cell, namespace: dict, named: dict | None = None, abstract: bool = 
     mistake we can explain (it has no values to compute with).
     """
     inputs, constants = [], []
+    present = [name for name in cell.reads if name in namespace]
+    trees = dict(zip(present, trees_of([(name, namespace[name]) for name in present], abstract=True, cell=cell)))
+    found = [tree for tree in trees.values() if tree is not None]
+    leaves_of = dict(zip((t.name for t in found), input_arrays(found, namespace))) if not abstract else {}
     for name in cell.reads:
         if name in namespace:
             value = namespace[name]
-            tree = TreeInput.of(name, value, abstract=True)
-            leaves = tree.arrays(value) if tree is not None and not abstract else ()  # flattened once, for both checks
+            tree = trees[name]
+            leaves = leaves_of.get(name, ())  # flattened once, for both checks
             if any(is_abstract(leaf) for leaf in leaves):
                 lineno = cell.first_read(name)
                 raise UsageError(
@@ -267,16 +387,31 @@ def classify(cell, namespace: dict, named: dict | None = None, abstract: bool = 
 
 
 def _check_traceable(tree: TreeInput, value, cell) -> None:
-    """A NumPy leaf of strings or objects can be neither traced (JAX computes on numbers) nor kept
-    as a static leaf (it is an array): say which leaf, before JAX says "not a valid JAX type"."""
+    """A NumPy leaf of strings, objects, records or dates can be neither traced (JAX computes on
+    numbers) nor kept as a static leaf (it is an array): say which leaf, before JAX says "not a
+    valid JAX type" of `args[0][0]`."""
+    import numpy as np
+
     for index, (_, dtype) in enumerate(tree.signature):
-        if getattr(dtype, "kind", "f") in "OSU":  # not "V": bfloat16 and the float8s are kind "V" too
-            raise UsageError(
-                f"`{tree.label(index)}` is a NumPy array of {dtype} ({_where_read(tree, cell)}): JAX traces "
-                f"arrays of numbers and booleans only, and an array is never a static leaf. Make it a tuple or a "
-                f"list (its items are then static, part of what the program is compiled for), or keep it out of "
-                f"{tree.name!r}."
-            )
+        # Not every kind "V": bfloat16 and the float8s are kind "V" too; a record or raw bytes is np.void.
+        kind = getattr(dtype, "kind", "f")
+        if kind not in "OSUMm" and getattr(dtype, "type", None) is not np.void:
+            continue
+        label = tree.label(index)
+        if dtype.names:
+            fix = (f"Give each field an array of its own (`{label}[{dtype.names[0]!r}]`, ...), or keep it out of "
+                   f"{tree.name!r}.")
+        elif kind in "Mm":
+            unit = np.datetime_data(dtype)[0]
+            counts = f"whole {unit} since 1970" if kind == "M" else f"whole {unit}"
+            fix = f"Turn it into numbers first, e.g. `{label}.astype('int64')` ({counts}), or keep it out of {tree.name!r}."
+        else:
+            fix = (f"Make it a tuple or a list (its items are then static, part of what the program is compiled "
+                   f"for), or keep it out of {tree.name!r}.")
+        raise UsageError(
+            f"`{label}` is a NumPy array of {dtype} ({_where_read(tree, cell)}): JAX traces arrays of numbers and "
+            f"booleans only, and an array is never a static leaf. {fix}"
+        )
 
 
 def _first_jax_array(arrays, test) -> int | None:
@@ -335,7 +470,11 @@ def _id_list(ids: list[int]) -> str:
 
 
 def _where_read(tree: TreeInput, cell) -> str:
-    lineno = cell.first_read(tree.name)
+    return _where_name_read(tree.name, cell)
+
+
+def _where_name_read(name: str, cell) -> str:
+    lineno = cell.first_read(name)
     return f"read on line {lineno} of the cell: `{cell.line(lineno)}`"
 
 
@@ -346,4 +485,22 @@ def absent_builtins(cell, namespace: dict) -> tuple[str, ...]:
 
 def rebuilt(inputs, args) -> list:
     """Inside a traced program: each input's value, rebuilt around its traced leaves."""
-    return [tree.rebuild(arrays) for tree, arrays in zip(inputs, args)]
+    values, merged = merged_inputs(inputs, args)
+    if merged is not None:
+        merged.close()  # nothing will be written back from here
+    return values
+
+
+def merged_inputs(inputs, args) -> tuple[list, "nnx_graphs.MergedGraph | None"]:
+    """Inside a traced program: each input's value rebuilt around its traced leaves, the NNX objects
+    of all of them merged as one graph; and that MergedGraph (None when no input holds NNX objects),
+    which the caller closes once the cell has run."""
+    members = _graph_members(inputs)
+    if not members:
+        return [tree.rebuild(arrays) for tree, arrays in zip(inputs, args)], None
+    values = [None if tree.graphdef is not None else tree.rebuild(arrays) for tree, arrays in zip(inputs, args)]
+    merged = nnx_graphs.MergedGraph(inputs[members[0]].graphdef, [inputs[i].name for i in members],
+                                    [inputs[i].tree_of(args[i]) for i in members])
+    for i, value in zip(members, merged.values):
+        values[i] = value
+    return values, merged

@@ -12,11 +12,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ..errors import UsageError
-from . import analysis as cells
-from .fingerprints import Ref, fingerprint
+from . import analysis as cells, dict_keys, nnx_graphs
+from .fingerprints import Ref, custom_nodes, fingerprint, traced_callables
+from .jax_traces import forget_traces
 from .inputs import (
-    OutputTree, TreeInput, deleted_input_error, deleted_leaf, jax_array_type, misplaced_input_error, misplaced_leaf,
-    rebuilt,
+    OutputTree, TreeInput, deleted_input_error, deleted_leaf, jax_array_type, matching_group, merged_inputs,
+    misplaced_input_error, misplaced_leaf, rebuilt,
 )
 
 
@@ -46,27 +47,48 @@ def shape_signature(args) -> tuple:
 
 @dataclass
 class CellProgram:
-    """A cell compiled for one mesh and set of constants, with what its trace revealed."""
+    """A cell compiled for one mesh and set of constants. Its program returns, beside the outputs'
+    leaves, the CellTrace of the trace that built it: what the cell computed in Python belongs to
+    each compiled variant, never to the program as a whole."""
 
     jitted: object
-    static_outputs: dict = field(default_factory=dict)
-    static_final: list = field(default_factory=list)
-    device_outputs: list = field(default_factory=list)
-    final_per_device: list = field(default_factory=list)
     facts: dict = field(default_factory=dict)  # shape signature -> ProgramFacts
     compile_ms: dict = field(default_factory=dict)  # shape signature -> first call's compile time
     recording: object = None  # recorder.Recording when compiled with --collectives
-    output_trees: dict = field(default_factory=dict)  # device output name -> OutputTree (its type, its statics)
-    final_tree: list = field(default_factory=list)  # [OutputTree] when the final expression is computed on devices
     assembled: dict = field(default_factory=dict)  # %%shard_map: device output name -> the spec it is assembled by
+
+
+TRACE = 2  # where a program's results hold its CellTrace: (device outputs, final, trace[, records])
+RECORDS = 3  # --collectives: the records of the collective calls
+
+
+@dataclass(eq=False)  # compared and hashed by identity: it sits in the output's treedef
+class CellTrace:
+    """What one trace of a cell computed in Python: its plain outputs, the shape of each device
+    output (its type and static leaves), where the final expression came from, and (--collectives)
+    the recorded calls' static facts.
+
+    The program returns it as a leafless pytree node, so it lives in the output's treedef, which
+    JAX keeps with the compiled executable of that very trace. Whichever variant jit picks (input
+    shapes, dtypes, weak types, shardings), the Python values that come back are the ones its trace
+    computed: a cell re-run on an earlier input shape binds that shape's `rows = x.shape[0]`.
+    """
+
+    static_outputs: dict
+    device_outputs: tuple
+    output_trees: dict  # device output name -> OutputTree (its type, its statics)
+    final_on_devices: bool
+    static_final: object  # the final expression's plain value (None when computed on devices)
+    final_tree: object  # OutputTree of the final expression when computed on devices
+    sites: tuple = ()  # --collectives: recorder.Site per recorded call of this trace
+    input_objects: bool = False  # some output holds NNX objects the cell read (nnx_graphs.NodeRef), bound as them
 
     def final_of(self, traced_final) -> tuple[object, bool]:
         """The cell's final expression, and whether it was computed on the devices (traced)
         or is the plain Python value the trace saw."""
-        on_devices = bool(self.final_per_device and self.final_per_device[0])
-        if on_devices:
-            return self.final_tree[0].rebuild(traced_final), True
-        return (self.static_final[0] if self.static_final else None), False
+        if self.final_on_devices:
+            return self.final_tree.rebuild(traced_final), True
+        return self.static_final, False
 
     def bound_outputs(self, device: dict, leaf_map=None) -> dict:
         """Everything the cell binds: its plain Python outputs and its device outputs (outputs_of)."""
@@ -86,46 +108,63 @@ class CellProgram:
         return rebuilt
 
 
-WRITE_BACK = "<state of {}>"  # an output carrying an NNX input's new state (never a Python name)
+@functools.lru_cache(maxsize=1)
+def _register_cell_trace() -> None:
+    import jax
+
+    jax.tree_util.register_static(CellTrace)  # no leaves; the object itself is the node's aux data
+
+
+WRITE_BACK = "<state of {}>"  # an output carrying the new state of the inputs' NNX objects (never a Python name)
 
 
 def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = False):
     """The cell as a function of its inputs' traced leaves (one list per input): each input is
-    rebuilt as the user's own type (cell/inputs.py) before the cell's code sees it.
+    rebuilt as the user's own type (cell/inputs.py) before the cell's code sees it, the NNX objects
+    of all of them merged as one graph, as `nnx.jit(f)(a, b)` does.
 
-    NNX objects the cell changes in place (`optimizer.update(model, grads)`): with `write_back`,
-    their new state leaves the program as an output named WRITE_BACK.format(name), written into the
-    user's objects once the cell succeeded (`apply_write_backs`); without it (a per-device engine,
-    where each device would hold its own copy), the change is refused with what to do instead.
+    NNX objects the cell changes in place (`optimizer.update(model, grads)`, a BatchNorm's
+    statistics, an `Rngs` draw): with `write_back`, their new joint state leaves the program as an
+    output named WRITE_BACK.format(the names of the inputs holding them), written into the user's
+    objects once the cell succeeded (`write_backs_of`, `apply_write_backs`); without it (a
+    per-device engine, where each device would hold its own copy), the change is refused with what
+    to do instead.
     """
-    fn = cells.build_function(cell, tuple(tree.name for tree in inputs), namespace)
-    graphs = [i for i, tree in enumerate(inputs) if tree.graphdef is not None]
-    if not graphs:
+    names = tuple(tree.name for tree in inputs)
+    fn = cells.build_function(cell, names, namespace)
+    # Built only to be traced: the user's helpers must trace again if what they read changed.
+    constants = [namespace[n] for n in cell.reads if n in namespace and n not in names]
+    held = [part for tree in inputs for part in custom_nodes(tree.treedef) + [leaf for _, leaf in tree.statics]]
+    forget_traces(traced_callables(constants + held))
+    if not any(tree.graphdef is not None for tree in inputs):
         return lambda *args: fn(*rebuilt(inputs, args))
+    group = next(tree.group for tree in inputs if tree.graphdef is not None)
 
     def on_leaves(*args):
-        import jax
-
-        from . import nnx_graphs
-
-        values = rebuilt(inputs, args)
-        outs, final = fn(*values)
-        for i in graphs:
-            tree = inputs[i]
-            leaves, treedef = jax.tree.flatten(nnx_graphs.state(values[i]))
-            if treedef == tree.treedef and all(leaves[j] is a for j, a in zip(tree.positions, args[i])):
-                continue  # read, not changed
+        values, merged = merged_inputs(inputs, args)
+        try:
+            outs, final = fn(*values)
+            if write_back:  # an output that is an object read binds as that very object, as nnx.jit returns it
+                outs = {name: merged.referred(value) for name, value in outs.items()}
+            changed = merged.changed()
+            if changed is None:
+                return outs, final  # read, not changed
             if not write_back:
+                holder, where = changed
                 raise UsageError(
-                    f"the cell changes the Flax NNX object {tree.name!r} in place (its state after the cell differs "
-                    f"from before). Here every device runs the cell on its own copy, so there is no one new state to "
-                    f"write back. Run the training step with %%shard (it writes {tree.name!r}'s new state back, like "
-                    f"nnx.jit), or use the functional form: `graphdef, state = nnx.split({tree.name})` before the "
-                    f"cell, `nnx.merge(graphdef, state)` inside it, and assign the new `nnx.state(...)` to a name."
+                    f"the cell changes the Flax NNX object {where!r} in place (its state or attributes after the "
+                    f"cell differ from before: new parameters, BatchNorm statistics, an Rngs draw, `.eval()`...). "
+                    f"Here every device runs the cell on its own copy, so there is no one new state to write back. "
+                    f"Run the training step with %%shard (it writes the new state back, like nnx.jit), or use the "
+                    f"functional form: `graphdef, state = nnx.split({holder})` before the cell, `nnx.merge(graphdef, "
+                    f"state)` inside it, and assign the new `nnx.state(...)` to a name (for a BatchNorm, call "
+                    f"`.eval()` on it before the cell if the cell should only read its statistics)."
                 )
             outs = dict(outs)
-            outs[WRITE_BACK.format(tree.name)] = nnx_graphs.state(values[i])
-        return outs, final
+            outs[WRITE_BACK.format(", ".join(group))] = merged.written()
+            return outs, final
+        finally:
+            merged.close()
 
     return on_leaves
 
@@ -134,24 +173,32 @@ _WRITE_BACK_PREFIX, _WRITE_BACK_SUFFIX = WRITE_BACK.split("{}")
 
 
 def split_write_backs(outputs: dict) -> tuple[dict, dict]:
-    """(the cell's own outputs, {input name: its new NNX state}) from an engine's rebuilt outputs."""
+    """(the cell's own outputs, {names of the inputs holding NNX objects: their new joint state})
+    from an engine's rebuilt outputs."""
     prefix, suffix = _WRITE_BACK_PREFIX, _WRITE_BACK_SUFFIX
     for name in outputs:  # a plain loop, not any(...): this runs on every %%shard re-run (bench section 4)
         if name.startswith(prefix):
             break
     else:  # the common case: no NNX object changed
         return outputs, {}
-    states = {n[len(prefix):-len(suffix)]: v for n, v in outputs.items() if n.startswith(prefix) and n.endswith(suffix)}
+    states = {tuple(n[len(prefix):-len(suffix)].split(", ")): v for n, v in outputs.items()
+              if n.startswith(prefix) and n.endswith(suffix)}
     own = {n: v for n, v in outputs.items() if not (n.startswith(prefix) and n.endswith(suffix))}
     return own, states
 
 
-def apply_write_backs(namespace: dict, states: dict) -> None:
-    """Write each changed NNX input's new state into the user's very object (after the cell succeeded)."""
+def write_backs_of(namespace: dict, states: dict) -> list:
+    """[(the values holding NNX objects, their new joint state)]: the user's objects are looked up
+    now, before the cell's outputs are bound (a cell may rebind a name that held one)."""
+    return [([namespace[name] for name in names], state) for names, state in states.items()]
+
+
+def apply_write_backs(write_backs: list) -> None:
+    """Write each new joint state into the user's very objects (after the cell succeeded)."""
     from . import nnx_graphs
 
-    for name, state in states.items():
-        nnx_graphs.update(namespace[name], state)
+    for values, state in write_backs:
+        nnx_graphs.write(values, state)
 
 
 def traced(value) -> bool:
@@ -206,26 +253,56 @@ class BoundedCache(OrderedDict):
         self._families.clear()
 
 
-def capture_outputs(program: CellProgram, outs: dict, final, to_device):
+def capture_outputs(outs: dict, final, to_device, sites=()):
     """Split a traced cell's results: the traced leaves of each value computed on the devices go out
-    through `to_device` (a list per name); the rest of it (its type, its static leaves) is kept on
-    the program to rebuild it; plain Python values (a number assigned in the cell, a helper
-    function) are remembered and bound as they are."""
-    program.static_outputs, program.device_outputs, program.output_trees = {}, [], {}
+    through `to_device` (a list per name); the rest of it (its type, its static leaves) and plain
+    Python values (a number assigned in the cell, a helper function) go into this trace's CellTrace.
+    Returns (device leaves per name, the final expression's leaves or None, the CellTrace): what a
+    cell's program returns."""
+    _register_cell_trace()
+    static_outputs, device_outputs, output_trees = {}, [], {}
     device = {}
     for name, value in outs.items():
-        split = OutputTree.split(value)
+        split = _output_split(name, value)
+        if split is None and name.startswith(_WRITE_BACK_PREFIX):  # NNX objects left without state: still one
+            split = OutputTree.split(value, always=True)
         if split is None:
-            program.static_outputs[name] = value
+            static_outputs[name] = value
             continue
-        program.output_trees[name], leaves = split
-        program.device_outputs.append(name)
+        output_trees[name], leaves = split
+        device_outputs.append(name)
         device[name] = to_device(leaves)
-    split = OutputTree.split(final)
-    program.final_per_device[:] = [split is not None]
-    program.static_final[:] = [None if split is not None else final]
-    program.final_tree[:] = [split[0]] if split is not None else []
-    return device, (to_device(split[1]) if split is not None else None)
+    split = _output_split(None, final)
+    trace = CellTrace(static_outputs, tuple(device_outputs), output_trees, split is not None,
+                      None if split is not None else final, split[0] if split is not None else None, tuple(sites),
+                      any(nnx_graphs.holds_node_refs(value) for value in outs.values()))
+    return device, (to_device(split[1]) if split is not None else None), trace
+
+
+def _output_split(name: str | None, value):
+    """OutputTree.split, with a dict JAX cannot flatten (keys of mixed types) kept as a plain Python
+    value when nothing in it was computed on the devices, and named in a UsageError when something was.
+    `name` None: the cell's final expression."""
+    try:
+        return OutputTree.split(value)
+    except (ValueError, TypeError):
+        found = dict_keys.first_unsortable(value)
+        if found is None:
+            raise
+    import jax
+
+    if not dict_keys.holds(value, lambda leaf: isinstance(leaf, jax.core.Tracer)):
+        return None
+    path, mapping = found
+    what = f"output `{name}{path}`" if name is not None else f"final expression{f' (at {path})' if path else ''}"
+    otherwise = f"`del {name}` at the end of the cell if it is only a temporary" if name is not None else \
+        "end the cell with another expression"
+    raise UsageError(
+        f"the cell's {what} is a dict whose keys mix {dict_keys.key_types(mapping)}, and it holds values computed "
+        f"on the devices: JAX sorts a dict's keys to flatten a program's results, and cannot order these (plain "
+        f"jax.jit cannot return it either). Give its keys one type (e.g. `{{str(k): v for k, v in d.items()}}`), "
+        f"or {otherwise}."
+    )
 
 
 _MISSING = object()
@@ -242,7 +319,7 @@ class Rerun:
     """
 
     __slots__ = ("inputs", "reshape", "constants", "constants_checked", "absent", "program", "key", "signature",
-                 "placements", "checked")
+                 "placements", "checked", "graphs")
 
     def __init__(self, inputs, reshape, constants, absent, program, key):
         self.inputs = inputs  # TreeInputs, in argument order
@@ -258,9 +335,17 @@ class Rerun:
         # immutable (shape, dtype, sharding), so the very same object passes them again: re-running a
         # cell on unchanged inputs skips them (in-place re-checks cost ~15 µs a call, bench section 9).
         self.checked: list = [None] * len(inputs)
+        self.graphs = tuple(i for i, tree in enumerate(inputs) if tree.graphdef is not None)  # NNX inputs
 
     def args(self, namespace: dict):
         """The program's arguments if nothing the first run checked has changed, else None."""
+        joint = None
+        if self.graphs:  # the inputs holding NNX objects are split together, as they were, and matched so
+            joint = matching_group([self.inputs[i] for i in self.graphs],
+                                   [namespace.get(self.inputs[i].name, _MISSING) for i in self.graphs])
+            if joint is None:
+                return None
+            joint = dict(zip(self.graphs, joint))
         args = []
         for i, (tree, reshape) in enumerate(zip(self.inputs, self.reshape)):
             value = namespace.get(tree.name, _MISSING)
@@ -268,7 +353,7 @@ class Rerun:
             if checked is not None and checked() is value and not value.is_deleted():  # deleted: donated
                 arrays = [value]
             else:
-                arrays = tree.matching_arrays(value)
+                arrays = tree.matching_arrays(value) if joint is None or i not in joint else joint[i]
                 if arrays is None:
                     return None
                 placed = self.placements.get(tree.name)

@@ -14,9 +14,12 @@ _AXIS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # used with fullmatch: `$` would 
 MAX_LITERAL = 1000  # characters: a longer option literal is a mistake, and deep nesting would recurse
 
 
-def _is_count(text: str) -> bool:
+def is_count(text: str) -> bool:
     """ASCII digits only: str.isdigit() also accepts '²' and other digits int() refuses."""
     return text.isascii() and text.isdigit()
+
+
+_is_count = is_count  # the name this module's parsers use
 
 
 @dataclass(frozen=True)
@@ -126,16 +129,23 @@ def _spec_entry(item: str, where: str):
     if _is_count(item):
         return int(item)  # "split this dimension over N devices" (PositionalSharding's job)
     if item.startswith("(") and item.endswith(")"):
-        names = tuple(_spec_entry(p, where) for p in item[1:-1].split(",") if p.strip())
-        if not all(isinstance(n, str) for n in names):
-            raise UsageError(f"{where}: inside parentheses list mesh axis names only, e.g. `(data,model)`.")
+        # One level only, read without recursion: `((((data))))` 500 deep is a mistake, not a RecursionError.
+        names = tuple(p.strip().strip("'\"") for p in item[1:-1].split(",") if p.strip())
+        if not all(_AXIS.fullmatch(n) and n != "None" for n in names):
+            raise UsageError(f"{where}: inside parentheses list mesh axis names only, e.g. `(data,model)`; "
+                             f"cannot read {_shortened(item)!r}.")
         return names
     if _AXIS.fullmatch(item):
         return item
     raise UsageError(
-        f"{where}: cannot read {item!r} as a PartitionSpec entry; use a mesh axis name, None, a tuple of axis "
-        "names like (data,model), or a device count like 8."
+        f"{where}: cannot read {_shortened(item)!r} as a PartitionSpec entry; use a mesh axis name, None, a tuple "
+        "of axis names like (data,model), or a device count like 8."
     )
+
+
+def _shortened(text: str, most: int = 60) -> str:
+    """A long piece of a magic line, cut for a message (the user has the whole line in front of them)."""
+    return text if len(text) <= most else text[:most] + "…"
 
 
 @dataclass(frozen=True)

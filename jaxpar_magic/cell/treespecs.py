@@ -63,16 +63,24 @@ def spec_tree_of(spec, namespace: dict, name: str, option: str):
         return spec.tree
     if not isinstance(spec, SpecTree):
         return None
+    example = f"`{spec.name} = jax.tree.map(lambda leaf: P(), {name})`"
     if spec.name not in namespace:
         raise UsageError(
             f"{option} {name}=@{spec.name}: {spec.name!r} is not defined. Bind a pytree of PartitionSpecs with the "
-            f"structure of {name!r} first, e.g. `{spec.name} = jax.tree.map(lambda leaf: P(), {name})`."
+            f"structure of {name!r} first, e.g. {example}."
+        )
+    if namespace[spec.name] is None:  # JAX reads None as "no subtree", so it would match nothing
+        raise UsageError(
+            f"{option} {name}=@{spec.name}: {spec.name!r} is None, not a pytree of PartitionSpecs. Bind one with the "
+            f"structure of {name!r} (or a prefix of it), e.g. {example}; or, to replicate every leaf of {name!r}, "
+            f"write `{name}=None`."
         )
     return namespace[spec.name]
 
 
-def leaf_specs(tree, value, spec, namespace: dict, option: str = "--in") -> list[tuple]:
-    """One spec (our tuple form) per traced leaf of `value` (whose input model is `tree`)."""
+def leaf_specs(tree, value, spec, namespace: dict, option: str = "--in", *, arrays=None) -> list[tuple]:
+    """One spec (our tuple form) per traced leaf of `value` (whose input model is `tree`; `arrays`:
+    its traced leaves, which for an input holding NNX objects come from the cell's joint split)."""
     import jax
 
     specs = spec_tree_of(spec, namespace, tree.name, option)
@@ -80,9 +88,11 @@ def leaf_specs(tree, value, spec, namespace: dict, option: str = "--in") -> list
         return [tuple(spec)] * len(tree.positions)
     from . import nnx_graphs
 
-    target = nnx_graphs.split(value)[1] if tree.graphdef is not None else value
-    if nnx_graphs.holds_graph_nodes(specs):
-        specs = nnx_graphs.split(specs)[1]
+    target = value
+    if tree.graphdef is not None:  # the NNX objects' state, as nnx.state(...) gives it, where they sit
+        slotted = tree.tree_of(arrays) if arrays is not None else nnx_graphs.split_values([value])[1][0]
+        target = nnx_graphs.unslotted(slotted)
+    specs = nnx_graphs.with_states(specs)
     per_leaf: list = []
 
     def cover(entry, subtree):

@@ -15,7 +15,7 @@ pmap semantics, kept exactly:
 from __future__ import annotations
 
 from ..cell import analysis as cells
-from ..cell.inputs import classify
+from ..cell.inputs import classify, input_arrays
 from ..cell.prepared import PreparedCell
 from ..cell.programs import CellProgram, capture_outputs, cell_function
 from ..errors import UsageError
@@ -52,9 +52,9 @@ def _compile_block(cell, inputs, broadcast, mesh, namespace, record=None) -> Cel
         values = [squeeze(b) if mapped else b for b, mapped in zip(blocks, mapped_flags)]
         if program.recording is None:
             outs, final = fn(*values)
-            return capture_outputs(program, outs, final, expand)
+            return capture_outputs(outs, final, expand)
         (outs, final), records = program.recording(*values)
-        return (*capture_outputs(program, outs, final, expand), expand(records))
+        return (*capture_outputs(outs, final, expand, program.recording.sites), expand(records))
 
     axes = P(*mesh.axis_names)
     in_specs = tuple(axes if m else P() for m in mapped_flags)
@@ -80,7 +80,7 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=(), 
                 f"--merge {name}: the cell does not assign {name!r}; --merge takes outputs the cell assigns "
                 f"({', '.join(cell.writes) or 'none'})."
             )
-    arrays = [tree.arrays(namespace[tree.name]) for tree in inputs]
+    arrays = input_arrays(inputs, namespace)
     # Inputs that disagree with each other are named together, before either is held to the mesh.
     check_same_leading([(t, a) for t, a in zip(inputs, arrays) if t.name not in broadcast and t.name not in split],
                         mesh.devices.size)

@@ -7,7 +7,7 @@ Also the plain-Python twins of `%mesh` and `%sharding`: `make_mesh`, `place`, `p
 from __future__ import annotations
 
 from ..cell import analysis as cells
-from ..cell.inputs import TreeInput, classify
+from ..cell.inputs import TreeInput, classify, input_arrays
 from ..cell.layout import spec_axes
 from ..cell.prepared import PreparedCell
 from ..cell.programs import CellProgram, capture_outputs, cell_function, within_mesh
@@ -168,8 +168,9 @@ def place(value, mesh, spec, name: str = "value", namespace: dict | None = None,
         return tree.rebuild(placed)
     from ..cell import nnx_graphs
 
-    nnx_graphs.update(value, tree.tree_of(placed))  # the user's own object, as `nnx.update` lays it out
-    return value
+    slotted = tree.tree_of(placed)  # the user's own NNX objects, laid out in place as `nnx.update` does
+    nnx_graphs.write([value], nnx_graphs.joint_state([slotted]))
+    return nnx_graphs.with_objects(slotted, nnx_graphs.nodes_of([value]))
 
 
 def place_leaves(tree, arrays, value, mesh, spec, namespace, option: str = "--in") -> list:
@@ -180,7 +181,8 @@ def place_leaves(tree, arrays, value, mesh, spec, namespace, option: str = "--in
     from ..cell.treespecs import leaf_specs
 
     placed = []
-    for index, (leaf, leaf_spec) in enumerate(zip(arrays, leaf_specs(tree, value, spec, namespace, option))):
+    for index, (leaf, leaf_spec) in enumerate(zip(arrays, leaf_specs(tree, value, spec, namespace, option,
+                                                                      arrays=arrays))):
         leaf_spec = with_auto_axis(leaf_spec)
         check_spec(tree.label(index), tuple(leaf.shape), leaf_spec, mesh, option)
         target = NamedSharding(mesh, P(*leaf_spec))
@@ -216,22 +218,28 @@ def _compile(cell, inputs, namespace, mesh, out_specs) -> CellProgram:
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     fn = cell_function(cell, inputs, namespace, write_back=True)
-    program = CellProgram(jitted=None)
 
-    def constrained(value, spec):
+    def constrained(name, value, spec):
+        """The output laid out by its --out spec, each traced leaf checked as --in checks an input:
+        JAX would silently replicate a dimension the spec's axes do not divide."""
         sharding = NamedSharding(mesh, P(*spec))
-        return jax.tree.map(lambda leaf: jax.lax.with_sharding_constraint(leaf, sharding)
-                            if isinstance(leaf, jax.core.Tracer) else leaf, value)
+
+        def one(path, leaf):
+            if not isinstance(leaf, jax.core.Tracer):
+                return leaf
+            check_spec(name + jax.tree_util.keystr(path), tuple(leaf.shape), spec, mesh, "--out")
+            return jax.lax.with_sharding_constraint(leaf, sharding)
+
+        return jax.tree_util.tree_map_with_path(one, value)
 
     def whole_program(*args):
         with within_mesh(mesh):
             outs, final = fn(*args)
             for name, spec in out_specs.items():
-                outs[name] = constrained(outs[name], spec)
-            return capture_outputs(program, outs, final, lambda v: v)
+                outs[name] = constrained(name, outs[name], spec)
+            return capture_outputs(outs, final, lambda v: v)
 
-    program.jitted = jax.jit(whole_program)
-    return program
+    return CellProgram(jitted=jax.jit(whole_program))
 
 
 def _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):
@@ -261,10 +269,7 @@ def _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):
                 f"--out {name}: the cell does not assign {name!r}; --out constrains names the cell assigns "
                 f"({', '.join(cell.writes) or 'none'})."
             )
-        for axes in spec_axes(out_specs[name], len(out_specs[name])):
-            for axis in axes:
-                if axis not in mesh.axis_names:
-                    raise UsageError(f"--out {name}: {axis!r} is not an axis of the mesh {tuple(mesh.axis_names)}.")
+        spec_mesh_axes(name, out_specs[name], mesh, "--out")  # axes of the mesh, each used once, as --in
     return inputs, constants + spec_names(in_specs), out_specs
 
 
@@ -290,14 +295,14 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: 
     abstract = describe if abstract is None else abstract
     inputs, constants, out_specs = _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=abstract)
     args, specs = [], []
-    for tree in inputs:
+    for tree, arrays in zip(inputs, input_arrays(inputs, namespace)):
         value = namespace[tree.name]
-        arrays = tree.arrays(value)
         if tree.name not in in_specs:
             args.append(arrays)
             specs.append((None,) * len(arrays))
             continue
-        per_leaf = [with_auto_axis(spec) for spec in leaf_specs(tree, value, in_specs[tree.name], namespace)]
+        per_leaf = [with_auto_axis(spec) for spec in leaf_specs(tree, value, in_specs[tree.name], namespace,
+                                                                arrays=arrays)]
         if describe:
             for index, (leaf, spec) in enumerate(zip(arrays, per_leaf)):
                 check_spec(tree.label(index), tuple(leaf.shape), spec, mesh)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ast
 
 from ..cell import analysis as cells
-from ..cell.inputs import classify
+from ..cell.inputs import classify, input_arrays
 from ..cell.prepared import PreparedCell
 from ..cell.programs import CellProgram, capture_outputs, cell_function, traced, within_mesh
 from ..cell.treespecs import spec_names
@@ -120,10 +120,12 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, record=
     program = CellProgram(jitted=None)
     program.recording = record(fn, inputs, mesh.axis_names) if record is not None else None  # --collectives
     found: dict = {}  # name -> (varying axes, per-leaf ndims) of every value computed on the devices
+    probed = []  # the probe's CellTrace: which outputs the devices compute, for these input shapes
 
     def probe(*blocks):
         outs, final = fn(*blocks)
-        device, final_value = capture_outputs(program, outs, final, lambda v: v)
+        device, final_value, trace = capture_outputs(outs, final, lambda v: v)
+        probed[:] = [trace]
         for name, value in list(device.items()) + ([(FINAL, final_value)] if traced(final) else []):
             found[name] = (varying_axes(value) if check_vma else frozenset(),
                            [leaf.ndim for leaf in jax.tree.leaves(value)])
@@ -140,7 +142,7 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, record=
                 return mapped(*args)
         return whole
 
-    args = [[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in tree.arrays(namespace[tree.name])] for tree in inputs]
+    args = [[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays] for arrays in input_arrays(inputs, namespace)]
     jax.eval_shape(on_blocks(jax.shard_map(probe, mesh=mesh, in_specs=in_specs, out_specs=(), check_vma=check_vma)),
                    *args)
 
@@ -180,31 +182,31 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, record=
             final_spec = P(*chosen.pop(FINAL))
     for name in out_specs:
         if name not in found:
-            why = ("is a plain Python value, not computed on the devices" if name in program.static_outputs
+            why = ("is a plain Python value, not computed on the devices" if name in probed[0].static_outputs
                    else "is not assigned by the cell")
             raise UsageError(
                 f"--out {name}: {name!r} {why}; --out assembles arrays the cell computes "
                 f"({', '.join(n for n in found if n != FINAL) or 'none'})."
             )
 
-    device_specs = {n: P(*chosen[n]) for n in program.device_outputs}
+    device_specs = {n: P(*chosen[n]) for n in probed[0].device_outputs}
 
     k = len(mesh.axis_names)
 
     def body(*blocks):
         if program.recording is None:
             outs, final = fn(*blocks)
-            return capture_outputs(program, outs, final, lambda v: v)
+            return capture_outputs(outs, final, lambda v: v)
         (outs, final), records = program.recording(*blocks)
         stacked = jax.tree.map(lambda a: a.reshape((1,) * k + a.shape), records)  # one row per device
-        return (*capture_outputs(program, outs, final, lambda v: v), stacked)
+        return (*capture_outputs(outs, final, lambda v: v, program.recording.sites), stacked)
 
-    result_specs = (device_specs, final_spec if final_spec is not None else P())
+    result_specs = (device_specs, final_spec if final_spec is not None else P(), P())  # P(): the leafless CellTrace
     if program.recording is not None:
         result_specs += (P(*mesh.axis_names),)
     mapped = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=result_specs, check_vma=check_vma)
     program.jitted = jax.jit(on_blocks(mapped))
-    program.assembled = {n: tuple(chosen[n]) for n in program.device_outputs}
+    program.assembled = {n: tuple(chosen[n]) for n in probed[0].device_outputs}
     return program
 
 
@@ -227,13 +229,12 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: 
     cells.check_axis_names(cell.source, tuple(mesh.axis_names))
     inputs, constants = classify(cell, namespace, {"--in": tuple(in_specs)}, abstract)
     specs, args = [], []
-    for tree in inputs:
+    for tree, arrays in zip(inputs, input_arrays(inputs, namespace)):
         value = namespace[tree.name]
-        arrays = tree.arrays(value)
         if tree.name not in in_specs:
             per_leaf = ((),) * len(tree.positions)
         else:
-            per_leaf = tuple(leaf_specs(tree, value, in_specs[tree.name], namespace))
+            per_leaf = tuple(leaf_specs(tree, value, in_specs[tree.name], namespace, arrays=arrays))
             for index, (leaf, spec) in enumerate(zip(arrays, per_leaf)):
                 check_spec(tree.label(index), tuple(leaf.shape), spec, mesh, "--in")
         if abstract:

@@ -12,6 +12,7 @@ import time
 
 from IPython.core.magic_arguments import MagicArgumentParser
 
+from ..cell.specs import is_count
 from ..errors import UsageError
 from ..views.progress import Progress, StatusLine, kept_lines
 from .lines import python_names, shell_words
@@ -172,14 +173,14 @@ def parse_targets(words: list[str] | None, count: int) -> list[int] | None:
     for part in ",".join(words).split(","):
         part = part.strip()
         low, dash, high = part.partition("-")
-        if not (low.isdigit() and (not dash or high.isdigit())):
+        if not (is_count(low) and (not dash or is_count(high))):  # ASCII digits: int('²') fails
             raise UsageError(f"--targets {' '.join(words)}: {part!r} is not a rank; give ranks like `0`, `0,2` "
-                             "or `1-3`.")
-        span = range(int(low), int(high if dash else low) + 1)
-        outside = [rank for rank in span if rank >= count]
-        if outside or not span:
-            raise UsageError(f"--targets {' '.join(words)}: the cluster's ranks are 0 to {count - 1}.")
-        ranks.update(span)
+                             "or `1-3` (ASCII digits).")
+        first, last = int(low), int(high if dash else low)
+        if last >= count or first > last:  # checked before building anything: `0-99999999999` is a mistake
+            raise UsageError(f"--targets {' '.join(words)}: the cluster's ranks are 0 to {count - 1}; give ranks "
+                             f"in that range, a range as LOW-HIGH with LOW <= HIGH.")
+        ranks.update(range(first, last + 1))
     return sorted(ranks)
 
 

@@ -33,20 +33,27 @@ the library up by the id in the view's ``_jpm_lib`` trait, injects the styleshee
 and imports the view's module assembled from its pieces (byte for byte what :func:`bundle_esm`
 builds), once per page.
 
-The static ``text/html`` form has the same problem, one ``<style>`` per output. Inside a kernel
-only the first view of a session carries it (see :class:`StyleCarrier`); terminal IPython and
-plain Python, where nothing is saved, always get the whole page.
+The static form
+---------------
+In a kernel a view is two outputs (:meth:`ViewBase._ipython_display_`): first its static picture
+(``text/html``, every style inline: views/inline.py) with its ``text/plain``, then the widget
+alone. The widget, once drawn, hides its static twin (js/loader.js finds it by the twin's class).
+So wherever the widget cannot be drawn (an untrusted notebook, a notebook saved without widget
+state, which shows ipywidgets' "Error displaying widget: model not found" in the widget's place,
+an exported page offline, a viewer without widgets) the static picture stays, and a terminal
+front end (``jupyter console``) prints the text once. Terminal IPython and plain Python get one
+output with both forms.
 """
 
 from __future__ import annotations
 
 import base64
 import html
-import importlib.resources
 import json
 import math
 import re
 import struct
+import uuid
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
@@ -55,37 +62,13 @@ import anywidget
 import ipywidgets
 import traitlets
 
+from .assets import assets, read_asset  # noqa: F401  (the views import them from here)
+
 _IMPORT_RE = re.compile(r'^import\s*\{([^}]*)\}\s*from\s*"\./([A-Za-z_][\w-]*)\.js";[ \t]*$', re.M)
 _ANY_IMPORT_RE = re.compile(r"^\s*import\b", re.M)
 _EXPORT_RE = re.compile(r"^export\s+(function|const|class)\s+([A-Za-z_$][\w$]*)", re.M)
 _ANY_EXPORT_RE = re.compile(r"^\s*export\b", re.M)
 _NAME_RE = re.compile(r"^[A-Za-z_$][\w$]*$")
-
-
-def assets():
-    """The folder of the views' ES modules and stylesheet.
-
-    An installed copy (wheel) carries them as the package ``jaxpar_magic.js``. A source checkout
-    (``pip install -e .``, or ``python -m pytest`` from the repository root) has them in the
-    top-level ``js/`` folder beside the package, which is where we look when that package is absent.
-    """
-    try:
-        return importlib.resources.files("jaxpar_magic.js")
-    except ModuleNotFoundError:
-        pass
-    checkout = importlib.resources.files("jaxpar_magic").parent / "js"
-    if checkout.joinpath("views.css").is_file():
-        return checkout
-    raise ModuleNotFoundError(
-        "jaxpar_magic's widget code is missing: neither the installed package data `jaxpar_magic.js` nor a "
-        f"source checkout's js/ folder ({checkout}) was found. Reinstall the package (`pip install jaxpar_magic`, "
-        "or `pip install -e .` in a checkout)."
-    )
-
-
-def read_asset(name: str) -> str:
-    """Text of one file of the views' front end (``js/`` in the repository)."""
-    return assets().joinpath(name).read_text(encoding="utf-8")
 
 
 _DEFAULT_EXPORT_RE = re.compile(r"^export\s+default\s+", re.M)
@@ -117,7 +100,7 @@ def _inline_imports(name: str, src: str, helpers: dict[str, tuple[str, set[str]]
 
 def _helper_module(name: str, helpers: dict[str, tuple[str, set[str]]], loading: tuple[str, ...]) -> tuple[str, set[str]]:
     """A helper's source as ``const __jpm_NAME = (() => {...})();`` and its exported names."""
-    src = _inline_imports(f"{name}.js", read_asset(f"{name}.js"), helpers, loading)
+    src = _without_comments(_inline_imports(f"{name}.js", read_asset(f"{name}.js"), helpers, loading))
     exports = [m.group(2) for m in _EXPORT_RE.finditer(src)]
     body = _EXPORT_RE.sub(lambda m: m.group(1) + " " + m.group(2), src)
     body = _DEFAULT_EXPORT_RE.sub("const __jpm_default = ", body)  # a view's entry point, unused here
@@ -131,8 +114,9 @@ def _helper_module(name: str, helpers: dict[str, tuple[str, set[str]]], loading:
 
 
 def _without_comments(src: str) -> str:
-    """``src`` without its ``/* */`` blocks and whole-line ``//`` comments (js/loader.js has no
-    string that contains either) and indentation, so each model carries 1.5 KB instead of 3."""
+    """``src`` without its ``/* */`` blocks and whole-line ``//`` comments and indentation: every
+    notebook stores the views' code (js/ has no string or multi-line template that holds either,
+    which the browser tests of the bundles would show), a third smaller this way."""
     src = re.sub(r"/\*.*?\*/", "", src, flags=re.S)
     lines = (line.strip() for line in src.splitlines())
     return "\n".join(line for line in lines if line and not line.startswith("//")) + "\n"
@@ -165,7 +149,7 @@ class Bundle(str):
 def bundle_esm(view: str) -> Bundle:
     """One self-contained ES module for ``js/<view>``, helpers inlined (see module docstring)."""
     helpers: dict[str, tuple[str, set[str]]] = {}
-    body = _inline_imports(view, read_asset(view), helpers, (view.removesuffix(".js"),))
+    body = _without_comments(_inline_imports(view, read_asset(view), helpers, (view.removesuffix(".js"),)))
     return Bundle(view.removesuffix(".js"), {name: code for name, (code, _) in helpers.items()}, body)
 
 
@@ -215,62 +199,6 @@ def shared_layout() -> ipywidgets.Layout:
     return _layout
 
 
-class StyleCarrier:
-    """Which static ``text/html`` output carries the views' ``<style>``: the first view shown in
-    a kernel session, and, after the cell that carried it runs again (its output replaced), the
-    next view shown. A cell is known by the ``cellId`` JupyterLab sends with each execution;
-    without it (nbclient, some front ends) the first view of the session keeps it. A page whose
-    carrying output was cleared by hand shows the views unstyled, with the same text.
-    """
-
-    def __init__(self) -> None:
-        self.carried = False
-        self.cell: str | None = None
-
-    def take(self, cell: str | None) -> bool:
-        """Whether the view being shown now (from ``cell``) must carry the style."""
-        if self.carried:
-            return False
-        self.carried, self.cell = True, cell
-        return True
-
-    def cell_runs(self, cell: str | None) -> None:
-        """A cell starts running: if it is the one that carried the style, its output goes away."""
-        if self.carried and cell is not None and cell == self.cell:
-            self.carried = False
-
-
-_carrier = StyleCarrier()
-_watching: set[int] = set()
-
-
-def _kernel_cell() -> tuple[bool, str | None]:
-    """(running in a kernel, the id of the cell running now if the front end sent one)."""
-    from IPython import get_ipython
-
-    shell = get_ipython()
-    kernel = getattr(shell, "kernel", None)
-    if kernel is None:
-        return False, None
-    if id(shell) not in _watching:
-        _watching.add(id(shell))
-        shell.events.register("pre_run_cell", lambda info: _carrier.cell_runs(getattr(info, "cell_id", None)))
-    try:
-        parent = kernel.get_parent()
-    except Exception:  # an older ipykernel: no parent to read
-        parent = {}
-    return True, (parent or {}).get("metadata", {}).get("cellId")
-
-
-def static_html(html: str) -> str:
-    """``html`` (a view's full static page) as this output should carry it: with or without the
-    stylesheet, by :class:`StyleCarrier`."""
-    in_kernel, cell = _kernel_cell()
-    if not in_kernel or _carrier.take(cell):
-        return html
-    return html.replace(style_block(), "", 1)
-
-
 def state_json(state: dict[str, Any]) -> str:
     """A view's state as the front end receives it: one compact JSON string. Saved notebooks
     write widget state indented, one line per list item; a string is one line (the collectives
@@ -306,10 +234,13 @@ class ViewBase(anywidget.AnyWidget):
     """
 
     state = traitlets.Dict().tag(
-        sync=True, to_json=lambda value, _: state_json(value), from_json=lambda value, _: state_from_json(value)
+        sync=True, to_json=lambda value, view: state_json(view.wire_state(value)),
+        from_json=lambda value, _: state_from_json(value),
     )
     _jpm_view = traitlets.Unicode("").tag(sync=True)
     _jpm_lib = traitlets.Unicode("").tag(sync=True)
+    #: The class (``jpm-twin-<this>``) of this view's static twin, which the drawn widget hides.
+    _jpm_twin = traitlets.Unicode("").tag(sync=True)
     _css = ""  # the stylesheet comes from the library, once per page
     _bundle: ClassVar[Bundle]
 
@@ -328,29 +259,78 @@ class ViewBase(anywidget.AnyWidget):
         lib.add(type(self)._bundle)
         kwargs.setdefault("layout", shared_layout())
         super().__init__(
-            state=dict(state or {}), _jpm_view=type(self)._bundle.view, _jpm_lib=f"IPY_MODEL_{lib.model_id}", **kwargs
+            state=dict(state or {}), _jpm_view=type(self)._bundle.view, _jpm_lib=f"IPY_MODEL_{lib.model_id}",
+            _jpm_twin=uuid.uuid4().hex[:16], **kwargs
         )
 
+    def wire_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The state as the front end gets it (and a saved notebook stores it): by default all of
+        it; a view leaves out what its ES module never reads."""
+        return state
+
     def to_html(self) -> str:
-        """Static HTML for the current state (no script, every string escaped)."""
-        return type(self)._render_html(self.state)
+        """Static HTML for the current state (no script, every string escaped, every style inline)."""
+        from .inline import inline_styles
 
-    def to_text(self) -> str:
-        """Plain-text rendering of the current state."""
-        return type(self)._render_text(self.state)
+        return inline_styles(type(self)._render_html(self.state))
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    def to_text(self, width: int | None = None) -> str:
+        """Plain-text rendering of the current state, fitted to ``width`` columns (the terminal's,
+        80 in a notebook's text/plain)."""
+        from .textwidth import fit_text, text_width
+
+        return fit_text(type(self)._render_text(self.state), width or text_width())
+
+    def _widget_bundle(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
         bundle = super()._repr_mimebundle_(**kwargs)
         if bundle is None:
             return None
         data, metadata = bundle
-        data = dict(data)
-        data["text/html"] = static_html(self.to_html())
-        data["text/plain"] = self.to_text()
-        return data, metadata
+        return {WIDGET_MIME: data[WIDGET_MIME]}, metadata
+
+    def static_bundle(self) -> dict[str, str]:
+        """The static twin: the picture, marked with this widget's twin class, and the text."""
+        html = f'<div class="jpm-static jpm-twin-{self._jpm_twin}">{self.to_html()}</div>'
+        return {"text/html": html, "text/plain": self.to_text()}
+
+    def display_parts(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """What displaying this view publishes, as ``(data, metadata)`` outputs: in a kernel the
+        static twin, then the widget alone; elsewhere (a terminal prints ``text/plain``) one
+        output with every form."""
+        widget = self._widget_bundle()
+        if widget is None:
+            return [(self.static_bundle(), {})]
+        if not _in_kernel():
+            return [({**widget[0], **self.static_bundle()}, widget[1])]
+        return [(self.static_bundle(), {}), widget]
+
+    def _ipython_display_(self, **kwargs: Any) -> None:
+        from IPython.display import display
+
+        for data, metadata in self.display_parts():
+            display(data, metadata=metadata, raw=True)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """One bundle with every form (for callers that format a view themselves; IPython's display
+        calls :meth:`_ipython_display_` instead)."""
+        bundle = self._widget_bundle(**kwargs)
+        if bundle is None:
+            return None
+        data, metadata = bundle
+        return {**data, **self.static_bundle()}, metadata
 
     def __repr__(self) -> str:
         return self.to_text()
+
+
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def _in_kernel() -> bool:
+    """Whether IPython runs in a kernel (a front end draws widgets), not in a terminal."""
+    from IPython import get_ipython
+
+    return getattr(get_ipython(), "kernel", None) is not None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,8 +340,9 @@ esc = html.escape
 
 
 def style_block() -> str:
-    """The views' stylesheet as one ``<style>`` element; every rule is scoped by ``.jpm-``."""
-    return f"<style>{read_asset('views.css')}</style>"
+    """Nothing: static HTML carries no stylesheet (a sanitizer removes ``<style>``); its styles are
+    inline (views/inline.py). Kept for renderers that still prepend it."""
+    return ""
 
 
 def format_bytes(n: float | None) -> str:
@@ -386,6 +367,37 @@ def format_si(n: float | None) -> str:
         i += 1
     sign = "-" if n < 0 else ""
     return f"{sign}{round(v, 2):g}" if i == 0 else f"{sign}{v:.2f}{prefixes[i]}"
+
+
+def to_precision(v: float, digits: int = 3) -> str:
+    """JavaScript's ``v.toPrecision(digits)``: ``digits`` significant digits, zeros kept, in fixed
+    notation unless the exponent is below -6 or at least ``digits`` (``2.92e-7``, ``1.23e+5``).
+    The one number formatter behind the widget's, the static HTML's and the text's figures."""
+    if v != v or v in (float("inf"), float("-inf")):
+        return {float("inf"): "Infinity", float("-inf"): "-Infinity"}.get(v, "NaN")
+    if v == 0:
+        return "0" if digits == 1 else "0." + "0" * (digits - 1)
+    mantissa, exponent = f"{v:.{digits - 1}e}".split("e")
+    e = int(exponent)
+    if e < -6 or e >= digits:
+        return f"{mantissa}e{'+' if e >= 0 else '-'}{abs(e)}"
+    return f"{v:.{max(0, digits - 1 - e)}f}"
+
+
+def format_seconds(s: float | None) -> str:
+    """``850 µs``, ``1.33 ms``, ``2.50 s``, ``0.00292 ns``; the twin of ``formatSeconds`` in js/plan.js."""
+    if s is None or s != s or s in (float("inf"), float("-inf")):
+        return "?"
+    a = abs(s)
+    if a == 0:
+        return "0 s"
+    if a < 1e-6:
+        return f"{to_precision(s * 1e9)} ns"
+    if a < 1e-3:
+        return f"{to_precision(s * 1e6)} µs"
+    if a < 1:
+        return f"{to_precision(s * 1e3)} ms"
+    return f"{to_precision(s)} s"
 
 
 def format_ms(ms: float | None) -> str:
@@ -489,4 +501,4 @@ def swatch_style(device_id: int) -> str:
     from .palette import device_color
 
     bg, fg = device_color(device_id)
-    return f"background:{bg};color:{fg}"
+    return f"background:{bg};color:{fg[:4]}"  # #111 or #fff: the text colours are grey or white

@@ -8,25 +8,25 @@ views/collectives_model.py (the twin of js/collectives_model.js).
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
-from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ids, png_data_uri, style_block, swatch_style
-from .collectives_model import NO_BYTES, algorithm_name, bytes_note, compiled_text, hubs, label_need, movement_kind, movement_model, movement_sentence, picture_blocked, reduce_symbol, shapes_text, slot_text, stage_geometry, stage_layout, steps_phrase
+from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ids, png_data_uri, swatch_style
+from .collectives_model import LABEL_W, NO_BYTES, algorithm_name, bytes_note, compiled_text, hubs, movement_kind, movement_model, movement_sentence, picture_blocked, reduce_symbol, shapes_text, slot_text, stage_geometry, steps_phrase
 from .palette import device_color
 
 MAX_CARDS = 64
+#: Narrowest device column of a static stage with more than 8 devices (fewer always fit 320 px).
+STATIC_MIN_COL_W = 34
 #: Heights in pixels of a bar of blocks and of the curves between the bars (as js/collectives_draw.js).
 BAR_H = 14
 LINKS_H = 64
 _HEAT_STOPS = [(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)]
 
 
-def _pct(x: float, total: int) -> str:
-    return f"{round(x / total * 1e4) / 100:g}%"
-
-
 def _fx(v: float) -> str:
-    return f"{round(v * 10) / 10:g}"
+    """A coordinate of a static picture: whole design pixels are fine at any scale it is shown at."""
+    return f"{round(v)}"
 
 
 def _curve(xa: float, ya: float, xb: float, yb: float) -> str:
@@ -34,12 +34,18 @@ def _curve(xa: float, ya: float, xb: float, yb: float) -> str:
     return f"M{_fx(xa)},{_fx(ya)} C{_fx(xa)},{_fx(m)} {_fx(xb)},{_fx(m)} {_fx(xb)},{_fx(yb)}"
 
 
-def _picture_svg(card: dict[str, Any], pic: dict[str, Any], width: int, left: list[int], total: int) -> str:
-    """The whole movement as one SVG: curves grouped into one path per source device (compact).
+#: Colours of the picture's own marks (an <img> reads no page styles): mid greys that read on light
+#: and dark pages, and label text dark on a light halo, as on the device colours.
+_INK = "#7a828c"
+_PANEL = "#e6e8eb"
+_MANY = "#c9ced4"
+_FONT = "ui-monospace,SFMono-Regular,Menlo,Consolas,monospace"
 
-    As in the live view, curves and blocks are drawn in design units in an inner SVG stretched
-    to the columns' width; labels and combining nodes sit above it at percentages of the width.
-    """
+
+def _picture_svg(card: dict[str, Any], pic: dict[str, Any], width: int, left: list[int], total: int) -> str:
+    """The movement as one self-contained SVG document (drawn as an <img>: a sanitizer keeps no
+    <svg> in the page): the two bars of blocks, the curves (one path per source device's colour)
+    and the combining nodes, in design units; the image scales with its column's width."""
     sym = reduce_symbol(str(card.get("op")))
     blocked = picture_blocked(pic)
     height = 2 * BAR_H + LINKS_H
@@ -60,46 +66,39 @@ def _picture_svg(card: dict[str, Any], pic: dict[str, Any], width: int, left: li
             paths.setdefault(device_color(t["src"])[0], []).append(
                 _curve(x_of(t["src"], t["src_block"], pic["in_slots"]), y0, x, y - 7)
             )
-        d = "".join(_curve(x, y + 7, x_of(t["dst"], t["dst_block"], pic["out_slots"]), y1) for t in dsts)
-        outs.append(f'<path class="jpm-link jpm-link-out" d="{d}"></path>')
+        outs.append("".join(_curve(x, y + 7, x_of(t["dst"], t["dst_block"], pic["out_slots"]), y1) for t in dsts))
         tw = max(16, len(sym) * 7 + 8)
-        who = f"{sym}({format_ids(sorted({t['src'] for t in srcs}), 3)})"
         nodes.append(
-            f'<g class="jpm-hub"><title>{esc(who)}: combined, then sent to devices '
-            f'{esc(format_ids([t["dst"] for t in dsts], 4))}</title>'
-            f'<ellipse cx="{_pct(x, total)}" cy="{_fx(y)}" rx="{_fx(tw / 2)}" ry="8"></ellipse>'
-            f'<text x="{_pct(x, total)}" y="{_fx(y)}">{esc(sym)}</text></g>'
+            f'<ellipse cx="{_fx(x)}" cy="{_fx(y)}" rx="{_fx(tw / 2)}" ry="8" fill="#ffffff" stroke="{_INK}" stroke-width="1.2"/>'
+            f'<text x="{_fx(x)}" y="{_fx(y)}" font-size="11" fill="#111111" text-anchor="middle" '
+            f'dominant-baseline="central">{esc(sym)}</text>'
         )
     for t in direct:
         paths.setdefault(device_color(t["src"])[0], []).append(
             _curve(x_of(t["src"], t["src_block"], pic["in_slots"]), y0, x_of(t["dst"], t["dst_block"], pic["out_slots"]), y1)
         )
-    bars, labels = _bars_svg(pic, left, width, total, y1, blocked, sym)
-    return "".join([
-        f'<svg class="jpm-move" width="100%" height="{height}" role="img" aria-label="{esc(str(card.get("op")))}: the whole movement">',
-        f'<svg class="jpm-move-shapes" width="100%" height="100%" viewBox="0 0 {total} {height}" preserveAspectRatio="none">',
-        '<g class="jpm-links">',
-        *(f'<path class="jpm-link" stroke="{c}" d="{"".join(ds)}"></path>' for c, ds in paths.items()),
-        *outs,
-        "</g>",
+    bars = _bars_svg(pic, left, width, y1, blocked, sym)
+    doc = "".join([
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {total} {height}" width="{total}" height="{height}" '
+        f'font-family="{_FONT}" font-weight="600">',
+        *(f'<path fill="none" stroke-width="1.6" stroke="{c}" d="{"".join(ds)}"/>' for c, ds in paths.items()),
+        *(f'<path fill="none" stroke-width="1.2" stroke="{_INK}" d="{d}"/>' for d in outs),
         bars,
-        "</svg>",
-        f'<g class="jpm-labels">{labels}</g>',
-        f'<g class="jpm-hubs">{"".join(nodes)}</g>',
+        *nodes,
         "</svg>",
     ])
+    uri = "data:image/svg+xml;base64," + base64.b64encode(doc.encode("utf-8")).decode("ascii")
+    return (f'<img class="jpm-move" src="{uri}" width="{total}" height="{height}" '
+            f'alt="{esc(str(card.get("op")))}: {esc(pic["label"])}">')
 
 
-def _bars_svg(pic: dict[str, Any], left: list[int], width: int, total: int, y1: float, blocked: bool, sym: str) -> tuple[str, str]:
-    """Both bars of blocks for every device, compact: one path per fill colour for the whole
-    picture, one path of block edges, and per bar one transparent rect carrying its title (the
-    live view has a title per block). Returns the blocks (design units) and their labels (at
-    percentages of the width)."""
+def _bars_svg(pic: dict[str, Any], left: list[int], width: int, y1: float, blocked: bool, sym: str) -> str:
+    """Both bars of blocks for every device: one path per fill colour, the block edges, and the
+    labels that fit their block (dark text on a light halo)."""
     fills: dict[str, list[str]] = {}
     edges: list[str] = []
-    hits: list[str] = []
     labels: list[str] = []
-    for bar, y, where in ((pic["top"], 0.0, "holds"), (pic["bottom"], y1, "receives")):
+    for bar, y in ((pic["top"], 0.0), (pic["bottom"], y1)):
         for i, slots in enumerate(bar):
             part = bool(y) and pic["partial"][i]
             w = (width - 6) / max(1, len(slots))
@@ -109,7 +108,7 @@ def _bars_svg(pic: dict[str, Any], left: list[int], width: int, total: int, y1: 
                 devs = list(dict.fromkeys(o[0] for o in origins))
                 many = len(devs) * 1.5 > w
                 if not devs or many:
-                    pieces = [(x, w, "jpm-slot-empty" if not devs else "jpm-slot-many")]
+                    pieces = [(x, w, _PANEL if not devs else _MANY)]
                 else:
                     pieces = [(x + k * w / len(devs), w / len(devs), device_color(o)[0]) for k, o in enumerate(devs)]
                 for px, pw, fill in pieces:
@@ -118,22 +117,15 @@ def _bars_svg(pic: dict[str, Any], left: list[int], width: int, total: int, y1: 
                     edges.append(f"M{_fx(x)},{_fx(y)}v{BAR_H}")
                 text = slot_text(origins, blocked, sym, part)
                 if len(text) * 6 + 2 <= w:
-                    panel = ' class="jpm-on-panel"' if not devs or many else ""
-                    labels.append(
-                        f'<text{panel} x="{_pct(x + w / 2, total)}" y="{_fx(y + BAR_H / 2)}" '
-                        f'style="--need:{label_need(text, w, total)}px">{esc(text)}</text>'
-                    )
-            title = f"device {pic['columns'][i]} {where}: [" + " | ".join(slot_text(o, blocked, sym, part) for o in slots) + "]"
-            hits.append(
-                f'<rect class="jpm-hit" x="{_fx(x0)}" y="{_fx(y)}" width="{_fx(width - 6)}" height="{BAR_H}"><title>{esc(title)}</title></rect>'
-            )
-    out = [
-        (f'<path class="{fill}"' if fill.startswith("jpm-") else f'<path fill="{fill}"') + f' d="{"".join(ds)}"></path>'
-        for fill, ds in fills.items()
-    ]
+                    labels.append(f'<text x="{_fx(x + w / 2)}" y="{_fx(y + BAR_H / 2)}">{esc(text)}</text>')
+    out = [f'<path fill="{fill}" d="{"".join(ds)}"/>' for fill, ds in fills.items()]
     if edges:
-        out.append(f'<path class="jpm-slot-sep" d="{"".join(edges)}"></path>')
-    return "".join(out + hits), "".join(labels)
+        out.append(f'<path fill="none" stroke="#ffffff" stroke-width="1" d="{"".join(edges)}"/>')
+    if labels:
+        out.append('<g font-size="9" fill="#111111" text-anchor="middle" dominant-baseline="central" '
+                   'stroke="#ffffff" stroke-opacity="0.75" stroke-width="2.5" paint-order="stroke" '
+                   f'stroke-linejoin="round">{"".join(labels)}</g>')
+    return "".join(out)
 
 
 def _heat_rgb(t: float) -> tuple[int, int, int]:
@@ -216,68 +208,147 @@ def _bytes_of(card: dict[str, Any], order: list[int], d: int) -> tuple[Any, Any]
 
 
 def _stage_html(card: dict[str, Any], it: dict[str, Any], state: dict[str, Any]) -> str:
+    """The before / sends / after / bytes rows of one card as a table of equal device columns (a
+    sanitizer keeps no grid template), the picture an image across them: at most its design width,
+    narrower with the output area; past a readable minimum it scrolls inside the card."""
     pic = movement_model(card, 0)
     groups = pic["groups"]
     if not groups:
         return '<div class="jpm-note">no values recorded</div>'
-    width, left, total = stage_geometry(groups)
-    layout = stage_layout(groups)
-    grid_col: list[int] = []
-    for gi, g in enumerate(groups):
-        first = len(grid_col) + gi + 2  # after the label column and one gap column per group before
-        grid_col += range(first, first + len(g))
-    # The stage keeps a readable minimum width; below it, it scrolls inside the card.
-    out = [
-        '<div class="jpm-stage-scroll"><div class="jpm-stage" style="'
-        f'grid-template-columns:{layout["template"]};min-width:{layout["min_width"]}px;max-width:{layout["max_width"]}px">'
-    ]
-    row = 1
+    columns = pic["columns"]
+    n = len(columns)
+    width, _, _ = stage_geometry(groups)
+    left = [i * width for i in range(n)]  # equal columns: group edges are marked, not spaced
+    total = n * width
+    first_of_group = {g[0] for g in groups[1:]}
+    # Up to 8 devices the columns shrink with the output area (tiles wrap their text); more keep a
+    # readable minimum and scroll inside the card, the last resort.
+    least = f"min-width:{LABEL_W + n * STATIC_MIN_COL_W}px;" if n > 8 else ""
+    out = [f'<div class="jpm-stage-scroll"><table class="jpm-stage" style="{least}'
+           f'max-width:{LABEL_W + total}px"><colgroup><col style="width:{LABEL_W}px">'
+           + "".join("<col>" for _ in columns) + "</colgroup>"]
+
+    def cell(i: int, body: str, title: str = "", cls: str = "") -> str:
+        """A device column's cell (a tile is the cell itself: one element less per tile)."""
+        edge = ' style="border-left:2px solid #8888"' if columns[i] in first_of_group else ""
+        tip = f' title="{esc(title)}"' if title else ""
+        return f'<td{f" class={chr(34)}{cls}{chr(34)}" if cls else ""}{edge}{tip}>{body}</td>'
+
     if len(groups) > 1:
-        i = 0
-        for gi, g in enumerate(groups):
-            out.append(
-                f'<div class="jpm-group-label" style="grid-row:{row};grid-column:{grid_col[i]} / span {len(g)}">'
-                f"group {gi}: {esc(format_ids(g, 4))}</div>"
-            )
-            i += len(g)
-        row += 1
+        out.append('<tr><td class="jpm-row-label"></td>' + "".join(
+            f'<td class="jpm-group-label" colspan="{len(g)}">group {gi}: {esc(format_ids(g, 4))}</td>'
+            for gi, g in enumerate(groups)) + "</tr>")
     proc_of = _proc_of(state)
-    for r, when, key, shape in ((row, "before", "before", card.get("in_shape")), (row + 2, "after", "after", card.get("out_shape"))):
+
+    def tiles_row(when: str, key: str, shape: Any) -> str:
         tiles = {int(t["device"]): t for t in it.get(key) or []}
         if not tiles:
-            continue
-        out.append(f'<div class="jpm-row-label" style="grid-row:{r};grid-column:1">{when}</div>')
-        for i, d in enumerate(pic["columns"]):
+            return ""
+        row = [f'<tr><td class="jpm-row-label">{when}</td>']
+        for i, d in enumerate(columns):
             t = tiles.get(d)
             if t is None:
+                row.append(cell(i, ""))
                 continue
             p = proc_of(d)
-            detail = f"{when} on device {d}{'' if p is None else f' (process {p})'}: {shape or ''} = {t.get('text')}"
-            body = _heat_img(t["heat"], width - 10) if t.get("heat") else f'<pre class="jpm-tile-val">{esc(str(t.get("text")))}</pre>'
-            out.append(
-                f'<div class="jpm-ctile" style="grid-row:{r};grid-column:{grid_col[i]}" title="{esc(detail)}">'
-                f'<div class="jpm-tile-head" style="{swatch_style(d)}"><span>dev {d}</span>'
-                + ("" if p is None else f"<span>p{p}</span>")
-                + f"</div>{body}</div>"
-            )
+            body = _heat_img(t["heat"], width - 10) if t.get("heat") else f'<div class="jpm-tile-val">{esc(str(t.get("text")))}</div>'
+            # The value is in the tile itself; only a heat map (or a long value) needs its text on hover.
+            detail = f"{when} on device {d}: {shape or ''} = {t.get('text')}" if t.get("heat") else ""
+            head = f"dev {d}" if p is None else f"<span>dev {d}</span><span>p{p}</span>"
+            row.append(cell(i, f'<div class="jpm-tile-head" style="{swatch_style(d)}">{head}</div>{body}', detail,
+                            "jpm-ctile"))
+        return "".join(row) + "</tr>"
+
+    out.append(tiles_row("before", "before", card.get("in_shape")))
     if _moves(card):
-        out.append(
-            f'<div class="jpm-row-label" style="grid-row:{row + 1};grid-column:1">sends</div>'
-            f'<div class="jpm-move-box" style="grid-row:{row + 1};grid-column:2 / -1">{_picture_svg(card, pic, width, left, total)}</div>'
-        )
+        out.append(f'<tr><td class="jpm-row-label">sends</td><td colspan="{n}" style="padding:0">'
+                   f"{_picture_svg(card, pic, width, left, total)}</td></tr>")
+    out.append(tiles_row("after", "after", card.get("out_shape")))
     b = card.get("bytes") or {}
     if isinstance(b.get("sent"), list) or isinstance(b.get("received"), list):
         order = [int(d) for d in state.get("device_ids") or []]
         star = "" if b.get("estimate") is False else "*"
-        out.append(f'<div class="jpm-row-label" style="grid-row:{row + 3};grid-column:1">bytes{star}</div>')
-        for i, d in enumerate(pic["columns"]):
+        row = [f'<tr><td class="jpm-row-label" title="bytes each device sends (↑) and receives (↓)">bytes{star}</td>']
+        for i, d in enumerate(columns):
             sent, received = _bytes_of(card, order, d)
-            out.append(
-                f'<div class="jpm-bytes" style="grid-row:{row + 3};grid-column:{grid_col[i]}">'
-                f"<div>↑{esc(format_bytes(sent))}</div><div>↓{esc(format_bytes(received))}</div></div>"
-            )
-    out.append("</div></div>")
+            row.append(cell(i, f'<div class="jpm-bytes">↑{esc(format_bytes(sent))}<br>↓{esc(format_bytes(received))}</div>',
+                            f"device {d} sends {format_bytes(sent)} and receives {format_bytes(received)}"))
+        out.append("".join(row) + "</tr>")
+    out.append("</table></div>")
     return "".join(out)
+
+
+def _ring_steps_html(card: dict[str, Any]) -> str:
+    """The ring's steps as small multiples, since a page has no step control: a row per step, a
+    column per device, each cell what that device receives in the step (``Σ(0,7)``: the sum of
+    devices 0 and 7's blocks so far) on the sender's colour, its block and sender in the title."""
+    steps = (card.get("movement") or {}).get("steps") or []
+    # The all-reduce's ring is what a reader cannot guess from the whole movement (its picture
+    # draws every contribution into one node); the other collectives' pictures say it all.
+    if not steps or not card.get("iterations") or movement_kind(card) != "all-reduce":
+        return ""
+    columns = movement_model(card, 0)["columns"]
+    sym = reduce_symbol(str(card.get("op")))
+    shown = _steps_shown(steps)
+    rows = []
+    phase = None
+    previous: list | None = None
+    folded = 0
+    for k in range(1, len(steps) + 1):
+        name, _, number = str(steps[k - 1].get("label")).partition(" step ")
+        if name != phase:  # a row naming the phase, then its steps by number
+            if folded:
+                rows.append(f'<tr><th>…</th><td colspan="{len(columns)}">{folded} more step{"s" if folded > 1 else ""} '
+                            "like the one above</td></tr>")
+                folded = 0
+            phase, previous = name, None
+            rows.append(f'<tr><th colspan="{len(columns) + 1}">{esc(name)}</th></tr>')
+        if k not in shown:
+            if k - 1 in shown:
+                rows.append(f'<tr><th>…</th><td colspan="{len(columns)}">steps {k}–{min(s for s in shown if s > k) - 1}'
+                            " go on the same way</td></tr>")
+            continue
+        pic = movement_model(card, k)
+        into = {t["dst"]: t for t in pic["links"]}
+        texts = [(slot_text(pic["bottom"][i][into[d]["dst_block"]], False, sym, pic["partial"][i]), into[d]["src"])
+                 if d in into else None for i, d in enumerate(columns)]
+        if texts == previous:  # a step that changes nothing a reader sees here (the all-gather of sums)
+            folded += 1
+            continue
+        if folded:
+            rows.append(f'<tr><th>…</th><td colspan="{len(columns)}">{folded} more step{"s" if folded > 1 else ""} '
+                        "like the one above</td></tr>")
+            folded = 0
+        previous = texts
+        cells = "".join(f'<td style="{swatch_style(t[1])}">{esc(t[0])}</td>' if t else "<td></td>" for t in texts)
+        rows.append(f"<tr><th>{esc(number or str(k))}</th>{cells}</tr>")
+    if folded:
+        rows.append(f'<tr><th>…</th><td colspan="{len(columns)}">{folded} more step{"s" if folded > 1 else ""} '
+                    "like the one above</td></tr>")
+    head = "<tr><th>step</th>" + "".join(f"<th>dev {d}</th>" for d in columns) + "</tr>"
+    return (f'<div class="jpm-h">the {esc(algorithm_name(movement_kind(card)) or "steps")}, step by step: what each '
+            "device receives, on the sender's colour</div>"
+            f'<div class="jpm-stage-scroll"><table class="jpm-steps-table">{head}{"".join(rows)}</table></div>')
+
+
+#: Steps of a phase listed in full up to this many; past it the first few and the last one.
+STEPS_LISTED = 8
+
+
+def _steps_shown(steps: list[dict[str, Any]]) -> set[int]:
+    """Which steps (1-based) the static table lists: every step of a short phase; of a longer one
+    (16 devices and more) its first three and its last."""
+    shown: set[int] = set()
+    k = 1
+    while k <= len(steps):
+        phase = str(steps[k - 1].get("label")).split(" step ")[0]
+        end = k
+        while end < len(steps) and str(steps[end].get("label")).split(" step ")[0] == phase:
+            end += 1
+        count = end - k + 1
+        shown |= set(range(k, end + 1)) if count <= STEPS_LISTED else {k, k + 1, k + 2, end}
+        k = end + 1
+    return shown
 
 
 def _moves(card: dict[str, Any]) -> bool:
@@ -328,6 +399,7 @@ def _card_html(card: dict[str, Any], state: dict[str, Any]) -> str:
         if len(its) > 1:
             out.append(f'<div class="jpm-h">{esc(str(it.get("label")))} iteration</div>')
         out.append(_stage_html(card, it, state))
+    out.append(_ring_steps_html(card))
     notes = []
     if card.get("devices_omitted"):
         notes.append(f"{int(card['devices_omitted'])} more devices not drawn")
@@ -337,7 +409,7 @@ def _card_html(card: dict[str, Any], state: dict[str, Any]) -> str:
     if bytes_note(card):
         notes.append(bytes_note(card))
     if _steps_summary(card):
-        notes.append(_steps_summary(card) + " (the live view steps through them)")
+        notes.append(_steps_summary(card))
     out += [f'<div class="jpm-note">{esc(n)}</div>' for n in notes]
     out.append("</div>")
     return "".join(out)
@@ -355,7 +427,6 @@ def to_html(state: dict[str, Any]) -> str:
     cards, omitted = _cards(state)
     chips = "".join(chip(str(a.get("name")), str(a.get("size"))) for a in state.get("axes") or [])
     out = [
-        style_block(),
         '<div class="jpm-view jpm-collectives"><div class="jpm-head">'
         f'<span class="jpm-title jpm-mono">{esc(str(state.get("title") or "collectives"))}</span>'
         f'<span class="jpm-chips">{chips}</span>'
@@ -460,9 +531,37 @@ def to_text(state: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _packed(transfers: list[dict[str, Any]]) -> list[list[int]]:
+    return [[t["src"], t["src_block"], t["dst"], t["dst_block"], 1 if t.get("reduce") else 0] for t in transfers]
+
+
+def wire_state(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` as the widget receives it and a saved notebook stores it: each transfer packed as
+    ``[src, src_block, dst, dst_block, reduce]`` (js/collectives.js's ``unpackCard`` undoes it), and
+    no tile's first 64 values, which only the Python side reads (``fn.collectives()``, tests): the
+    collectives chapter stored 160 KB of movement as objects."""
+
+    def tiles(ts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in t.items() if k != "values"} for t in ts]
+
+    def card(c: dict[str, Any]) -> dict[str, Any]:
+        out = {**c, "iterations": [{**it, "before": tiles(it.get("before") or []), "after": tiles(it.get("after") or [])}
+                                   for it in c.get("iterations") or []]}
+        mv = c.get("movement")
+        if mv:
+            out["movement"] = {**mv, "packed": True, "transfers": _packed(mv.get("transfers") or []),
+                               "steps": [{**st, "transfers": _packed(st.get("transfers") or [])} for st in mv.get("steps") or []]}
+        return out
+
+    return {**state, "cards": [card(c) for c in state["cards"]]} if state.get("cards") else state
+
+
 class CollectivesView(ViewBase):
     """Collective cards: ``CollectivesView(state={...})`` with the CollectivesView state dict."""
 
     _esm = bundle_esm("collectives.js")
     _render_html = staticmethod(to_html)
     _render_text = staticmethod(to_text)
+
+    def wire_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        return wire_state(state)

@@ -17,10 +17,11 @@ MAX_DEVICES_DRAWN = 16
 MAX_LINKS = 256
 #: Stage geometry in pixels; the same numbers as js/collectives_model.js. Columns and group gaps are
 #: drawn at their design width when the card has room and shrink in proportion down to
-#: ``MIN_COL_W`` a column; below that the stage scrolls inside its card.
+#: ``MIN_COL_W`` a column (8 devices fit a 320 px output area); below that the stage scrolls inside
+#: its card.
 LABEL_W = 50
 GROUP_GAP = 12
-MIN_COL_W = 50
+MIN_COL_W = 30
 
 Slot = list[list[int]]
 
@@ -145,7 +146,7 @@ def movement_model(card: dict[str, Any], step: int = 0) -> dict[str, Any]:
         bottom = [[[list(o) for o in slot] for slot in buf.get(d, [])] for d in columns]
         in_slots = out_slots = n
         shown = steps[k - 1].get("transfers") or []
-        label = f"step {k} of {len(steps)}: {steps[k - 1].get('label')}"
+        label = step_label(k, steps)
     visible = [t for t in shown if t["src"] in columns and t["dst"] in columns]
     partial = [any(d in g and any(e not in columns for e in g) for g in card.get("groups") or []) for d in columns]
     return {
@@ -164,6 +165,14 @@ def movement_model(card: dict[str, Any], step: int = 0) -> dict[str, Any]:
         "links_omitted": max(0, len(visible) - MAX_LINKS),
         "label": label,
     }
+
+
+def step_label(k: int, steps: list[dict[str, Any]]) -> str:
+    """``step 3 of 14: reduce-scatter step 3 of 7``; a step whose own label counts the same steps
+    (a one-phase movement) is not counted twice: ``step 1 of 1: permute``. Twin of ``stepLabel``."""
+    own = str(steps[k - 1].get("label"))
+    same = f" step {k} of {len(steps)}"
+    return f"step {k} of {len(steps)}: {own[: -len(same)] if own.endswith(same) else own}"
 
 
 def slot_text(origins: Slot, blocked: bool, sym: str, partial: bool = False) -> str:

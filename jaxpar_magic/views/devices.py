@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ids, style_block, swatch_style
+from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ids, swatch_style
 
 
 def describe(d: dict[str, Any]) -> str:
@@ -59,15 +59,18 @@ def _groups(state: dict[str, Any]) -> list[tuple[dict[str, Any] | None, list[dic
     return [(p, [d for d in devices if d.get("process") == p["process"]]) for p in procs]
 
 
-#: Past this many devices whose cards would show only their name, the cards shrink to chips.
+#: Past this many devices whose cards would show only their name, the cards shrink to chips even
+#: when they name their process.
 COMPACT_AFTER = 16
 
 
-def compact_cards(mine: list[dict[str, Any]], kinds: int) -> bool:
-    """Whether a group's cards are drawn as small chips (the twin of ``compactCards``)."""
-    return len(mine) > COMPACT_AFTER and kinds <= 1 and all(
-        not d.get("coords") and d.get("core") is None and d.get("mem_used") is None for d in mine
-    )
+def compact_cards(mine: list[dict[str, Any]], kinds: int, processes: int = 1) -> bool:
+    """Whether a group's cards are drawn as small chips: none says more than its name (so eight
+    simulated devices stand in one row, and several to a row in a 320 px output area); cards that
+    also name their process only past ``COMPACT_AFTER``. The twin of ``compactCards``."""
+    name_only = kinds <= 1 and all(not d.get("coords") and d.get("core") is None and d.get("mem_used") is None
+                                   for d in mine)
+    return name_only and (processes <= 1 or len(mine) > COMPACT_AFTER)
 
 
 def to_html(state: dict[str, Any]) -> str:
@@ -76,7 +79,6 @@ def to_html(state: dict[str, Any]) -> str:
     total = state.get("total", len(devices))
     kinds = sorted({str(d.get("kind")) for d in devices})
     out = [
-        style_block(),
         '<div class="jpm-view jpm-devices"><div class="jpm-head"><span class="jpm-title">Devices</span>'
         f'<span class="jpm-sub">{esc(_summary(state))}</span>'
         + ('<span class="jpm-badge">simulated</span>' if state.get("simulated") else "")
@@ -95,7 +97,8 @@ def to_html(state: dict[str, Any]) -> str:
             s = "" if proc["count"] == 1 else "s"
             at = f'<span class="jpm-mono"> · {esc(where)}</span>' if where else ""
             out.append(f'<div class="jpm-h">process {esc(str(proc["process"]))} · {proc["count"]} device{s}{listed}{at}</div>')
-        out.append('<div class="jpm-cards jpm-compact">' if compact_cards(mine, len(kinds)) else '<div class="jpm-cards">')
+        compact = compact_cards(mine, len(kinds), len(state.get("processes") or []))
+        out.append('<div class="jpm-cards jpm-compact">' if compact else '<div class="jpm-cards">')
         for d in mine:
             rows = [str(d.get("kind"))] if len(kinds) > 1 else []
             place = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import ViewBase, bundle_esm, chip, esc, format_coords, png_data_uri, product, style_block, swatch_style, unravel
+from .base import ViewBase, bundle_esm, chip, esc, format_coords, png_data_uri, product, swatch_style, unravel
 from .palette import device_rgb
 
 #: Past this many cells the static HTML draws each facet as a small PNG (one pixel per cell).
@@ -52,6 +52,29 @@ def _abstract_rgb(row: int, col: int) -> tuple[int, int, int]:
     return _NEUTRAL_RGB if (row + col) % 2 == 0 else tuple(max(0, v - 40) for v in _NEUTRAL_RGB)
 
 
+def _grid_table(ids: list[int], rows: int, cols: int, px: int, font: int, row_ticks: bool, abstract: bool,
+                where: Any) -> str:
+    """A facet's cells as a table (a sanitizer keeps no grid template): at most ``px`` square, narrower
+    when the output is; column numbers on top and row numbers on the left when cells are labelled."""
+    gap = 1 if px < 20 else 2
+    width = cols * (px + gap) + gap + (24 if font and row_ticks else 0)
+    out = [f'<table class="jpm-grid{" jpm-tight" if px < 20 else ""}" style="width:100%;max-width:{width}px">']
+    if font:
+        out.append("<tr>" + ('<th style="width:22px"></th>' if row_ticks else "")
+                   + "".join(f"<th>{c}</th>" for c in range(cols)) + "</tr>")
+    for r in range(-(-len(ids) // cols)):
+        out.append("<tr>" + (f'<td class="jpm-axis-y" style="width:22px">{r}</td>' if font and row_ticks else ""))
+        for k in range(r * cols, min(len(ids), (r + 1) * cols)):
+            dev = ids[k]
+            what = f"{'position' if abstract else 'device'} {dev} · {where(k)}"
+            style = f"height:{px}px" + ("" if abstract else ";" + swatch_style(dev)) + (f";font-size:{font}px" if font else "")
+            cls = ' class="jpm-cell jpm-abstract"' if abstract else ' class="jpm-cell"'
+            out.append(f'<td{cls} style="{style}" title="{esc(what)}">{dev if font else ""}</td>')
+        out.append("</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
 def to_html(state: dict[str, Any]) -> str:
     """Static HTML of a mesh state (no script; every string escaped)."""
     axes, ids, facets = _layout(state)
@@ -65,7 +88,6 @@ def to_html(state: dict[str, Any]) -> str:
     if abstract:
         chips += '<span class="jpm-badge jpm-warn">abstract</span>'
     out = [
-        style_block(),
         '<div class="jpm-view jpm-mesh">',
         f'<div class="jpm-head"><span class="jpm-title">Mesh <code>{esc(str(state.get("name") or "mesh"))}</code></span>'
         f'<span class="jpm-sub">{esc(sub)}</span><span class="jpm-chips">{chips}</span></div>',
@@ -85,29 +107,17 @@ def to_html(state: dict[str, Any]) -> str:
         note = f" (wrapped every {WRAP_1D})" if one_d and total > WRAP_1D else ""
         out.append(
             '<div class="jpm-frame">'
-            f'<div class="jpm-axis-x"><span class="jpm-axis-name">{esc(col_axis["name"])}</span> · {col_axis["size"]} →{note}</div>'
+            f'<div class="jpm-axis-x"><span class="jpm-axis-name">{esc(col_axis["name"])}</span> · {col_axis["size"]} →{note}'
+            + (f' · down: <span class="jpm-axis-name">{esc(row_axis["name"])}</span> · {row_axis["size"]} ↓'
+               if row_axis is not None else "")
+            + "</div>"
         )
-        if row_axis is not None:
-            out.append(
-                f'<div class="jpm-axis-y"><span class="jpm-axis-label"><span class="jpm-axis-name">{esc(row_axis["name"])}</span>'
-                f" · {row_axis['size']} →</span></div>"
-            )
         if big:
             px = 11 if rows > COMPACT_ROWS else 40 if cols <= 16 and total <= 256 else 26 if cols <= 32 else 11
             label_ids = px >= 26 and (px == 40 or max(ids, default=0) < 1000)
             font = 13 if px == 40 else 10
-            out.append(
-                f'<div class="jpm-grid{" jpm-tight" if px < 20 else ""}" style="grid-template-columns:repeat({cols},{px}px)">'
-            )
-            for k, dev in enumerate(chunk):
-                where = format_coords(axes, prefix + unravel(k, [rows, cols] if not one_d else [total]))
-                what = f"{'position' if abstract else 'device'} {dev} · {where}"
-                style = f"width:{px}px;height:{px}px" + ("" if abstract else ";" + swatch_style(dev))
-                if label_ids:
-                    style += f";font-size:{font}px"
-                cls = "jpm-cell jpm-abstract" if abstract else "jpm-cell"
-                out.append(f'<div class="{cls}" style="{style}" title="{esc(what)}">{dev if label_ids else ""}</div>')
-            out.append("</div>")
+            out.append(_grid_table(chunk, rows, cols, px, font if label_ids else 0, row_axis is not None, abstract,
+                                   lambda k, prefix=prefix: format_coords(axes, prefix + unravel(k, [rows, cols] if not one_d else [total]))))
         else:
             px = 11 if cols <= 64 else 6
             pixels = [

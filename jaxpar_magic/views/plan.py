@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ms, format_shape, format_si, format_spec, style_block
+from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ms, format_seconds, format_shape, format_si, format_spec, style_block
 from .memory import section_html as memory_section_html, section_text as memory_section_text, what_text
 
 MAX_COLLECTIVES = 256
@@ -16,28 +16,6 @@ NO_HARDWARE = (
     "no step-time estimate: give --hardware (tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, h100, a100, b200, "
     "or custom:flops=…,hbm=…,bw=…,memory=…)"
 )
-
-
-def format_seconds(s: float | None) -> str:
-    """``850 µs``, ``1.33 ms``, ``2.50 s``; the twin of ``formatSeconds`` in js/plan.js."""
-    if s is None or s != s or s in (float("inf"), float("-inf")):
-        return "?"
-    a = abs(s)
-    if a == 0:
-        return "0 s"
-    if a < 1e-6:
-        return f"{_precision(s * 1e9)} ns"
-    if a < 1e-3:
-        return f"{_precision(s * 1e6)} µs"
-    if a < 1:
-        return f"{_precision(s * 1e3)} ms"
-    return f"{_precision(s)} s"
-
-
-def _precision(v: float) -> str:
-    """JavaScript's ``toPrecision(3)`` for 1 <= |v| < 1000: three significant digits, zeros kept."""
-    r = float(f"{v:.3g}")
-    return f"{r:.{max(0, 3 - len(str(int(abs(r)))))}f}"
 
 
 def format_gib(n: float) -> str:
@@ -151,6 +129,14 @@ def _roof_rows(r: dict[str, Any], hw: dict[str, Any] | None) -> list[tuple[str, 
     return rows
 
 
+def roof_value(key: str, s: Any, r: dict[str, Any]) -> str:
+    """A roofline row's time; a collectives row at 0 s beside a latency row says where its
+    collectives' time went (each too small to be bandwidth-bound, so it is booked under latency).
+    The twin of ``roofValue`` in js/plan.js."""
+    latency_bound = key in ("ici", "dcn") and not s and r.get("latency_s")
+    return format_seconds(s) + (" (latency-bound: see collective latency)" if latency_bound else "")
+
+
 def estimate_sentence(r: dict[str, Any]) -> str:
     """`estimate 560 µs per step, bound by ICI collectives, if communication overlaps compute; 611 µs if
     none of it does` (the twin of `estimateSentence` in js/plan.js)."""
@@ -169,10 +155,10 @@ def _roofline_html(r: dict[str, Any], hw: dict[str, Any] | None, topology: dict[
         bound = r.get("bound") == key
         b = " jpm-bound" if bound else ""
         detail = f"{name}: {format_seconds(s)}" + (f" ({how})" if how else "") + (" — bounds the estimate" if bound else "")
-        cells.append(
-            f'<span class="jpm-roof-name{b}">{esc(name)}</span>'
-            f'<span class="jpm-roof-track" title="{esc(detail)}"><span class="jpm-roof-bar{b}" style="width:{100 * float(s or 0) / top:.3f}%"></span></span>'
-            f'<span class="jpm-roof-val{b}">{esc(format_seconds(s))}{"  ← bounds the estimate" if bound else ""}</span>'
+        cells.append(  # a table row: a sanitizer keeps no grid template (views/inline.py)
+            f'<tr><td class="jpm-roof-name{b}">{esc(name)}</td>'
+            f'<td style="width:60%"><span class="jpm-roof-track" title="{esc(detail)}"><span class="jpm-roof-bar{b}" style="width:{100 * float(s or 0) / top:.3f}%"></span></span></td>'
+            f'<td class="jpm-roof-val{b}">{esc(roof_value(key, s, r))}{"  ← bounds the estimate" if bound else ""}</td></tr>'
         )
     hw_name = f'<span class="jpm-mono"> · {esc(str(hw["name"]))}</span>' if hw else ""
     where = (f'<div class="jpm-note">topology: {esc(str(topology["text"]))}</div>'
@@ -182,7 +168,7 @@ def _roofline_html(r: dict[str, Any], hw: dict[str, Any] | None, topology: dict[
     )
     return (
         f'<div class="jpm-section"><div class="jpm-h">Step time, roofline{hw_name}</div>'
-        f'<div class="jpm-roof">{"".join(cells)}</div>'
+        f'<table class="jpm-roof">{"".join(cells)}</table>'
         f'<div class="jpm-estimate">{esc(estimate_sentence(r))}</div>{where}{source}</div>'
     )
 
@@ -486,7 +472,8 @@ def to_text(state: dict[str, Any]) -> str:
         lines.append(f"Step time, roofline{profile}:" + (f" {topo['text']}" if topo.get("text") else ""))
         for key, name, s, how in _roof_rows(r, hw):
             mark = "  ← bounds the estimate" if r.get("bound") == key else ""
-            lines.append(f"  {name:<19}{format_seconds(s):>9}  {how}{mark}")
+            said = roof_value(key, s, r)
+            lines.append(f"  {name:<19}{format_seconds(s):>9}  {how}{said[len(format_seconds(s)):]}{mark}")
         lines.append("  " + estimate_sentence(r))
         if hw and hw.get("source"):
             lines.append(f"  profile source: {hw['source']}")

@@ -57,10 +57,22 @@ class Slots:
         self.handles: list = []
 
     def fill(self, obj) -> bool:
-        """Show `obj` where the first kept line is; False when no line was shown."""
+        """Show `obj` where the first kept line is; False when no line was shown. A view shown as
+        several outputs (views/base.py's display_parts: its static twin, then the widget) puts the
+        first in the line's place and the others after it."""
         if not self.handles:
             return False
-        self.handles.pop(0)[0].update(obj)
+        handle = self.handles.pop(0)[0]
+        parts = getattr(obj, "display_parts", None)
+        if parts is None:
+            handle.update(obj)
+            return True
+        from IPython.display import display
+
+        (data, metadata), *rest = parts()
+        handle.update(data, metadata=metadata, raw=True)
+        for data, metadata in rest:
+            display(data, metadata=metadata, raw=True)
         return True
 
     def close(self) -> None:

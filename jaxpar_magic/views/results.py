@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_coords, format_ids, format_ms, format_shape, format_si, style_block, swatch_style
+from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_coords, format_ids, format_ms, format_shape, format_si, swatch_style
 
 GROUPS_MAX = 16
 GROUP_CELLS_MAX = 64
@@ -77,7 +77,6 @@ def to_html(state: dict[str, Any]) -> str:
     proc_of = _proc_of(state)
     chips = "".join(chip(a["name"], str(a["size"])) for a in axes)
     out = [
-        style_block(),
         '<div class="jpm-view jpm-results">',
         f'<div class="jpm-head"><span class="jpm-title jpm-mono">{esc(str(state.get("title") or "per-device results"))}</span>'
         f'<span class="jpm-chips">{chips}</span></div>',
@@ -100,8 +99,8 @@ def to_html(state: dict[str, Any]) -> str:
             )
             label = o.get("same_text") or f"same on all {len(t['devices'])} devices"
             out.append(
-                f'<div class="jpm-same"><div class="jpm-same-strip">{strip}</div><div style="flex:1;min-width:0">'
-                f'<div class="jpm-same-label">{esc(label)}</div><pre class="jpm-tile-val">{esc(str(t["text"]))}</pre></div></div>'
+                f'<div class="jpm-same"><div class="jpm-same-strip">{strip}</div><div class="jpm-same-value">'
+                f'<div class="jpm-same-label">{esc(label)}</div><div class="jpm-tile-val">{esc(str(t["text"]))}</div></div></div>'
             )
         else:
             out.append('<div class="jpm-tiles">')
@@ -116,7 +115,7 @@ def to_html(state: dict[str, Any]) -> str:
                     + (f'<span class="jpm-proc">{esc(proc)}</span>' if proc else "")
                     + "</div>"
                     + (f'<div class="jpm-tile-slice">{esc(str(o.get("name")) + str(t["slice"]))}</div>' if t.get("slice") else "")
-                    + f'<pre class="jpm-tile-val">{esc(str(t["text"]))}</pre></div>'
+                    + f'<div class="jpm-tile-val">{esc(str(t["text"]))}</div></div>'
                 )
             out.append("</div>")
         if o.get("omitted"):
@@ -129,10 +128,12 @@ def to_html(state: dict[str, Any]) -> str:
     out.append('<div class="jpm-colls">')
     for c in colls:
         head = f'<span class="jpm-op">{esc(str(c.get("op")))}</span>'
+        if c.get("reduction"):
+            head += chip("combines by", str(c["reduction"]))
         if c.get("shape"):
             head += chip("", str(c["shape"]))
         if c.get("bytes") is not None:
-            head += chip(format_bytes(c["bytes"]))
+            head += chip("result buffer", format_bytes(c["bytes"]))
         if c.get("groups_text"):
             head += f'<span class="jpm-sub">{esc(str(c["groups_text"]))}</span>'
         out.append(f'<div class="jpm-coll"><div class="jpm-coll-head">{head}</div>')
@@ -200,11 +201,11 @@ def to_text(state: dict[str, Any]) -> str:
     colls = state.get("collectives") or []
     lines.append(f"Collectives ({len(colls)})" + (": none" if not colls else ":"))
     for c in colls:
-        parts = [str(c.get("op"))]
+        parts = [str(c.get("op")) + (f" ({c['reduction']})" if c.get("reduction") else "")]
         if c.get("shape"):
             parts.append(str(c["shape"]))
         if c.get("bytes") is not None:
-            parts.append(format_bytes(c["bytes"]))
+            parts.append(f"result buffer {format_bytes(c['bytes'])}")
         if c.get("groups_text"):
             parts.append(str(c["groups_text"]))
         lines.append("  " + " · ".join(parts))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ids, format_shape, format_slices, format_spec, png_data_uri, product, style_block, swatch_style, unravel
+from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ids, format_shape, format_slices, format_spec, png_data_uri, product, swatch_style, unravel
 from .palette import device_color, device_rgb
 from .summaries import expand_sharding_tiles
 
@@ -107,21 +107,31 @@ def process_lines(proc_of: Any, state: dict[str, Any], tiles: list[dict[str, Any
     return lines
 
 
-def _block_html(tile: dict[str, Any] | None, dtype: str, style: str, proc_of: Any = lambda d: None) -> str:
+def copies_label(devs: list[int]) -> str:
+    """A replicated block's label: ``2 copies: 0,1``; the twin of ``copiesLabel`` in js/sharding.js."""
+    return f"{len(devs)} copies: {format_ids(devs, 2)}"
+
+
+def _block_html(tile: dict[str, Any] | None, dtype: str, style: str, proc_of: Any = lambda d: None,
+                label: bool = True) -> str:
+    """One block as a table cell. A block one device holds has that device's colour and id; a
+    block several devices hold is drawn as copies (the way jax.debug.visualize_array_sharding
+    labels one cell with its devices): a neutral cell, "N copies: ids", and a small mark per copy
+    in each device's colour, never side-by-side stripes, which would read as a split."""
     if tile is None:
-        return f'<div class="jpm-block" style="{style};background:var(--jpm-panel)"></div>'
+        return f'<td style="{style};background:rgba(128,128,128,0.12)"></td>'
     devs = [int(d) for d in tile.get("devices") or []]
     detail = (
         f"block ({', '.join(str(b) for b in tile['block'])}) · index {format_slices(tile['index'])} · "
         f"shard {format_shape(dtype, tile['shard_shape'])} · {_who(devs)}{process_text(proc_of, devs)}"
     )
     if len(devs) == 1:
-        return f'<div class="jpm-block" style="{style};{swatch_style(devs[0])}" title="{esc(detail)}">{devs[0]}</div>'
-    stripes = "".join(f'<i style="background:{device_color(d)[0]}"></i>' for d in devs[:MAX_STRIPES])
-    return (
-        f'<div class="jpm-block" style="{style}" title="{esc(detail)}"><div class="jpm-stripes">{stripes}</div>'
-        f'<span class="jpm-blabel">{esc(format_ids(devs, 2))}</span></div>'
-    )
+        return f'<td style="{style};{swatch_style(devs[0])}" title="{esc(detail)}">{devs[0] if label else ""}</td>'
+    marks = "".join(f'<i style="background:{device_color(d)[0]}"></i>' for d in devs[:MAX_STRIPES])
+    more = f"+{len(devs) - MAX_STRIPES}" if len(devs) > MAX_STRIPES else ""
+    text = f'<div class="jpm-blabel">{esc(copies_label(devs))}</div>' if label else ""
+    return (f'<td class="jpm-copies" style="{style}" title="{esc(detail)}">{text}'
+            f'<div class="jpm-copy-marks">{marks}{esc(more)}</div></td>')
 
 
 #: One pixel of a block no device holds, or one a capped state did not send (the light panel grey).
@@ -147,9 +157,46 @@ def box_size(facets: int, rows: int, cols: int, grid_rows: int, grid_cols: int) 
     return round(width), round(height)
 
 
+def _extents(state: dict[str, Any], k: int) -> list[int]:
+    """Sizes of the blocks along dimension ``k`` (from the state's cut points), all 1 when unknown."""
+    bounds = state.get("bounds") or []
+    cuts = bounds[k] if k < len(bounds) else []
+    sizes = [max(0, int(b) - int(a)) for a, b in zip(cuts, cuts[1:])]
+    return sizes or [1]
+
+
+def _blocks_table(state: dict[str, Any], grid: list[int], at: Any, rows_n: int, cols_n: int, width: int,
+                  height: int, dtype: str, proc_of: Any) -> str:
+    """The blocks of one facet as a table, columns and rows in proportion to the blocks' sizes: at
+    most ``width`` × ``height`` px, narrower when the output is (the rows keep their heights)."""
+    nd = len(grid)
+    cols = _extents(state, nd - 1) if nd else [1]
+    rows = _extents(state, nd - 2) if nd >= 2 else [1]
+    if len(cols) != cols_n:
+        cols = [1] * cols_n
+    if len(rows) != rows_n:
+        rows = [1] * rows_n
+    csum, rsum = sum(cols) or 1, sum(rows) or 1
+    out = [f'<table class="jpm-blocks" style="max-width:{width + 4}px"><colgroup>'
+           + "".join(f'<col style="width:{100 * c / csum:.2f}%">' for c in cols) + "</colgroup>"]
+    for r in range(rows_n):
+        h = max(12, round(height * rows[r] / rsum))
+        out.append("<tr>")
+        for c in range(cols_n):
+            w = width * cols[c] / csum
+            tile = at(r, c)
+            devs = (tile or {}).get("devices") or []
+            words = copies_label(devs) if len(devs) > 1 else str(devs[0]) if devs else ""
+            label = h >= 15 and w >= 7 * min(len(words), 12) + 8
+            out.append(_block_html(tile, dtype, f"height:{h}px", proc_of, label))
+        out.append("</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
 def to_html(state: dict[str, Any]) -> str:
     """Static HTML of a sharding state (no script; every string escaped)."""
-    return style_block() + picture_html(state)
+    return picture_html(state)
 
 
 def picture_html(state: dict[str, Any]) -> str:
@@ -164,7 +211,7 @@ def picture_html(state: dict[str, Any]) -> str:
         "", format_shape(dtype, shape)
     )
     if state.get("nbytes") is not None:
-        head += chip(format_bytes(state["nbytes"]))
+        head += chip("whole array", format_bytes(state["nbytes"]))
     head += f'<span class="jpm-sub">{esc(_head_sub(state))}</span>'
     if state.get("abstract"):
         head += '<span class="jpm-badge jpm-warn">abstract</span>'
@@ -172,7 +219,8 @@ def picture_html(state: dict[str, Any]) -> str:
         head += f'<span class="jpm-badge">{int(state["process_count"])} processes</span>'
     rep = state.get("replicated_over") or []
     legend = "".join(
-        f'<span class="jpm-mono">{esc(n)}</span><span>{s}</span><span>→ {esc(w)}</span>' for n, s, w in _legend_rows(state)
+        f'<div class="jpm-legend-row"><span class="jpm-mono">{esc(n)}</span><span>{s}</span><span>→ {esc(w)}</span></div>'
+        for n, s, w in _legend_rows(state)
     )
     out = [
         f'<div class="jpm-view jpm-sharding"><div class="jpm-head">{head}</div>',
@@ -223,14 +271,7 @@ def picture_html(state: dict[str, Any]) -> str:
         else:
             if nd < 2:
                 width, height = min(560, max(120, cols_n * 40)), 36
-            out.append(
-                f'<div class="jpm-blocks jpm-grid" style="width:{width}px;height:{height}px;'
-                f'grid-template-columns:repeat({cols_n},minmax(0,1fr));grid-template-rows:repeat({rows_n},minmax(0,1fr))">'
-            )
-            for r in range(rows_n):
-                for c in range(cols_n):
-                    out.append(_block_html(at(r, c), dtype, "min-height:0", proc_of))
-            out.append("</div>")
+            out.append(_blocks_table(state, grid, at, rows_n, cols_n, width, height, dtype, proc_of))
         out.append("</div></div>")
     if facets > MAX_FACETS:
         out.append(f'<div class="jpm-more">… {facets - MAX_FACETS} more facets over the leading dimensions</div>')

@@ -124,6 +124,7 @@ def _groups_text(groups: list[list[int]], total: int) -> str:
 def collective_state(c: Collective, total: int, source_line: str | None) -> dict:
     return {
         "op": c.op,
+        "reduction": c.reduction,
         "shape": c.shape,
         "bytes": c.bytes,
         "groups": c.groups[:MAX_GROUPS],

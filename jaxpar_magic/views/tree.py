@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import sharding
-from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_shape, style_block
+from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_shape
 
 #: Pictures the static HTML carries (the widget draws any row's on demand).
 HTML_PICTURES = 4
@@ -67,7 +67,7 @@ def device_bytes_text(n: Any) -> str:
 
 def _head_chips(state: dict[str, Any]) -> str:
     out = chip("", str(state.get("type") or "")) + chip(summary(state))
-    out += chip(format_bytes(state.get("bytes")))
+    out += chip("all leaves", format_bytes(state.get("bytes")))
     if state.get("device_bytes") is not None:
         out += chip("per device", format_bytes(state["device_bytes"]))
     if state.get("abstract"):
@@ -82,7 +82,6 @@ def to_html(state: dict[str, Any]) -> str:
     name = esc(str(state.get("name") or "tree"))
     rows = state.get("rows") or []
     out = [
-        style_block(),
         f'<div class="jpm-view jpm-tree"><div class="jpm-head"><span class="jpm-title"><code>{name}</code></span>'
         f"{_head_chips(state)}</div>",
     ]

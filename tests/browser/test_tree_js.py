@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from sample_states import sharding_state
 
+from jaxpar_magic.views.inline import inline_styles
 from jaxpar_magic.views import tree as tree_view
 
 pytestmark = pytest.mark.browser
@@ -179,10 +180,10 @@ def test_a_state_from_real_arrays_draws(view_page: Any) -> None:
 def test_static_html_renders_offline(view_page: Any) -> None:
     page = view_page.page
     page.set_content('<!doctype html><meta charset="utf-8"><body style="margin:0;padding:12px">'
-                     f'<div id="out" style="width:940px">{tree_view.to_html(sample_tree())}</div></body>')
+                     f'<div id="out" style="width:940px">{inline_styles(tree_view.to_html(sample_tree()))}</div></body>')
     assert page.evaluate("document.scripts.length") == 0
     out = page.locator("#out")
-    assert out.locator("tbody tr").count() == 3
+    assert out.locator("table.jpm-tree-table tbody tr").count() == 3
     opened = out.locator("details.jpm-tree-pic").first
     assert opened.locator(".jpm-sharding").bounding_box()["height"] > 40
     closed = out.locator("details.jpm-tree-pic").nth(1)

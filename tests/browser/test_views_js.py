@@ -143,7 +143,10 @@ def test_devices_view(view_page: Any, samples: Any) -> None:
     assert many.locator(".jpm-cards.jpm-compact .jpm-card").count() == 64
     assert many.bounding_box()["height"] < 260
     view_page.shot(many, "devices-64")
-    assert view_page.mount("devices", samples.devices(16)).locator(".jpm-compact").count() == 0
+    # Eight name-only cards stand in one row; cards that name their process stay cards.
+    eight = host.locator(".jpm-card")
+    assert len({round(eight.nth(k).bounding_box()["y"]) for k in range(8)}) == 1
+    assert view_page.mount("devices", samples.devices(16, processes=2)).locator(".jpm-compact").count() == 0
     multi = view_page.mount("devices", samples.devices(128, processes=2, platform="tpu", kind="TPU v5 lite"))
     assert multi.locator(".jpm-card").count() == 64
     assert multi.locator(".jpm-h").count() == 2
@@ -214,9 +217,11 @@ def test_sharding_2d(view_page: Any, samples: Any) -> None:
     assert blocks.count() == 4
     assert "P('data', None)" in host.inner_text()
     assert "replicated over model" in host.inner_text()
-    # Replicated blocks: striped with both devices' colours and labelled "0,1".
-    assert blocks.nth(0).locator(".jpm-stripes > i").count() == 2
-    assert blocks.nth(0).inner_text() == "0,1"
+    # Replicated blocks are drawn as copies, not a split: one neutral cell that names its devices,
+    # with a mark per copy in each device's colour.
+    assert "jpm-copies" in blocks.nth(0).get_attribute("class")
+    assert blocks.nth(0).locator(".jpm-copy-marks > i").count() == 2
+    assert blocks.nth(0).locator(".jpm-blabel").inner_text() == "2 copies: 0,1"
     blocks.nth(1).hover()
     detail = host.locator(".jpm-detail").inner_text()
     assert "[1000:2000, 0:10000]" in detail and "float32[1000, 10000]" in detail
@@ -303,18 +308,19 @@ def test_sharding_js_decodes_states_as_python_does(view_page: Any, samples: Any)
 def test_static_html_renders_offline(view_page: Any, samples: Any) -> None:
     """text/html as an exported notebook shows it: no script, no network; it must still draw."""
     from jaxpar_magic.views import devices, mesh, results, sharding
+    from jaxpar_magic.views.inline import inline_styles
 
     pages = {
-        "results-8": results.to_html(samples.result(8)),
-        "mesh-2x4": mesh.to_html(samples.mesh([2, 4])),
-        "mesh-16x16x16": mesh.to_html(samples.mesh([16, 16, 16])),
-        "sharding-2d": sharding.to_html(
+        "results-8": inline_styles(results.to_html(samples.result(8))),
+        "mesh-2x4": inline_styles(mesh.to_html(samples.mesh([2, 4]))),
+        "mesh-16x16x16": inline_styles(mesh.to_html(samples.mesh([16, 16, 16]))),
+        "sharding-2d": inline_styles(sharding.to_html(
             samples.sharding([4000, 10000], [("data", 4), ("model", 2)], ["data", None], name="v1s")
-        ),
-        "sharding-3d": sharding.to_html(
+        )),
+        "sharding-3d": inline_styles(sharding.to_html(
             samples.sharding([8, 1024, 512], [("a", 2), ("b", 2), ("c", 2)], ["a", "b", "c"], name="act")
-        ),
-        "devices-8": devices.to_html(samples.devices(8)),
+        )),
+        "devices-8": inline_styles(devices.to_html(samples.devices(8))),
     }
     page = view_page.page
     page.set_content(
@@ -365,3 +371,32 @@ def test_shard_map_blocks_show_the_slice_each_device_holds(view_page: Any, sampl
     assert "blocks of float32[20]" in host.locator(".jpm-out-head").first.inner_text().replace("\n", " ")
     assert 'class="jpm-tile-slice">y[5:10]<' in to_html(state)
     assert "dev 1 (i=1) = y[5:10]:" in to_text(state)
+
+
+def test_tile_values_keep_their_padding_inside_a_notebook_output(view_page: Any, samples: Any) -> None:
+    """JupyterLab and nbconvert style `.jp-OutputArea-output pre { padding: 0 }`; a tile's value
+    keeps its own padding inside an output area all the same."""
+    page = view_page.page
+    page.add_style_tag(content=".jp-OutputArea-output pre { padding: 0; }")
+    page.evaluate("() => document.body.classList.add('jp-OutputArea-output')")
+    host = view_page.mount("results", samples.result(8))
+    pad = host.locator(".jpm-tile-val").first.evaluate("e => getComputedStyle(e).paddingLeft")
+    assert pad == "8px", pad
+
+
+@pytest.mark.parametrize("width", [320, 332])
+def test_sharding_shrinks_to_a_narrow_output_area(view_page: Any, samples: Any, width: int) -> None:
+    """JupyterLab 700 px wide with the file browser open leaves ~332 px: the blocks shrink to fit,
+    none is cut off (they were drawn 520 px wide whatever the room)."""
+    state = samples.sharding([4000, 10000], [("data", 4), ("model", 2)], ["data", None], name="v1s")
+    host = view_page.mount("sharding", state)
+    host.evaluate("(e, w) => { e.style.width = w + 'px'; }", width)
+    right = host.evaluate("e => e.getBoundingClientRect().right")
+    blocks = host.locator(".jpm-block")
+    assert blocks.count() == 4
+    for k in range(4):
+        box = blocks.nth(k).bounding_box()
+        assert box["x"] + box["width"] <= right + 0.5 and box["width"] > 100, (k, box, right)
+    view = host.locator(".jpm-view")
+    assert view.evaluate("v => v.scrollWidth <= v.clientWidth")
+    view_page.shot(host, f"sharding-{width}")

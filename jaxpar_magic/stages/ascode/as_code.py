@@ -30,13 +30,16 @@ from .shard_map import shard_map_code
 
 def as_code(magic: str, options, source: str, namespace: dict, *, axis_name: str | None = None) -> str:
     """The snippet for a `%%magic` cell with the parsed line `options` (jaxpar_magic.face.lines);
-    `axis_name` is %%pmap's axis name with the configured default already applied."""
+    `axis_name` is %%pmap's axis name with the configured default already applied. Long lines are
+    broken where Python allows (views/textwidth.py), to fit the terminal or notebook text width."""
+    from ...views.textwidth import fit_code
+
     if magic in ("pmap", "shard", "shard_map"):
         plain_jax_inputs(analyse_cached(source, f"{magic}-cell"), namespace, magic)
     if magic == "pmap":
-        return pmap_code(options, source, namespace, axis_name or options.axis_name or "i")
+        return fit_code(pmap_code(options, source, namespace, axis_name or options.axis_name or "i"))
     if magic == "shard":
-        return shard_code(options, source, namespace)
+        return fit_code(shard_code(options, source, namespace))
     if magic == "shard_map":
-        return shard_map_code(options, source, namespace)
+        return fit_code(shard_map_code(options, source, namespace))
     raise UsageError(f"--as-code: there is no %%{magic} magic; it works on %%pmap, %%shard and %%shard_map cells.")

@@ -379,24 +379,24 @@ def traced_returns(program, args, cell: cells.Cell, mesh, same_when_bound, *, se
         with jax.set_mesh(mesh):
             return jax.eval_shape(program.jitted, *args)
 
-    device, final = explained_trace(trace, cell, mesh, note)[:2]
-    device = program.outputs_of(device)
-    final = program.final_of(final)[0] if final is not None else None
-    return _returns(cell, program, device, final, same_when_bound)
+    device, final, cell_trace = explained_trace(trace, cell, mesh, note)[:3]
+    device = cell_trace.outputs_of(device)
+    final = cell_trace.final_of(final)[0] if final is not None else None
+    return _returns(cell, cell_trace, device, final, same_when_bound)
 
 
-def _returns(cell: cells.Cell, program, device_shapes: dict, final_shape, same_when_bound) -> TracedReturns:
-    device = list(program.device_outputs)
-    plain = list(program.static_outputs)
+def _returns(cell: cells.Cell, cell_trace, device_shapes: dict, final_shape, same_when_bound) -> TracedReturns:
+    """What the cell gives back, read from the CellTrace of its abstract trace."""
+    device = list(cell_trace.device_outputs)
+    plain = list(cell_trace.static_outputs)
     kind, name = None, None
     if cell.has_final_expression and not cells.silenced(cell.source):
-        traced = bool(program.final_per_device and program.final_per_device[0])
         last = cell.tree.body[-1].value
         if cell.final_is_output and last.id in device + plain and same_when_bound(last.id):
             kind, name = "name", last.id
-        elif traced:
+        elif cell_trace.final_on_devices:
             kind = "device"
-        elif program.static_final and program.static_final[0] is not None:
+        elif cell_trace.static_final is not None:
             kind = "plain"
     return TracedReturns(device, {n: device_shapes[n] for n in device}, plain, kind, name, final_shape)
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from ...cell.hlo import Upcasts, collectives, program_facts, upcasts
 from ...cell.hlo_text import entry_name, instructions
+from ...cell.programs import TRACE
 from ...cell.scatter import reduce_scatters
 from ...errors import UsageError, explain_trace_error, user_line
 from .abstract_inputs import CPU_DEVICE_CEILING, abstract_inputs, check_scale, device_capacity, smaller_slice, warn_concrete
@@ -271,20 +272,20 @@ def plan_program(prepared, *, hardware=None, device_memory=None, set_mesh=True, 
         plan = compile_plan(program.jitted, prepared.arguments, prepared.mesh, names=list(prepared.names),
                             filename=cell.filename, line_text=cell.line, hardware=hardware,
                             device_memory=device_memory, set_mesh=set_mesh, leaf_labels=prepared.labels(),
-                            target=target, output_labels=lambda outputs: _cell_output_labels(program, outputs, reshape))
-    plan.bindings = dict(program.static_outputs)
-    plan.bindings.update(program.outputs_of(plan.outputs[0], reshape))
-    plan.computed = tuple(program.device_outputs)
+                            target=target, output_labels=lambda outputs: _cell_output_labels(outputs, reshape))
+    trace = plan.outputs[TRACE]  # the CellTrace of the trace just compiled
+    plan.bindings = trace.bound_outputs(plan.outputs[0], reshape)
+    plan.computed = trace.device_outputs
     plan.abstract = dict(plan.bindings)
     return plan
 
 
-def _cell_output_labels(program, outputs, reshape) -> list[str]:
+def _cell_output_labels(outputs, reshape) -> list[str]:
     """Each leaf of the program's outputs named as the cell's value it belongs to (`grads['w1']`)."""
     import jax
 
     named = {}
-    for name, value in program.outputs_of(outputs[0], reshape).items():
+    for name, value in outputs[TRACE].outputs_of(outputs[0], reshape).items():
         leaves = [p for p, leaf in jax.tree_util.tree_flatten_with_path(value)[0] if hasattr(leaf, "shape")]
         named[name] = [name + jax.tree_util.keystr(p) for p in leaves]
     labels = []

@@ -3,7 +3,6 @@ labelled by the cell's own names and leaf paths, and the card state built from a
 from __future__ import annotations
 
 from ...cell import analysis as cells
-from ...cell.programs import CellProgram
 
 
 def recording(fn, inputs, axis_names):
@@ -31,13 +30,14 @@ def recording(fn, inputs, axis_names):
     return record_collectives(fn, axis_names, label_output=output_label, label_input=input_label)
 
 
-def collectives_view_state(program: CellProgram, records, title: str, mesh, cell: cells.Cell, facts=None) -> dict:
-    """The collective cards of a run compiled with --collectives (records: its extra outputs)."""
+def collectives_view_state(sites, records, title: str, mesh, cell: cells.Cell, facts=None) -> dict:
+    """The collective cards of a run compiled with --collectives: `sites`, the recorded calls of the
+    trace that ran (its CellTrace's), and `records`, the program's extra outputs."""
     import jax
 
     from .cards import collectives_state
     from ...views.summaries import to_host
 
-    return collectives_state(title, program.recording.sites, jax.tree.map(to_host, records), mesh,
+    return collectives_state(title, sites, jax.tree.map(to_host, records), mesh,
                              filename=cell.filename, line_text=cell.line,
                              compiled=facts.collectives if facts is not None else None)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ...cell import analysis as cells
 from ...cell.bindings import bind_results
 from ...cell.inputs import absent_builtins
-from ...cell.programs import BoundedCache, Rerun, analyse_cached
+from ...cell.programs import RECORDS, TRACE, BoundedCache, Rerun, analyse_cached
 from ...engines.pmap import mesh_for, prepare
 from ...engines.pmap_inputs import per_device_note
 from ..record.cell_recording import recording
@@ -50,9 +50,9 @@ def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=()
         _block_cache, rerun, args, cell, mesh,
         note=lambda exc: _note_devices(exc, cell, namespace, mesh, broadcast))
     rerun.remember(_reruns, key, signature)
-    result = _block_result(cell, mesh, program, results[0], results[1], merge, run_ms)
+    result = _block_result(cell, mesh, results, merge, run_ms)
     return complete(result, program, signature, args, mesh, cell, want_facts,
-                    results[2] if collectives else None,
+                    (results[TRACE].sites, results[RECORDS]) if collectives else None,
                     f"collectives of the %%pmap cell ({', '.join(mesh.axis_names)})")
 
 
@@ -75,24 +75,26 @@ def _full_path(cell, namespace, mesh, broadcast, split, merge, collectives=False
     return rerun, prepared.arguments
 
 
-def _outputs(program, device, mesh, merge) -> dict:
-    """The cell's outputs as the user's types, --merge's outputs with their device axes flattened."""
+def _outputs(trace, device, mesh, merge) -> dict:
+    """The cell's outputs as the user's types (`trace`: the run's CellTrace), --merge's outputs with
+    their device axes flattened."""
     if not merge:
-        return program.bound_outputs(device)
+        return trace.bound_outputs(device)
     k = len(mesh.axis_names)
 
     def merged(name, leaf):
         return leaf.reshape((-1,) + leaf.shape[k + 1:]) if name in merge else leaf
 
-    return program.bound_outputs(device, merged)
+    return trace.bound_outputs(device, merged)
 
 
-def _block_result(cell, mesh, program, device, final, merge, run_ms) -> BlockResult:
+def _block_result(cell, mesh, results, merge, run_ms) -> BlockResult:
     """The run's outputs as the user's types (complete() adds its facts)."""
-    final, on_devices = program.final_of(final)
+    device, trace = results[0], results[TRACE]
+    final, on_devices = trace.final_of(results[1])
     return BlockResult(
-        outputs=_outputs(program, device, mesh, merge),
-        device_outputs=tuple(program.device_outputs),
+        outputs=_outputs(trace, device, mesh, merge),
+        device_outputs=trace.device_outputs,
         final=final,
         final_per_device=on_devices,
         has_final=cell.has_final_expression,
@@ -100,7 +102,7 @@ def _block_result(cell, mesh, program, device, final, merge, run_ms) -> BlockRes
         facts=None,
         run_ms=run_ms,
         cell=cell,
-        per_device=program.outputs_of(device),
+        per_device=trace.outputs_of(device),
     )
 
 
@@ -110,7 +112,7 @@ def replayer(cell: cells.Cell, mesh, broadcast=(), split=(), merge=()):
     cell must take the full path again."""
 
     def finish(rerun, args, results, namespace):
-        return _outputs(rerun.program, results[0], mesh, merge), None
+        return _outputs(results[TRACE], results[0], mesh, merge), None
 
     def note(exc, namespace):
         _note_devices(exc, cell, namespace, mesh, broadcast)

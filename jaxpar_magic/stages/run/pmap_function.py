@@ -10,7 +10,8 @@ import functools
 import linecache
 from collections import OrderedDict
 
-from ...cell.fingerprints import fingerprint
+from ...cell.fingerprints import fingerprint, traced_callables
+from ...cell.jax_traces import forget_traces
 from ...cell.programs import CACHE_SIZE, traced
 from ...errors import UsageError, explaining
 from .program import ProgramFacts, block_on_cpu_collectives, compile_progress, has_collectives_on_cpu, program_facts
@@ -154,8 +155,25 @@ class ParallelFunction:
                         f"Reshape it, or broadcast it with in_axes=None (`--in-axes` with None at position {i})."
                     )
 
-    def _jitted_for(self, args):
+    def _statics(self, args) -> tuple:
+        """((position, value), ...) of the static arguments: part of the compiled program's key, so
+        each must be hashable, as jax.pmap requires (a list is not; a tuple is)."""
         statics = tuple((i, args[i]) for i in self.static_argnums if i < len(args))
+        for i, value in statics:
+            try:
+                hash(value)
+            except TypeError:
+                name = self._arg_names(i + 1)[i]
+                raise UsageError(
+                    f"{self.__name__}: argument {name!r} (position {i}) is static (--static-broadcasted-argnums), and "
+                    f"static arguments must be hashable, as jax.pmap requires; this one is a {type(value).__name__}, "
+                    f"which is not. Pass a hashable value (a tuple instead of a list, a frozen dataclass), or drop "
+                    f"{i} from --static-broadcasted-argnums and pass it as an array."
+                ) from None
+        return statics
+
+    def _jitted_for(self, args):
+        statics = self._statics(args)
         dynamic = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
         in_axes = self._effective_in_axes(args)
         key = (statics, in_axes)
@@ -164,6 +182,7 @@ class ParallelFunction:
         reads = fingerprint(self.__wrapped__)
         slot = self._jitted.get(key)
         if slot is None or slot[2] != reads:
+            forget_traces(traced_callables((self.__wrapped__,)))  # its helpers trace again in the new program
             slot = self._jitted[key] = [self._build(statics, in_axes), None, reads]
             while len(self._jitted) > CACHE_SIZE:
                 self._jitted.popitem(last=False)
@@ -206,7 +225,7 @@ class ParallelFunction:
         from ...views.summaries import to_host
         from ...views.collectives import CollectivesView
 
-        statics = tuple((i, args[i]) for i in self.static_argnums if i < len(args))
+        statics = self._statics(args)
         dynamic = tuple(a for i, a in enumerate(args) if i not in self.static_argnums)
         names = self._arg_names(len(args))
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ...cell import analysis as cells
 from ...cell.bindings import bind_results
 from ...cell.hlo import Collective, collectives
-from ...cell.programs import BoundedCache, CellProgram, Rerun, shape_signature
+from ...cell.programs import TRACE, BoundedCache, CellProgram, Rerun, shape_signature
 from ...errors import UsageError, explain_trace_error
 from ...views.progress import Progress
 from ..record.cell_recording import collectives_view_state
@@ -205,7 +205,7 @@ def replay_function(reruns: BoundedCache, cache: BoundedCache, key, cell: cells.
         bind_results(namespace, bindings)  # one step, after the run succeeded
         if commit is not None:
             commit(namespace)
-        return (rerun.program.final_of(results[1])[0] if has_final else None),
+        return (results[TRACE].final_of(results[1])[0] if has_final else None),
 
     return replay
 
@@ -213,12 +213,14 @@ def replay_function(reruns: BoundedCache, cache: BoundedCache, key, cell: cells.
 def complete(result: RunResult, program: CellProgram, signature, args, mesh, cell: cells.Cell,
              want_facts: bool = False, recorded=None, title: str = "") -> RunResult:
     """Add to a run's result, when asked for (want_facts) or needed (`recorded`: what --collectives
-    recorded), the compiled program's facts and the collectives' cards (titled `title`)."""
+    recorded, as (the trace's recorded sites, the run's records)), the compiled program's facts and
+    the collectives' cards (titled `title`)."""
     if want_facts or recorded is not None:
         facts = facts_for(program, signature, args, mesh, cell)
         result.facts = facts if want_facts else None
         if recorded is not None:
-            result.collectives = collectives_view_state(program, recorded, title, mesh, cell, facts)
+            sites, records = recorded
+            result.collectives = collectives_view_state(sites, records, title, mesh, cell, facts)
     return result
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...cell import analysis as cells
+from ...cell import analysis as cells, nnx_graphs
 from ...cell.bindings import bind_results
-from ...cell.inputs import absent_builtins
-from ...cell.programs import BoundedCache, Rerun, analyse_cached, apply_write_backs, split_write_backs
+from ...cell.inputs import absent_builtins, graph_state
+from ...cell.programs import (
+    TRACE, BoundedCache, Rerun, analyse_cached, apply_write_backs, split_write_backs, write_backs_of,
+)
 from ...cell.treespecs import normalize
 from ...engines.shard import check_cell, is_mesh, prepare, resolve_mesh
 from .program import RunResult, complete, replay_function, run_program
@@ -25,7 +27,7 @@ _reruns = BoundedCache()  # (source, mesh, specs) -> Rerun of the last successfu
 class ShardResult(RunResult):
     placed: dict  # inputs named in --in, as placed on the mesh
     final_is_array: bool
-    write_backs: dict = field(default_factory=dict)  # NNX input name -> its new state (written on bind)
+    write_backs: list = field(default_factory=list)  # [(values holding NNX objects, their new state)], written on bind
 
     @property
     def bindings(self) -> dict:
@@ -35,7 +37,7 @@ class ShardResult(RunResult):
 
     def commit(self, namespace: dict) -> None:
         """Write the new state of the NNX objects the cell changed (or laid out) into them."""
-        apply_write_backs(namespace, self.write_backs)
+        apply_write_backs(self.write_backs)
 
     def bind(self, namespace: dict) -> None:
         bind_results(namespace, self.bindings)  # one step: an interrupt leaves all or nothing
@@ -59,35 +61,43 @@ def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs
     results, run_ms, signature = run_program(_cache, rerun, args, cell, mesh)
     rerun.remember(_reruns, key, signature, {tree.name: [leaf.sharding for leaf in arrays]
                                              for tree, arrays in zip(rerun.inputs, args) if tree.name in in_specs})
-    result = _shard_result(cell, mesh, program, rerun.inputs, args, results, namespace, in_specs, run_ms)
+    result = _shard_result(cell, mesh, rerun.inputs, args, results, namespace, in_specs, run_ms)
     return complete(result, program, signature, args, mesh, cell, want_facts)
 
 
-def _placed_and_outputs(program, inputs, args, device, namespace, in_specs):
-    """(placed inputs, outputs, computed output names, NNX write-backs) of a run, as the user's types."""
-    computed, write_backs = split_write_backs(program.outputs_of(device))
+def _placed_and_outputs(trace, inputs, args, device, namespace, in_specs):
+    """(placed inputs, outputs, computed output names, NNX write-backs) of a run, as the user's types
+    (`trace`: the run's CellTrace)."""
+    computed, states = split_write_backs(trace.outputs_of(device))
     placed = {}
     for tree, arrays in zip(inputs, args):
         if tree.name not in in_specs:
             continue
         if tree.graphdef is None:
             placed[tree.name] = tree.rebuild(arrays)
-        else:  # an NNX object stays the user's own; if the cell did not change it, it gets its placed state
-            placed[tree.name] = namespace[tree.name]
-            write_backs.setdefault(tree.name, tree.tree_of(arrays))
-    outputs = dict(program.static_outputs)
+        else:  # NNX objects stay the user's own; if the cell did not change them, they get their placed state
+            placed[tree.name] = nnx_graphs.with_objects(tree.tree_of(arrays),
+                                                        nnx_graphs.nodes_of([namespace[n] for n in tree.group]))
+            if tree.group not in states:
+                states[tree.group] = graph_state(inputs, args)
+    outputs = dict(trace.static_outputs)
     outputs.update(computed)
-    return placed, outputs, computed, write_backs
+    if trace.input_objects:  # outputs that are NNX objects the cell read: the user's very objects
+        group = next(tree.group for tree in inputs if tree.graphdef is not None)
+        values = [namespace[name] for name in group]  # as they were before the cell: nothing is bound yet
+        outputs = {name: nnx_graphs.resolved(value, values) for name, value in outputs.items()}
+        computed = {name: outputs[name] for name in computed}
+    return placed, outputs, computed, write_backs_of(namespace, states) if states else []
 
 
-def _shard_result(cell, mesh, program, inputs, args, results, namespace, in_specs, run_ms=0.0) -> ShardResult:
+def _shard_result(cell, mesh, inputs, args, results, namespace, in_specs, run_ms=0.0) -> ShardResult:
     """The run's placed inputs and outputs as the user's types (complete() adds its facts)."""
-    device, final = results
-    placed, outputs, computed, write_backs = _placed_and_outputs(program, inputs, args, device, namespace, in_specs)
-    final, final_is_array = program.final_of(final)
+    device, final, trace = results
+    placed, outputs, computed, write_backs = _placed_and_outputs(trace, inputs, args, device, namespace, in_specs)
+    final, final_is_array = trace.final_of(final)
     return ShardResult(
         outputs=outputs,
-        device_outputs=tuple(n for n in program.device_outputs if n in computed),
+        device_outputs=tuple(n for n in trace.device_outputs if n in computed),
         placed=placed,
         final=final,
         final_is_array=final_is_array,
@@ -106,10 +116,10 @@ def replayer(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, mesh_name:
     None when the cell must take the full path again."""
 
     def finish(rerun, args, results, namespace):  # what ShardResult.bind binds, without building one
-        placed, outputs, _, write_backs = _placed_and_outputs(rerun.program, rerun.inputs, args, results[0],
+        placed, outputs, _, write_backs = _placed_and_outputs(results[TRACE], rerun.inputs, args, results[0],
                                                               namespace, in_specs)
         placed.update(outputs)
-        return placed, (lambda ns: apply_write_backs(ns, write_backs)) if write_backs else None
+        return placed, (lambda ns: apply_write_backs(write_backs)) if write_backs else None
 
     return replay_function(_reruns, _cache, rerun_key(cell, mesh, in_specs, out_specs), cell, mesh, finish,
                            mesh_name=mesh_name)

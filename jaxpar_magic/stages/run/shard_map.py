@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ...cell import analysis as cells
 from ...cell.bindings import bind_results
 from ...cell.inputs import absent_builtins
-from ...cell.programs import BoundedCache, Rerun, analyse_cached
+from ...cell.programs import RECORDS, TRACE, BoundedCache, Rerun, analyse_cached
 from ...cell.treespecs import normalize
 from ...engines.shard import is_mesh, resolve_mesh
 from ...engines.shard_map import check_cell, prepare
@@ -71,10 +71,11 @@ def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_s
     program = rerun.program
     results, run_ms, signature = run_program(_cache, rerun, args, cell, mesh)
     rerun.remember(_reruns, key, signature)
-    final, final_is_array = program.final_of(results[1])
+    trace = results[TRACE]
+    final, final_is_array = trace.final_of(results[1])
     result = ShardMapResult(
-        outputs=program.bound_outputs(results[0]),
-        device_outputs=tuple(program.device_outputs),
+        outputs=trace.bound_outputs(results[0]),
+        device_outputs=trace.device_outputs,
         out_specs=program.assembled,
         in_specs=dict(in_specs),
         final=final,
@@ -86,7 +87,7 @@ def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_s
         cell=cell,
     )
     return complete(result, program, signature, args, mesh, cell, want_facts,
-                    results[2] if collectives else None, "collectives of the %%shard_map cell")
+                    (results[TRACE].sites, results[RECORDS]) if collectives else None, "collectives of the %%shard_map cell")
 
 
 def replayer(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True,
@@ -95,7 +96,7 @@ def replayer(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, check_vma:
     the outputs and returns (the final value,), or None when the cell must take the full path again."""
 
     def finish(rerun, args, results, namespace):
-        return rerun.program.bound_outputs(results[0]), None
+        return results[TRACE].bound_outputs(results[0]), None
 
     return replay_function(_reruns, _cache, rerun_key(cell, mesh, in_specs, out_specs, check_vma), cell, mesh,
                            finish, mesh_name=mesh_name)
