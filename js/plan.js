@@ -232,12 +232,13 @@ function collectivesTable(state) {
   const table = h("table", { class: "jpm-table jpm-plan-table" }, h("thead", {}, h("tr", {}, ...head.map((t) => h("th", { text: t })))));
   const body = h("tbody");
   for (const c of colls) {
-    const detail = `${c.op} ${c.shape} · ${formatBytes(c.bytes)} per device · ${c.groups_text || ""}${where(c) ? ` · ${where(c)}` : ""}`;
+    const op = c.reduction ? `${c.op} (${c.reduction})` : c.op; // as the collectives view says it: all-reduce (sum)
+    const detail = `${op} ${c.shape} · ${formatBytes(c.bytes)} per device · ${c.groups_text || ""}${where(c) ? ` · ${where(c)}` : ""}`;
     body.append(
       h(
         "tr",
         { data: { detail } },
-        h("td", { class: "jpm-op", text: c.sliced_from ? `${c.op} *` : c.op, title: c.sliced_from ? SLICED : null }),
+        h("td", { class: "jpm-op", text: c.sliced_from ? `${op} *` : op, title: c.sliced_from ? SLICED : null }),
         h("td", { class: "jpm-mono", text: c.shape }),
         h("td", { class: "jpm-num", text: formatBytes(c.bytes) }),
         h("td", { text: c.groups_text || (c.axes || []).join(", ") }),

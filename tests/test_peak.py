@@ -100,6 +100,16 @@ def test_collectives_are_those_of_the_compiled_text(flat):
     assert sorted(c.op for c in result.collectives) == sorted(listed)
 
 
+def test_plan_rows_name_each_all_reduces_reduction_as_the_collectives_view_does(flat):
+    x = plan((64, 32), "float32", flat, ("data", None))
+    result = compile_plan(lambda a: (a.sum(axis=0), a.max(axis=0)), (x,), flat)
+    assert sorted(c.reduction for c in result.collectives if c.op == "all-reduce") == ["max", "sum"]
+    state = result.state("reductions")
+    text, html = plan_view.to_text(state), plan_view.to_html(state)
+    for words in ("all-reduce (sum)", "all-reduce (max)"):
+        assert words in text and f">{words}</td>" in html
+
+
 FSDP = '''def loss(p, x):
     return jnp.mean(jnp.tanh(x @ p["w1"]) @ p["w2"])
 grads = jax.grad(loss)(params, x)
@@ -123,8 +133,8 @@ def test_fsdp_gradient_is_the_reduce_scatter_the_target_makes(flat):
     assert any("reduce-scatter creator" in c for c in result.caveats)
     state = result.state("fsdp")
     text = plan_view.to_text(state)
-    assert "reduce-scatter (XLA:CPU: all-reduce + slice)" in text
-    assert "reduce-scatter *" in plan_view.to_html(state)
+    assert "reduce-scatter (sum) (XLA:CPU: all-reduce + slice)" in text
+    assert "reduce-scatter (sum) *" in plan_view.to_html(state)
 
 
 def test_a_cell_with_jax_checkpoint_says_xla_cpu_undoes_it_and_how_to_get_the_tpu_compile(flat):
@@ -138,6 +148,33 @@ def test_a_cell_with_jax_checkpoint_says_xla_cpu_undoes_it_and_how_to_get_the_tp
     plain = jaxpar_magic.plan_cell("g = jax.grad(lambda v: jnp.tanh(v @ w).sum())(x)\n", ns, mesh=flat,
                                    hardware="tpu-v5e", bind=False)
     assert not any("jax.checkpoint" in c for c in plain.caveats)
+
+
+SCANNED = """def block(h, w):
+    a = jnp.tanh(h @ w[0])
+    return jnp.tanh(a @ w[1])
+def body(h, w):
+    with jax.named_scope("layer"):  # a name scope (or a vmap) inside the body, as model libraries add
+        return BLOCK(h, w), None
+def loss(ws, x):
+    return jnp.mean(jax.lax.scan(body, x, ws)[0] ** 2)
+grads = jax.grad(loss)(ws, x)
+"""
+
+
+def test_jax_checkpoint_inside_lax_scan_is_kept_by_xla_cpu_and_gets_no_caveat(flat):
+    """Inside a loop's body XLA:CPU keeps the recomputation: the peak drops, and the plan must not say
+    that XLA:CPU undid it."""
+    import numpy as np
+    from jax.sharding import Mesh
+
+    one = Mesh(np.array(jax.devices()[:1]), ("data",))
+    ns = {"jnp": jnp, "jax": jax, "x": plan((1024, 128), "float32", one, ("data", None)),
+          "ws": (plan((3, 128, 512), "float32", one, ()), plan((3, 512, 128), "float32", one, ()))}
+    plain, checkpointed = (jaxpar_magic.plan_cell(SCANNED.replace("BLOCK", b), ns, mesh=one, bind=False)
+                           for b in ("block", "jax.checkpoint(block)"))
+    assert checkpointed.total_bytes < plain.total_bytes  # the activations of the 3 steps are not kept
+    assert not any("jax.checkpoint" in c for c in checkpointed.caveats + plain.caveats)
 
 
 def test_the_timeline_peaks_where_the_breakdown_is_taken(huge):

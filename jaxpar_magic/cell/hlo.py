@@ -221,6 +221,13 @@ def _computation_counts(text: str) -> tuple[list[str | None], dict[str, int | No
     return owner, counts
 
 
+def runs_outside_loops(text: str, pattern: re.Pattern) -> bool:
+    """Whether an instruction whose line matches `pattern` runs once per run of the program, not in the
+    body of a loop (scan, fori_loop, while), nor in one a loop calls: by the computation it is in."""
+    owner, counts = _computation_counts(text)
+    return any(counts.get(comp) == 1 for comp, line in zip(owner, text.splitlines()) if comp and pattern.search(line))
+
+
 #: The root operation of a reduction's computation (``to_apply``), in the words the views write.
 _REDUCTION_WORDS = {"add": "sum", "maximum": "max", "minimum": "min", "multiply": "product", "and": "and", "or": "or",
                     "xor": "xor"}

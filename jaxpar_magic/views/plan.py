@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ms, format_seconds, format_shape, format_si, format_spec, style_block
+from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ms, format_seconds, format_shape, format_si, format_spec, op_words, style_block
 from .memory import section_html as memory_section_html, section_text as memory_section_text, what_text
 
 MAX_COLLECTIVES = 256
@@ -214,7 +214,7 @@ def _collectives_html(state: dict[str, Any]) -> str:
     )
     for c in colls:
         groups = c.get("groups_text") or ", ".join(str(a) for a in c.get("axes") or [])
-        op = str(c.get("op")) + (" *" if c.get("sliced_from") else "")
+        op = op_words(c) + (" *" if c.get("sliced_from") else "")
         out.append(
             f'<tr><td class="jpm-op" title="{esc(sliced_note(c))}">{esc(op)}</td><td class="jpm-mono">{esc(str(c.get("shape")))}</td>'
             f'<td class="jpm-num">{esc(format_bytes(c.get("bytes")))}</td><td>{esc(str(groups))}</td>'
@@ -483,7 +483,7 @@ def to_text(state: dict[str, Any]) -> str:
     lines.append(f"Collectives the compiler inserted ({len(colls) + omitted})" + (": none" if not colls else ":"))
     for c in colls[:TEXT_COLLECTIVES]:
         groups = c.get("groups_text") or ", ".join(str(a) for a in c.get("axes") or [])
-        op = str(c.get("op")) + (" (XLA:CPU: all-reduce + slice)" if c.get("sliced_from") else "")
+        op = op_words(c) + (" (XLA:CPU: all-reduce + slice)" if c.get("sliced_from") else "")
         parts = [op, str(c.get("shape")), f"{format_bytes(c.get('bytes'))}/device", str(groups)]
         if c.get("seconds") is not None:
             parts.append(format_seconds(c["seconds"]) + (f" ({c['bound']}-bound)" if c.get("bound") else ""))

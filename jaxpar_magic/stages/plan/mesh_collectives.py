@@ -172,5 +172,6 @@ def plan_collectives(found: list[Collective], mesh, line_text: Callable[[int], s
             groups=[[ids[p] for p in g] for g in groups], axes=axes, groups_text=text, line=c.line,
             source=source or None, upcast_from=c.upcast_from, operand_bytes=c.operand_bytes,
             origin=origin_of(c.origin), sliced_from=c.sliced_from if rewritten else None,
+            reduction=c.reduction,
         ))
     return planned

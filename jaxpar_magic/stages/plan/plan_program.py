@@ -20,7 +20,7 @@ import os
 import time
 from collections.abc import Callable
 
-from ...cell.hlo import Upcasts, collectives, program_facts, upcasts
+from ...cell.hlo import Upcasts, collectives, program_facts, runs_outside_loops, upcasts
 from ...cell.hlo_text import entry_name, instructions
 from ...cell.programs import TRACE
 from ...cell.scatter import reduce_scatters
@@ -179,7 +179,7 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
     caveats = list(TPU_CAVEATS if target.is_tpu else CAVEATS)
     if target.note:
         caveats.insert(0, target.note)
-    if not target.is_tpu and REMAT.search(program):
+    if not target.is_tpu and runs_outside_loops(program, REMAT):  # in a loop's body XLA:CPU keeps it
         caveats.insert(0, remat_caveat(hardware))
     if upcast.shadows:
         caveats.append(UPCAST_CAVEAT)
