@@ -196,3 +196,22 @@ def test_views_show_the_peak_in_html_and_in_text_within_80_columns(huge):
     assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
     assert any("64.0 MiB  output h f32[1024,16384], line 2: h = x @ w1" in line for line in lines)
     assert memory_view.to_text({"title": "t", **memory}).startswith("t\nLive memory per device")
+
+
+def test_a_kept_compile_planned_again_from_other_callers_gives_the_same_figures(flat):
+    """A re-plan reuses the compile (compiled_plans.py), whose program names the first plan's callers;
+    the figures must not depend on them (XLA:CPU's bf16 upcast was missed: twice the memory time)."""
+    ns = {"jnp": jnp, "jax": jax, "w": plan((1024, 4096), "bfloat16", flat, ()),
+          "x": plan((256, 1024), "bfloat16", flat, ("data", None))}
+    source = "g = jax.grad(lambda w: jnp.sum(jnp.square((x @ w).astype(jnp.float32))))(w)\n"  # a bf16 all-reduce
+
+    def first_caller():
+        return jaxpar_magic.plan_cell(source, dict(ns), mesh=flat, hardware="tpu-v5p", bind=False)
+
+    def second_caller():
+        return jaxpar_magic.plan_cell(source, dict(ns), mesh=flat, hardware="tpu-v5p", bind=False)
+
+    first, again = first_caller(), second_caller()
+    assert again.reused and any("bf16 in f32" in c for c in first.caveats)
+    assert again.bytes_accessed == first.bytes_accessed and again.caveats == first.caveats
+    assert again.roofline.estimate_s == first.roofline.estimate_s

@@ -713,7 +713,7 @@ TOP = {"title", "axes", "total_devices", "hardware", "memory", "cost", "collecti
 MEMORY = {"argument", "output", "temp", "alias", "total", "capacity", "capacity_source", "fits", "overshoot", "note",
           "reported_peak"}
 COLLECTIVE = {"op", "shape", "bytes", "axes", "groups_text", "group_size", "line", "source", "seconds", "bound",
-              "origin", "sliced_from"}
+              "origin", "sliced_from", "reduction"}
 ROOFLINE = {"compute_s", "memory_s", "collective_s", "estimate_s", "bound", "ici_s", "dcn_s", "latency_s",
             "serial_s", "rates", "labels", "bound_text"}
 

@@ -43,6 +43,24 @@ def _cost(compiled) -> dict:
 _TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 
 
+def within(chain, filename: str | None) -> tuple:
+    """A source-frame chain (innermost first) up to the cell's (or function's) own file: its callers cut
+    off. A kept compile carries the callers of the plan that made it, and a re-run has new ones."""
+    upto = next((i for i, f in enumerate(chain) if f[0] == filename), None)
+    return tuple(chain) if upto is None else tuple(chain[:upto + 1])
+
+
+def same_operations(instructions: list, types: dict, filename: str | None) -> tuple[list, dict]:
+    """The compiled program's instructions and the lowered program's types keyed alike, by op name and
+    frames `within` the file, so that a kept compile matches a new lowering operation by operation."""
+    from dataclasses import replace
+
+    def trim(key):
+        return (key[0], within(key[1], filename)) if key else key
+
+    return [replace(i, key=trim(i.key)) for i in instructions], {trim(k): v for k, v in types.items()}
+
+
 def key_of(program_text: str, mesh, filename: str | None = None) -> str:
     """The lowered program and the devices it compiles for (platform and ids in mesh order).
 
@@ -54,11 +72,8 @@ def key_of(program_text: str, mesh, filename: str | None = None) -> str:
     body = "\n".join(line for line in program_text.split("\n\n") if line.split("\n", 1)[0].strip() not in _TABLES)
     inner = {}
     for frame, chain in frames(program_text).items():
-        upto = next((i for i, f in enumerate(chain) if f[0] == filename), None)
-        if filename is None:
-            inner[frame] = chain
-        elif upto is not None:  # frames outside the cell (its callers alone) name nothing
-            inner[frame] = chain[:upto + 1]
+        if filename is None or any(f[0] == filename for f in chain):  # frames outside the cell name nothing
+            inner[frame] = within(chain, filename)
     devices = [(d.platform, d.id) for d in mesh.devices.flat]
     digest = hashlib.sha256(body.encode())
     digest.update(repr((sorted(inner.items()), devices, tuple(mesh.axis_names))).encode())

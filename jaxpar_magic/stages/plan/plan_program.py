@@ -26,7 +26,7 @@ from ...cell.programs import TRACE
 from ...cell.scatter import reduce_scatters
 from ...errors import UsageError, explain_trace_error, user_line
 from .abstract_inputs import CPU_DEVICE_CEILING, abstract_inputs, check_scale, device_capacity, smaller_slice, warn_concrete
-from .compiled_plans import compile_plan_program, key_of
+from .compiled_plans import compile_plan_program, key_of, same_operations
 from .costs import estimate
 from .hardware import Hardware, parse_hardware
 from .mesh_collectives import is_user_file, plan_collectives
@@ -171,6 +171,7 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
     memory, cost, text = made.memory, made.cost, made.text
     types, matmuls = program_facts(program)
     read = instructions(text)  # the compiled program's instructions, read once for the three readers below
+    read, types = same_operations(read, types, filename)  # a kept compile has its first plan's callers
     upcast = upcasts(text, types, read) if not target.is_tpu else Upcasts({}, set(), 0.0)  # XLA:TPU keeps bf16
     found = reduce_scatters(text, collectives(text, None, filename, upcast.shadows, is_user_file), read)
     planned = plan_collectives(found, mesh, line_text, filename, rewritten=not target.is_tpu)
