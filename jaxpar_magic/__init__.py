@@ -5,7 +5,8 @@ the JAX backend, so `%devices --simulate 8` still works afterwards. Every magic 
 twin, importable from here: `pmap`, `pmap_cell`, `simulate`, `show_devices`, `make_mesh`,
 `show_mesh`, `show_sharding`, `shard_cell`, `place`, `plan`, `split`, `shard_map_cell`,
 `compile_plan`, `plan_cell`, and `Cluster` (the multi-process cluster behind `%cluster`);
-`check` is the exercises' one-line answer check.
+`check` is the exercises' one-line answer check, and `attempt(NAME)` the latest run of the
+`%%exercise NAME` cell it reads (face/exercises.py documents the contract).
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ _TWINS = {
     "compile_plan": ("stages.plan.plan_program", "compile_plan"),
     "plan_cell": ("stages.plan.plan_cell", "plan_cell"),
     "Cluster": ("cluster.lifecycle", "Cluster"),
-    "check": ("face.exercises", "check"),
+    "check": ("face.checks", "check"),
+    "attempt": ("face.exercises", "attempt"),
 }
 
 
@@ -46,14 +48,18 @@ def load_ipython_extension(ipython) -> None:
     from .cell.devices import cpu_when_nothing_attached
 
     cpu_when_nothing_attached()  # libtpu installed, nothing attached: no TPU probe, no libtpu warnings
+    from .face.exercises import watch_cells
     from .face.magics import JaxparMagics
 
     ipython.register_magics(JaxparMagics)  # registering again replaces: loading twice is harmless
+    watch_cells(ipython)  # %%exercise's bookkeeping (face/exercises.py); again: replaced, not doubled
 
 
 def unload_ipython_extension(ipython) -> None:
+    from .face.exercises import unwatch_cells
     from .face.magics import JaxparMagics
 
+    unwatch_cells(ipython)
     manager = ipython.magics_manager
     for kind, names in JaxparMagics.magics.items():
         for name in names:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import linecache
 import os
+import re
 import traceback
 
 from IPython.core.error import UsageError
@@ -79,6 +80,14 @@ def explain_trace_error(exc: BaseException, filename: str, axis_names: tuple[str
             "every axis it names; a value read whole (not split by --in) or already reduced does not. Reduce over "
             "the axes it varies over only (`jax.typeof(v)` shows them as {V:...}), mark it varying with "
             "`lax.pvary(v, axes)`, or turn the checks off with --no-check-vma."
+        )
+    scatter = re.search(r"scatter dimension size (\d+) must match shard count (\d+)", str(exc))
+    if isinstance(exc, ValueError) and scatter:
+        size, count = scatter.groups()
+        return UsageError(
+            f"{at}: `lax.psum_scatter` without `tiled=True` gives each of the {count} devices one entry of the "
+            f"scattered dimension, so that dimension must have {count} entries; it has {size}. Pass `tiled=True` "
+            f"to cut it into {count} equal blocks instead (each device keeps its block of the sum)."
         )
     if type(exc).__name__ == "ShardingTypeError":  # jax._src.core's; no public name to catch it by
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

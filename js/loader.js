@@ -12,8 +12,9 @@
  * marimo mounts the view in (styles in the head do not reach inside a shadow root).
  *
  * In a kernel each view is shown twice: its static picture, then this widget (views/base.py). Once
- * the widget has drawn, it hides the static twin (the element of class `jpm-twin-<_jpm_twin>`, and
- * the output box around it when the front end has one); where the widget cannot draw, the twin stays.
+ * the widget has drawn and is in the page, it hides the static twin (the element of class
+ * `jpm-twin-<_jpm_twin>`, and the output box around it when the front end has one); where the
+ * widget cannot draw, the twin stays.
  */
 
 const STYLE_ID = "jpm-views-css";
@@ -41,19 +42,25 @@ function useStylesheet(css, where) {
 }
 
 /**
- * Hide the static twin of a drawn view (and the output box that holds only it).
+ * Hide the static twin of a drawn view (and the output box that holds only it) once the view's
+ * element is in the page: a widget manager renders a view before it attaches the element to the
+ * output area (ipywidgets' create_view, then the output renderer), so until then the twin is
+ * looked for again on the next animation frames.
  * @param {HTMLElement} el
  * @param {string} twin
+ * @returns {() => void} stops looking
  */
 function hideTwin(el, twin) {
-  if (!/^[0-9a-f]+$/.test(twin)) return;
-  const root = /** @type {Document | ShadowRoot} */ (el.getRootNode());
-  if (!root.querySelectorAll) return;
-  for (const node of root.querySelectorAll(`.jpm-twin-${twin}`)) {
-    const box = node.closest(".jp-OutputArea-child");
-    const target = /** @type {HTMLElement} */ (box && !box.contains(el) ? box : node);
-    target.style.display = "none";
-  }
+  let frame = 0;
+  const look = () => {
+    if (!el.isConnected) return void (frame = requestAnimationFrame(look));
+    for (const node of /** @type {Document | ShadowRoot} */ (el.getRootNode()).querySelectorAll(`.jpm-twin-${twin}`)) {
+      const box = node.closest(".jp-OutputArea-child");
+      /** @type {HTMLElement} */ (box?.contains(el) ? node : box || node).style.display = "none";
+    }
+  };
+  if (/^[0-9a-f]+$/.test(twin)) look();
+  return () => cancelAnimationFrame(frame);
 }
 
 /**
@@ -103,7 +110,7 @@ export default {
     }
     useStylesheet(found.css, ctx.el);
     const cleanup = found.mod.default.render(ctx);
-    hideTwin(ctx.el, String(ctx.model.get("_jpm_twin") || ""));
-    return cleanup;
+    const stop = hideTwin(ctx.el, String(ctx.model.get("_jpm_twin") || ""));
+    return () => (stop(), cleanup?.());
   },
 };

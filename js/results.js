@@ -156,7 +156,12 @@ function drawPermute(coll, order) {
   const omitted = coll.pairs_omitted || 0;
   const sample = pairs.slice(0, 8).map(([s, d]) => `${s}→${d}`).join(", ") + (pairs.length > 8 || omitted ? ", …" : "");
   let summary = `${pairs.length + omitted} pair${pairs.length + omitted === 1 ? "" : "s"}: ${sample}`;
-  if (Number.isFinite(shift) && !omitted) summary += ` — every device sends to the ${shift === 1 ? "next one" : `one ${shift} places later`} in mesh order (cyclic)`;
+  if (Number.isFinite(shift) && !omitted) {
+    // "every device" and "(cyclic)" only when they hold: a pipeline's 0→4 … 3→7 is neither.
+    const who = pairs.length === order.length ? "every device sends" : `each of the ${pairs.length} senders sends`;
+    const wraps = pairs.some(([s, d]) => /** @type {number} */ (pos.get(d)) < /** @type {number} */ (pos.get(s)));
+    summary += ` — ${who} to the ${shift === 1 ? "next one" : `one ${shift} places later`} in mesh order${wraps ? " (cyclic)" : ""}`;
+  }
   if (omitted) summary += ` (${omitted} pairs not shipped)`;
   wrap.append(h("div", { class: "jpm-note", text: summary }));
   if (nodes.length === 0 || nodes.length > RING_MAX) {

@@ -13,6 +13,7 @@ import copy
 import functools
 import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
@@ -28,13 +29,77 @@ def example_notebooks() -> list[Path]:
     return sorted(EXAMPLES.glob("*.ipynb"))
 
 
+@dataclass(frozen=True)
+class Exercise:
+    """An exercise of a notebook: the cell tagged `exercise`, the next code cell (tagged `check`),
+    and the solution in the collapsed block of the markdown cell after the check."""
+
+    index: int  # the exercise cell
+    check_index: int
+    skeleton: str  # what the notebook ships in the exercise cell
+    solution: str  # what the tests run there
+    answers: tuple[str, ...]  # the names on its `%%exercise` line
+
+
+_SOLUTION = re.compile(r"<details>\s*<summary>\s*Solution.*?```python\n(.*?)\n```.*?</details>", re.S)
+
+
+def exercises(nb: nbformat.NotebookNode) -> list[Exercise]:
+    """The notebook's exercises, each with its check and solution (AssertionError when the contract
+    of face/exercises.py is broken: no check after it, no solution after the check)."""
+    found = []
+    cells = nb.cells
+    for index, cell in enumerate(cells):
+        if "exercise" not in cell.metadata.get("tags", []):
+            continue
+        first = cell.source.splitlines()[0] if cell.source else ""
+        assert first.startswith("%%exercise "), f"exercise cell {index} must start with `%%exercise NAMES`"
+        check_index = next((i for i in range(index + 1, len(cells)) if cells[i].cell_type == "code"), None)
+        assert check_index is not None and "check" in cells[check_index].metadata.get("tags", []), (
+            f"the code cell after exercise cell {index} must be tagged `check`")
+        solution = None
+        for later in cells[check_index + 1:]:
+            if later.cell_type == "code" and "exercise" in later.metadata.get("tags", []):
+                break
+            match = _SOLUTION.search(later.source) if later.cell_type == "markdown" else None
+            if match:
+                solution = match.group(1)
+                break
+        assert solution is not None, f"no <details><summary>Solution block after the check of exercise cell {index}"
+        assert solution.splitlines()[0] == first, f"exercise {index}: the solution starts with another line: {solution!r}"
+        found.append(Exercise(index, check_index, cell.source, solution, tuple(first.split()[1:])))
+    return found
+
+
+def with_solutions(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """A copy of `nb` with every exercise cell holding its solution."""
+    filled = copy.deepcopy(nb)
+    for exercise in exercises(nb):
+        filled.cells[exercise.index].source = exercise.solution
+    return filled
+
+
+@dataclass
+class Probe:
+    """What a check printed after the exercise cell was run with `source` (after a full run)."""
+
+    label: str
+    source: str
+    exercise_failed: bool
+    check_lines: list[str]
+
+
 @functools.cache
-def _executed(path: Path) -> nbformat.NotebookNode:
+def _executed(path: Path) -> tuple[nbformat.NotebookNode, dict[int, list[Probe]]]:
+    from exercise_probes import probes_for
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
-    nb = nbformat.read(path, as_version=4)
+    shipped = nbformat.read(path, as_version=4)
+    nb = with_solutions(shipped)
+    checks = {e.check_index: e for e in exercises(shipped)}
+    probes: dict[int, list[Probe]] = {}
     # No kernel folders: only the native kernel of the interpreter running the tests.
     km = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
     with tempfile.TemporaryDirectory(prefix="jpm-kernel-") as cwd:
@@ -46,8 +111,42 @@ def _executed(path: Path) -> nbformat.NotebookNode:
             resources={"metadata": {"path": cwd}},
             store_widget_state=True,
         )
-        client.execute()  # raises CellExecutionError on any error a cell is not tagged to expect
-    return nb
+        client.reset_execution_trackers()
+        chapter = len(nb.cells)
+        with client.setup_kernel():
+            for index in range(chapter):
+                # Raises CellExecutionError on any error a cell is not tagged to expect.
+                client.execute_cell(nb.cells[index], index, execution_count=client.code_cells_executed + 1)
+                if index in checks:
+                    probes[checks[index].index] = _probe(client, nb, checks[index], probes_for(path.name, checks[index]))
+            client.set_widgets_metadata()
+        del nb.cells[chapter:]  # the probes' cells (see _probe)
+    return nb, probes
+
+
+def _probe(client, nb, exercise: Exercise, sources: list[tuple[str, str]]) -> list[Probe]:
+    """Run the exercise cell with each probe source, then its check, in the live kernel after the
+    full run; then the solution and the check again, so the cells after it see what they expect.
+    An empty probe source is skipped by nbclient, as JupyterLab skips an empty cell: only the check runs.
+
+    nbclient keeps a cell it runs at its index in the notebook, and later display updates find it
+    there, so the probes' cells are appended after the chapter's (and cut off after the run). Their
+    widgets are dropped from the notebook's saved widget state."""
+    widgets_before = set(client.widget_state)
+    check = nb.cells[exercise.check_index]
+    found = []
+    for label, source in [*sources, ("solution again", exercise.solution)]:
+        tried = nbformat.v4.new_code_cell(source, metadata={"tags": ["raises-exception"]})
+        checked = nbformat.v4.new_code_cell(check.source)
+        for cell in (tried, checked):
+            nb.cells.append(cell)
+            client.execute_cell(cell, len(nb.cells) - 1, execution_count=client.code_cells_executed + 1)
+        printed = "".join(o.get("text", "") for o in checked.outputs if o.output_type == "stream")
+        found.append(Probe(label, source, any(o.output_type == "error" for o in tried.outputs), printed.splitlines()))
+    for model_id in set(client.widget_state) - widgets_before:
+        client.widget_state.pop(model_id, None)
+        client.widget_buffers.pop(model_id, None)
+    return found
 
 
 def executed_source(sources: list[str]) -> list:
@@ -62,8 +161,15 @@ def executed_source(sources: list[str]) -> list:
 
 
 def executed(path: Path) -> nbformat.NotebookNode:
-    """A deep copy of the notebook at ``path`` after running it top to bottom (cached)."""
-    return copy.deepcopy(_executed(Path(path).resolve()))
+    """A deep copy of the notebook at ``path`` (its exercises solved) after running it top to bottom
+    (cached)."""
+    return copy.deepcopy(_executed(Path(path).resolve())[0])
+
+
+def exercise_probes(path: Path) -> dict[int, list[Probe]]:
+    """For each exercise cell (by index): what its check printed for every probe source
+    (tests/exercise_probes.py), run after the full run, and for the solution again."""
+    return _executed(Path(path).resolve())[1]
 
 
 def rich_outputs(nb: nbformat.NotebookNode):
@@ -75,7 +181,8 @@ def rich_outputs(nb: nbformat.NotebookNode):
 
 
 def _assigned_names(body: str) -> list[str]:
-    """Names a cell body assigns at its top level, in order (IPython syntax allowed)."""
+    """Names a cell body assigns at its top level, in order (IPython syntax allowed), less those a
+    later top-level `del` removes: the cell binds them to nothing, so no view shows them."""
     import ast
 
     from IPython.core.inputtransformer2 import TransformerManager
@@ -95,6 +202,13 @@ def _assigned_names(body: str) -> list[str]:
                 add(target)
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
             add(node.target)
+        elif isinstance(node, ast.Delete):
+            deleted: list[str] = []
+            for target in node.targets:
+                for element in target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]:
+                    if isinstance(element, ast.Name):
+                        deleted.append(element.id)
+            names = [name for name in names if name not in deleted]
     return names
 
 
@@ -164,7 +278,8 @@ def expected_views(nb: nbformat.NotebookNode) -> list[tuple[int, str]]:
     * `--plan` shows only a ``plan`` view (none with `--no-show`); `--as-code` shows no view;
     * a plain cell whose last line is ``[jaxpar_magic.]show_<kind>(...)`` shows that view, and one
       whose last line is ``fn.collectives()`` a ``collectives`` view;
-    * a cell tagged ``raises-exception`` shows nothing.
+    * a cell tagged ``raises-exception`` shows nothing;
+    * an exercise cell (``%%exercise NAMES`` first) shows what the rest of it shows.
 
     A final expression that is an array is not counted: example cells end in a statement or a
     non-array value.
@@ -175,6 +290,8 @@ def expected_views(nb: nbformat.NotebookNode) -> list[tuple[int, str]]:
         if cell.cell_type != "code" or "raises-exception" in cell.metadata.get("tags", []):
             continue
         source = cell.source.lstrip()
+        if source.startswith("%%exercise"):  # the rest of an exercise cell runs as a cell of its own
+            source = source.partition("\n")[2].lstrip()
         first = source.splitlines()[0] if source else ""
         body = source.partition("\n")[2]
         magic = _CELL_MAGIC.match(first)

@@ -27,15 +27,17 @@ def test_every_view_is_followed_by_what_to_notice():
         assert len(following.source.splitlines()) == 1
 
 
-def test_the_exercise_has_a_solution_and_a_friendly_check():
+def test_the_exercise_is_a_bug_to_find_checked_in_the_kernel():
+    """The exercise cell runs on the cluster (`%%exercise mean_all` around `%%cluster`); its check,
+    in the kernel, prints one line through check(), never a bare assert."""
+    from notebooks import exercises
+
     nb = chapter()
-    heading = next(i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
-                   and re.match(r"#+ Exercise\b", c.source))
-    solution, check = nb.cells[heading + 1], nb.cells[heading + 2]
-    assert solution.cell_type == check.cell_type == "code"
-    assert "# your code here" in solution.source
-    asserts = re.findall(r"^assert .+, \(?\"", check.source, re.M)
-    assert asserts, "the check asserts with a hint: assert cond, \"hint\""
+    (exercise,) = exercises(nb)
+    assert exercise.skeleton.splitlines()[:2] == ["%%exercise mean_all", "%%cluster"]
+    assert "(local)" in exercise.skeleton and "(x)" in exercise.solution  # the bug, and its fix
+    check = nb.cells[exercise.check_index].source
+    assert "check(" in check and not re.search(r"^assert ", check, re.M)
 
 
 def test_the_rehearsal_uses_the_helper_as_it_is():
@@ -58,7 +60,7 @@ def test_the_executed_chapter_keeps_no_empty_output():
                 empty.append(index)
     assert not empty, f"cells {empty} keep an empty output (a status line blanked instead of replaced)"
     said = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
-    assert "right: the mean crossed the process boundary" in said
+    assert "[process 0] mean of all 8 values: 6.5" in said  # the exercise's solution, run on the cluster
     # Fresh engines connect Gloo at their first collective; its chatter is filtered at their descriptors.
     assert "Gloo" not in said and "peer ranks" not in said
-    assert re.search(r"final loss, averaged over the 8 devices: \d", said)
+    assert re.search(r"final loss over the global batch: \d", said)

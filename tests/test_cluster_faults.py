@@ -148,9 +148,29 @@ def test_divergent_collective_times_out_and_breaks_the_cluster(healthy, ip):
     assert_collectives_work(healthy)
 
 
+def blocked_in_a_wait(pid: int, settle_s: float = 0.3) -> bool:
+    """Whether process `pid` sits blocked: its main thread sleeping and (nearly) no CPU spent over
+    `settle_s`, as a process waiting in a collective whose peer never comes (Gloo blocks in recv)."""
+    proc = psutil.Process(pid)
+    before = sum(proc.cpu_times()[:2])
+    time.sleep(settle_s)
+    return proc.status() == psutil.STATUS_SLEEPING and sum(proc.cpu_times()[:2]) - before < 0.03
+
+
+def interrupt_once_blocked(pid: int, deadline_s: float = 30.0) -> None:
+    """Interrupt the kernel once process `pid` waits inside its collective. The marker is touched
+    just before `psum`; an interrupt that lands before the collective (the psum still compiling, on
+    a loaded machine) rightly leaves the cluster usable, which is not what the test is about."""
+    until = time.monotonic() + deadline_s
+    while time.monotonic() < until and not (blocked_in_a_wait(pid) and blocked_in_a_wait(pid)):
+        pass
+    _thread.interrupt_main()
+
+
 def test_interrupting_a_collective_breaks_the_cluster(healthy, ip):
     path = healthy.gather("marker")["marker"][0]
-    watcher = when_exists(path, _thread.interrupt_main)
+    waiting_pid = healthy.status().processes[0].pid  # process 0 reaches the psum, process 1 never does
+    watcher = when_exists(path, lambda: interrupt_once_blocked(waiting_pid))
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt), capture_output() as captured:
         cluster_magic.cell(ip, "", DIVERGENT, TIMEOUT)

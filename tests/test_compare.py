@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 import jaxpar_magic
 from jaxpar_magic.stages.plan.compare import engine_spec
 from jaxpar_magic.views import plan as plan_view
+from jaxpar_magic.views.textwidth import text_width
 from shell_helpers import shown_widgets, snapshot
 
 STEP = "g = jax.grad(lambda w: jnp.sum(jnp.square((x @ w).astype(jnp.float32))))(w)\n"
@@ -69,9 +70,12 @@ def test_rows_are_ranked_and_each_agrees_with_planning_that_layout_alone(layouts
     assert fsdp["collective_bytes"] > dp["collective_bytes"]
     lines = text.splitlines()
     assert lines[0].startswith("%%shard --plan --compare layouts on tpu-v5p: 4 layouts, best first")
-    starts = [line for line in lines[1:] if not line.startswith(" ")]  # a row wraps at 80 columns, indented
-    for row, line in zip(rows, starts[:4]):
-        assert line.startswith(row["label"])  # each row starts with its label
+    # The text is fitted to the text width (issue 26): a row wraps, its continuations indented,
+    # so each row's first line is the next line that does not start with a space.
+    assert all(len(line) <= text_width() for line in lines)
+    firsts = [line for line in lines[1:] if not line.startswith(" ")]
+    for row, line in zip(rows, firsts[:4], strict=True):
+        assert line.startswith(row["label"] + " ")  # each row starts with its label
     assert "failed: UsageError: --in x: 'nope'" in text
 
 

@@ -7,6 +7,7 @@ appeared, so it lands in the phase under test.
 from __future__ import annotations
 
 import queue
+import re
 import tempfile
 import time
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ v = jnp.arange(64.0)
 y = "old"
 """
 # Thousands of unrolled ops: tracing and compiling take several seconds here.
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 LONG_COMPILE = "y = x\nfor _ in range({n}):\n    y = jnp.sin(y) * 0.5 + 0.25\n"
 # A loop XLA runs for seconds; compiling it is quick.
 LONG_RUN = "y = lax.fori_loop(0, {n}, lambda i, a: jnp.sin(a) * 0.5 + 0.25, {arg})\n"
@@ -164,16 +166,19 @@ def test_interrupt_during_a_long_run(kernel, magic):
 
 def test_the_status_line_is_replaced_by_the_result(kernel):
     """A first run over a second shows "compiling… N s"; the cell's view then takes that line's
-    place (an update of the same display), leaving no empty output behind."""
+    place (an update of the same display), leaving no empty output behind. A view in a kernel is
+    two outputs (views/base.py display_parts): its static twin takes the line's place, and the
+    widget, which hides that twin once drawn, is displayed right after it."""
     kernel.drain()
     msg_id = kernel.kc.execute("%%pmap\n" + LONG_COMPILE.format(n=3000).replace("y = ", "z = ").replace("(y)", "(z)"))
-    status_ids, updates, displays = set(), [], []
+    status_ids, updates, displays, order = set(), [], [], []
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         msg = kernel.kc.get_iopub_msg(timeout=240)
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
         kind, content = msg["msg_type"], msg["content"]
+        order.append((kind, content))
         if kind == "display_data":
             displays.append(content)
             if content["data"].get("text/plain", "").startswith("compiling"):
@@ -184,6 +189,15 @@ def test_the_status_line_is_replaced_by_the_result(kernel):
             break
     assert status_ids, "no status line: make the compile longer"
     last = [u for u in updates if u["transient"]["display_id"] in status_ids][-1]
-    assert "application/vnd.jupyter.widget-view+json" in last["data"]  # the result view, in the line's place
+    twin = re.search(r'class="jpm-static jpm-twin-(\w+)"', last["data"].get("text/html", ""))
+    assert twin, last["data"]  # the result view's static twin, in the line's place
+    assert last["data"]["text/plain"] and not last["data"]["text/plain"].startswith(("compiling", "done"))
+    # Then the widget, after the line (its model names the twin it hides), and nothing else visible.
+    after = order[next(k for k, (kind, c) in enumerate(order) if c is last) + 1:]
+    widgets = [c for kind, c in after if kind == "display_data" and WIDGET_MIME in c["data"]]
+    assert len(widgets) == 1 and set(widgets[0]["data"]) == {WIDGET_MIME}, widgets
+    model_id = widgets[0]["data"][WIDGET_MIME]["model_id"]
+    opened = [c for kind, c in order if kind == "comm_open" and c["comm_id"] == model_id]
+    assert opened and opened[0]["data"]["state"]["_jpm_twin"] == twin.group(1)
     assert not any(u["data"].get("text/plain") == "" for u in updates), "a blanked line was left behind"
     assert kernel.run('del z')["status"] == "ok"

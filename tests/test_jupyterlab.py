@@ -229,14 +229,15 @@ def check_pmap_chapter(page, shots: Path) -> None:
     devices_text = live_view(page, "devices").first.text_content()
     assert "8" in devices_text and "cpu" in devices_text.lower(), devices_text
     ring = live_view(page, "results", "collective-permute")
-    # The ppermute cell, and the exercise's all-reduce built from ppermutes.
-    assert ring.count() == 2, "the ppermute cells' views do not list their collective-permutes"
+    # The ppermute cell; the exercise ships unsolved, so its view lists no permute and its check says so.
+    assert ring.count() == 1, "the ppermute cell's view does not list its collective-permute"
+    assert output_with(page, "✗ not yet:").count() == 1, "the unsolved exercise's check does not say 'not yet'"
     shot_in_viewport(page, ring.first, shots.with_name(shots.name + ".png"))
 
 
 def check_sharding_chapter(page, shots: Path) -> None:
     meshes = live_view(page, "mesh").all_text_contents()
-    names = ["mesh", "grid", "cube", "pod"]  # %mesh data=8, ... --name grid, --name cube, --abstract --name pod
+    names = ["mesh", "grid", "pod"]  # %mesh data=8, ... --name grid, --abstract --name pod
     assert len(meshes) == len(names) and all(n in t for n, t in zip(names, meshes, strict=True)), meshes
     assert "abstract" in meshes[-1].lower() and "4096" in meshes[-1], meshes[-1]
     # The 4 x 2 cell: the batch split one way, the weights the other, the product both ways.
@@ -249,7 +250,8 @@ def check_sharding_chapter(page, shots: Path) -> None:
                                   strict=True):
         assert text.startswith(name) and spec in text, f"expected {name} with {spec}: {text[:200]}"
     reports = live_view(page, "results", "all-reduce")
-    assert reports.count() == 2, "the two --report views should each list an all-reduce"
+    # column_totals, the product with out_sharding=P(), and the Auto-axes a @ a.T each list an all-reduce.
+    assert reports.count() == 3, "the three --report views with an all-reduce should each list it"
     for i in range(reports.count()):
         assert "compile" in reports.nth(i).text_content(), reports.nth(i).text_content()
     # The Explicit-axes cell (tagged raises-exception) explains itself, and Run All went past it.
@@ -338,9 +340,11 @@ def check_collectives_chapter(page, shots: Path) -> None:
     expect(last).to_have_attribute("aria-pressed", "true")
     expect(loop.locator("div[data-iteration]")).to_have_attribute("data-iteration", "last")  # the drawing
     loop.screenshot(path=str(shots.with_name(f"{shots.name}-loop.png")))
-    # Function mode: the first calls show the cards (the exercise reads gather_wide's card back).
+    # Function mode: the first call shows the cards. The exercise's card (over col) comes after its
+    # check, beside the section "Several axes": two views over the row × col mesh.
     assert live_view(page, "collectives", "share_of_total()").count() == 1
-    assert live_view(page, "collectives", "gather_wide()").count() == 1
+    assert live_view(page, "collectives", "(row, col)").count() == 2
+    assert output_with(page, "✗ not yet:").count() == 1, "the unsolved exercise's check does not say 'not yet'"
     shoot_view(page, views.first, shots.with_name(shots.name + ".png"))
 
 
@@ -359,7 +363,8 @@ def check_planning_chapter(page, shots: Path) -> None:
     assert "tpu-v5e" in fsdp.text_content()
     assert "Collectives the compiler inserted (0)" in plans.nth(3).text_content()  # the chained update
     compared = page.locator(f"{WIDGET_OUTPUT} .jpm-view.jpm-plan[data-kind='compare']")
-    assert compared.count() == 1 and all(label in compared.first.text_content() for label in ("dp", "fsdp", "fsdp_tp"))
+    labels = ("data parallel", "FSDP", "tensor parallel")
+    assert compared.count() == 1 and all(label in compared.first.text_content() for label in labels)
     assert live_view(page, "sharding", "8 distinct blocks on 256 devices").count() == 1
     shoot_view(page, plans.first, shots.with_name(shots.name + "-data-parallel.png"))
     shoot_view(page, fsdp, shots.with_name(shots.name + "-fsdp.png"))
@@ -393,8 +398,10 @@ def check_index(page, shots: Path) -> None:
 def check_training_chapter(page, shots: Path) -> None:
     reports = live_view(page, "results", "program")
     assert reports.count() == 6, f"the training chapter shows {reports.count()} --report views, not 6"
-    scatter = live_view(page, "results", "reduce-scatter")
-    assert scatter.count() == 1, "the exercise's report does not list its reduce-scatter"
+    # The exercise ships unsolved: its report lists no reduce-scatter, and its check says "not yet".
+    assert live_view(page, "results", "reduce-scatter").count() == 0
+    scatter = output_with(page, "✗ not yet:")
+    assert scatter.count() == 1, "the unsolved exercise's check does not say 'not yet'"
     assert live_view(page, "results", "collective-permute").count() == 1, "the pipeline's report lists no permutes"
     shot_in_viewport(page, scatter.first, shots.with_name(shots.name + ".png"))
 

@@ -282,3 +282,16 @@ def test_varying_axes_reads_jaxs_typing(mesh42):
     jax.eval_shape(jax.shard_map(body, mesh=mesh42, in_specs=P(("x", "y")), out_specs=P(("x", "y"))),
                    jax.ShapeDtypeStruct((8,), jnp.float32))
     assert seen == {"a": {"x", "y"}, "sum": {"x"}, "all": set()}
+
+
+def test_an_untiled_psum_scatter_of_the_wrong_length_is_explained(jx):
+    """The training chapter's exercise: `lax.psum_scatter(g, 'data')` on a (16, 4) block over 8
+    devices. JAX says "reduce_scatter operand scatter dimension size 16 must match shard count 8"."""
+    jx.push({"xs": jnp.ones((32, 16)), "dy": jnp.ones((32, 4))})
+    jx.run_line_magic("mesh", "data=8 --name flat --no-show")
+    with pytest.raises(UsageError) as raised:
+        jx.run_cell_magic("shard_map", "--mesh flat --in xs=data dy=data --out g=data --no-show",
+                          "g = lax.psum_scatter(xs.T @ dy, 'data')")
+    said = str(raised.value)
+    assert "line 1 of the cell" in said and "tiled=True" in said and "must have 8 entries; it has 16" in said
+    assert "g" not in jx.user_ns

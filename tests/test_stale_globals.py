@@ -222,6 +222,13 @@ INPUTS_HOLDING_FUNCTIONS = {  # an input (it has array leaves) whose structure h
     "an Equinox static field": ("import equinox as eqx\ndef act(v):\n    return v * sg\nclass Layer(eqx.Module):\n"
                                 "    w: jax.Array\n    fn: object = eqx.field(static=True)\n"
                                 "    def __call__(self, v):\n        return self.fn(v * self.w)\nh = Layer(jnp.float32(2.0), act)"),
+    "a Flax NNX module": ("from flax import nnx\nclass Scaled(nnx.Module):\n    def __init__(self):\n"
+                          "        self.w = nnx.Param(jnp.float32(2.0))\n    def __call__(self, v):\n"
+                          "        return v * self.w[...] * sg\nh = Scaled()"),
+    "a function an NNX module holds": ("from flax import nnx\ndef act(v):\n    return v * sg\n"
+                                       "class Layer(nnx.Module):\n    def __init__(self):\n"
+                                       "        self.w = nnx.Param(jnp.float32(2.0))\n        self.fn = act\n"
+                                       "    def __call__(self, v):\n        return self.fn(v * self.w[...])\nh = Layer()"),
 }
 
 
@@ -382,3 +389,20 @@ def test_fingerprints_of_equal_but_different_values():
     assert fingerprint(np.float32(0.0)) != fingerprint(np.float32(-0.0)) != fingerprint(np.float64(0.0))
     assert fingerprint(np.float32(2.0)) == fingerprint(np.float32(2.0))  # a NumPy scalar by content
     assert fingerprint(np.array([0.0])) != fingerprint(np.array([-0.0]))
+
+
+def test_large_containers_and_arrays_are_keyed_by_identity_as_the_readme_says():
+    """The README's limit: a list of more than 64 items, or a NumPy array over 64 KiB, mutated in
+    place is not seen (rebind the name); smaller ones are read by content."""
+    from jaxpar_magic.cell.fingerprints import MAX_ITEMS, SMALL_ARRAY_BYTES
+
+    for size, seen in ((MAX_ITEMS, True), (MAX_ITEMS + 1, False)):
+        items = [1.0] * size
+        before = fingerprint(items)
+        items[0] = 2.0
+        assert (fingerprint(items) != before) is seen, size
+    for count, seen in ((SMALL_ARRAY_BYTES // 8, True), (SMALL_ARRAY_BYTES // 8 + 1, False)):
+        array = np.zeros(count)
+        before = fingerprint(array)
+        array[0] = 1.0
+        assert (fingerprint(array) != before) is seen, count

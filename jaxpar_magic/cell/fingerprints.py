@@ -118,19 +118,23 @@ def custom_nodes(treedef) -> list[tuple[type, object]]:
     return found
 
 
-def structure_key(nodes) -> tuple:
-    """The fingerprint of a structure's custom nodes (custom_nodes): what a cell is compiled for
+def structure_key(nodes, graph_items=()) -> tuple:
+    """The fingerprint of a structure's custom nodes (custom_nodes) and of the user's classes and
+    functions in an NNX graph (`graph_items`, nnx_graphs.graph_items): what a cell is compiled for
     beyond what == on the structure says (-0.0 against 0.0, 1 against 1.0, what a function or a
-    user's class, e.g. an Equinox module's __call__, reads)."""
-    return tuple((fingerprint(node_type), fingerprint(aux)) for node_type, aux in nodes)
+    user's class, e.g. a module's __call__, reads)."""
+    return (tuple((fingerprint(node_type), fingerprint(aux)) for node_type, aux in nodes)
+            + tuple(fingerprint(part) for part in _user_parts(graph_items)))
 
 
-def held_callables(nodes) -> tuple:
-    """The user's classes among custom nodes' types (an Equinox module of theirs) and the callables
-    and objects of the user's in their aux data (a Partial's function), each with its fingerprint:
-    == on two structures compares these by identity, so an identical re-run need only fingerprint
-    these very objects again to see a global they read change."""
+def held_callables(nodes, graph_items=()) -> tuple:
+    """The user's classes among custom nodes' types (an Equinox module of theirs), the callables
+    and objects of the user's in their aux data (a Partial's function) and the user's classes and
+    functions in an NNX graph, each with its fingerprint: == on two structures (and on two NNX
+    graphdefs) compares these by identity, so an identical re-run need only fingerprint these very
+    objects again to see a global they read change."""
     found = [(node_type, fingerprint(node_type)) for node_type, _ in nodes if _user_class(node_type)]
+    found += [(part, fingerprint(part)) for part in _user_parts(graph_items)]
     stack = [aux for _, aux in nodes]
     while stack:
         item = stack.pop()
@@ -141,6 +145,18 @@ def held_callables(nodes) -> tuple:
         elif callable(item) or _user_class(type(item)):
             found.append((item, fingerprint(item)))
     return tuple(found)
+
+
+def _user_parts(items) -> list:
+    """Of a graph's objects and attributes: the class of each object of a user's class, and each
+    function of the user's, once."""
+    parts = {}
+    for item in items:
+        if _user_class(type(item)):
+            parts.setdefault(id(type(item)), type(item))
+        elif isinstance(item, types.FunctionType) and _user_callable(item):
+            parts.setdefault(id(item), item)
+    return list(parts.values())
 
 
 _PLAIN_NODES = (tuple, list, dict, type(None))  # their aux data: keys, or nothing

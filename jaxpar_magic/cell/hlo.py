@@ -55,6 +55,7 @@ class Collective:
     reduction: str | None = None  # what an all-reduce or reduce-scatter combines with: "sum", "max", "min", ...
     name: str | None = None  # the instruction's name in the compiled program
     sliced_from: str | None = None  # "all-reduce": an all-reduce each device only slices (cell/scatter.py)
+    frames: tuple = ()  # (file, line, function) of the Python frames that issued it, innermost first, when read
 
 
 def _iota(dims: list[int], perm: list[int] | None, shape: list[int]) -> np.ndarray:
@@ -292,7 +293,7 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
         pairs = []
         if pairs_m:
             pairs = [(to_device(int(a)), to_device(int(b))) for a, b in re.findall(r"\{(\d+),(\d+)\}", pairs_m.group(1))]
-        user_line, origin = None, None
+        user_line, origin, chain = None, None, []
         frame = _FRAME.search(line)
         frame_id = int(frame.group(1)) if frame else callers.get(owner[index])  # XLA:TPU's fused collectives: the caller's
         if frame_id is not None and filename:
@@ -317,7 +318,7 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
             roots = _reductions(text)
         reduction = _REDUCTION_WORDS.get((roots or {}).get(applied.group(1), "")) if applied else None
         found.append(Collective(m.group("op"), shape, size, groups, pairs, user_line, operands, count, low, origin,
-                                reduction, name=defined.group("name") if defined else None))
+                                reduction, name=defined.group("name") if defined else None, frames=tuple(chain)))
     return found
 
 

@@ -54,7 +54,7 @@ class TreeInput:
     __slots__ = ("name", "graphdef", "group", "treedef", "positions", "statics", "static_key", "signature", "_paths",
                  "bare", "structure_key", "held")
 
-    def __init__(self, name, graphdef, treedef, positions, statics, signature, group=()):
+    def __init__(self, name, graphdef, treedef, positions, statics, signature, group=(), graph_items=()):
         self.name = name
         self.graphdef = graphdef  # NNX: the static graph of the group's objects; None for plain pytrees
         self.group = group  # NNX: the names of the inputs split with this one (itself included)
@@ -63,8 +63,8 @@ class TreeInput:
         self.statics = statics  # ((index, leaf), ...): leaves kept as they are
         self.static_key = tuple((i, fingerprint(leaf)) for i, leaf in statics)
         nodes = custom_nodes(treedef)  # a Partial's function, static fields: what == on treedefs misses
-        self.structure_key = structure_key(nodes)
-        self.held = held_callables(nodes)  # what an identical re-run fingerprints again
+        self.structure_key = structure_key(nodes, graph_items)
+        self.held = held_callables(nodes, graph_items)  # what an identical re-run fingerprints again
         self.signature = signature  # ((shape, dtype), ...) of the traced leaves
         self._paths = None
         self.bare = not self.is_tree  # one array and nothing around it: rebuilding is the array itself
@@ -75,7 +75,7 @@ class TreeInput:
         return trees_of([(name, value)], abstract)[0]
 
     @classmethod
-    def _of_tree(cls, name: str, tree, abstract: bool, graphdef=None, group=()) -> "TreeInput | None":
+    def _of_tree(cls, name: str, tree, abstract: bool, graphdef=None, group=(), graph_items=()) -> "TreeInput | None":
         import jax
 
         leaves, treedef = jax.tree.flatten(tree)
@@ -85,7 +85,7 @@ class TreeInput:
         traced = set(positions)
         statics = tuple((i, leaf) for i, leaf in enumerate(leaves) if i not in traced)
         signature = tuple((tuple(leaves[i].shape), leaves[i].dtype) for i in positions)
-        return cls(name, graphdef, treedef, positions, statics, signature, group)
+        return cls(name, graphdef, treedef, positions, statics, signature, group, graph_items)
 
     @property
     def is_tree(self) -> bool:
@@ -184,7 +184,8 @@ def trees_of(named: list, abstract: bool = False, cell=None) -> list:
         graphdef, trees = nnx_graphs.split_values([named[i][1] for i in holders])
         group = tuple(named[i][0] for i in holders)
         for i, tree in zip(holders, trees):
-            found[i] = TreeInput._of_tree(named[i][0], tree, abstract, graphdef, group)
+            found[i] = TreeInput._of_tree(named[i][0], tree, abstract, graphdef, group,
+                                          nnx_graphs.graph_items(named[i][1]))
     for i in flat:
         if i not in holders:
             found[i] = TreeInput._of_tree(named[i][0], named[i][1], abstract)

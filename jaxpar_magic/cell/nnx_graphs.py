@@ -368,6 +368,20 @@ def leaves_with_paths(tree, is_leaf=None) -> list[tuple[str, object]]:
     return found
 
 
+def graph_items(value) -> list:
+    """Every object and attribute in the NNX graphs `value` holds (Modules, Variables, the functions
+    stored as attributes): its graphdef compares the user's classes and functions by identity, so
+    the fingerprints look at them (cell/fingerprints.py)."""
+    import jax
+
+    nnx = _nnx()
+    found = []
+    for leaf in jax.tree.leaves(value, is_leaf=is_graph_node):
+        if is_graph_node(leaf):
+            found.extend(node for _, node in nnx.iter_graph(leaf))
+    return found
+
+
 def split(values: tuple):
     """(graphdef, state) of several values at once, so references they share stay shared."""
     return _nnx().split(values)

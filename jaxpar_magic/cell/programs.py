@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..errors import UsageError
 from . import analysis as cells, dict_keys, nnx_graphs
-from .fingerprints import Ref, custom_nodes, fingerprint, traced_callables
+from .fingerprints import Ref, fingerprint, traced_callables
 from .jax_traces import forget_traces
 from .inputs import (
     OutputTree, TreeInput, deleted_input_error, deleted_leaf, jax_array_type, matching_group, merged_inputs,
@@ -134,7 +134,7 @@ def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = 
     fn = cells.build_function(cell, names, namespace)
     # Built only to be traced: the user's helpers must trace again if what they read changed.
     constants = [namespace[n] for n in cell.reads if n in namespace and n not in names]
-    held = [part for tree in inputs for part in custom_nodes(tree.treedef) + [leaf for _, leaf in tree.statics]]
+    held = [part for tree in inputs for part in [held for held, _ in tree.held] + [leaf for _, leaf in tree.statics]]
     forget_traces(traced_callables(constants + held))
     if not any(tree.graphdef is not None for tree in inputs):
         return lambda *args: fn(*rebuilt(inputs, args))

@@ -32,6 +32,9 @@ class Outcome:
     replay: Callable[[dict], object] | None = None
     # Run right after the bindings (same step): writes Flax NNX objects' new state into them.
     commit: Callable[[dict], None] | None = None
+    # The compiled program's collectives and costs (stages/run/program.ProgramFacts), when computed:
+    # for a view, --report, or an exercise's check (Defaults.facts).
+    facts: object = None
 
     def bind(self, namespace: dict) -> None:
         """Bind the names in one step, then write back what the cell changed in place."""
@@ -46,6 +49,7 @@ class Defaults:
 
     axis_name: str = "i"
     show: bool = True
+    facts: bool = False  # read the compiled program's facts even when nothing shows them (an exercise's check)
 
 
 def run(magic: str, options, source: str | None, namespace: dict, defaults: Defaults) -> Outcome:
@@ -109,7 +113,7 @@ def pmap(options, source, namespace, defaults) -> Outcome:
         source, namespace, axis_name=axis_name, devices=options.devices, mesh=options.mesh,
         broadcast=options.broadcast, split=options.split, merge=options.merge, in_axes=options.in_axes,
         out_axes=options.out_axes, static_broadcasted_argnums=options.static_broadcasted_argnums,
-        donate_argnums=options.donate_argnums, want_facts=show or options.report, bind=False,
+        donate_argnums=options.donate_argnums, want_facts=show or options.report or defaults.facts, bind=False,
         collectives=options.collectives,
     )
     if isinstance(result, dict):  # function mode
@@ -119,7 +123,7 @@ def pmap(options, source, namespace, defaults) -> Outcome:
             lines = [f"{name}: pmapped over {fn.mesh.devices.size} devices, axes {fn.axis_names}; original at "
                      f"{name}.__wrapped__{recorded}" for name, fn in result.items() if isinstance(fn, ParallelFunction)]
         return Outcome(text="\n".join(lines), bindings=result)
-    outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final)
+    outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, facts=result.facts)
     if not (show or options.report or options.collectives):
         from ..stages.run.pmap import replayer
 
@@ -154,8 +158,9 @@ def shard(options, source, namespace, defaults) -> Outcome:
                      out_specs=options.out_specs)
     show = defaults.show if options.show is None else options.show
     result = shard_cell(source, namespace, mesh=options.mesh, in_specs=options.in_specs,
-                        out_specs=options.out_specs, want_facts=options.report, bind=False)
-    outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, commit=result.commit)
+                        out_specs=options.out_specs, want_facts=options.report or defaults.facts, bind=False)
+    outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, commit=result.commit,
+                      facts=result.facts)
     if not (show or options.report):
         from ..stages.run.shard import replayer
 
@@ -185,8 +190,9 @@ def shard_map(options, source, namespace, defaults) -> Outcome:
     show = defaults.show if options.show is None else options.show
     result = shard_map_cell(source, namespace, mesh=options.mesh, in_specs=options.in_specs,
                             out_specs=options.out_specs, check_vma=options.check_vma,
-                            want_facts=show or options.report, bind=False, collectives=options.collectives)
-    outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final)
+                            want_facts=show or options.report or defaults.facts, bind=False,
+                            collectives=options.collectives)
+    outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, facts=result.facts)
     if not (show or options.report or options.collectives):
         from ..stages.run.shard_map import replayer
 

@@ -1,73 +1,380 @@
-"""`check(...)`: the one-line check cell after an exercise.
+"""Exercises in a course notebook: a cell to fill in, and a check that cannot be fooled.
 
-A check cell asserts the student's answer. When it is right it says so in one line; when it is
-wrong it raises :class:`NotYet`, an :class:`AssertionError` that IPython shows as one line
-("✗ not yet: ... Hint: ...", through ``_render_traceback_``), never a traceback wall. The cell
-still fails, so a course notebook run by nbclient with the solutions filled in checks them.
+The contract (tests/test_notebooks.py and tests/test_exercise_contract.py hold every chapter to it):
 
-    check(total, jnp.sum(x), hint="psum adds the blocks of every device")   # compare values
-    check(len(report.collectives) == 0, hint="give every input the same spec")  # a condition
+* **The exercise cell** is a code cell tagged ``exercise``. Its first line is
+  ``%%exercise ANSWER [ANSWER ...]``, the names its check reads; the rest is the student's code,
+  which may itself be a cell magic (``%%pmap``, ``%%shard``, ``%%shard_map``, ...)::
+
+      %%exercise ring_total
+      %%pmap -a batch
+      ring_total = readings
+      # your loop: ...
+
+  Every run first *forgets* the answers (in the kernel, and in every process of a running
+  cluster, where a magic cell or a ``%%cluster`` body binds them and where the check reads them
+  by ``%cluster gather``'s rules), then runs the rest as a cell of its own, and records the run:
+  whether it ended without an error, the objects it bound to the answers, and, for a magic cell,
+  the program it ran (its compiled collectives, the line's specs, what it bound). A run that
+  fails leaves its answers forgotten; the error shows as usual, then one line says so.
+  Notebooks ship the exercise cell as a skeleton the student fills in: it must run without an
+  error (so that "Run all" goes through) and leave its check at "not yet".
+
+* **The check cell** is the next code cell, tagged ``check``. It reads the latest run with
+  :func:`attempt` and prints exactly one line with :func:`check` (face/checks.py)::
+
+      ring = attempt("ring_total")
+      check(ring["ring_total"], total, method=[ring.sends_only("collective-permute")],
+            hint=["a nudge", "more", "the most; or open *Solution* below"])
+
+  ``ring["ring_total"]`` is the value *this run of the exercise cell* produced. When there is no
+  such value it is a :class:`~jaxpar_magic.face.checks.NotRun` and the check says why: the cell
+  was never run, stopped with an error, did not set the name, or a later cell without
+  ``%%exercise`` set it again (a cell that assigns an answer's name outside its exercise cell
+  voids the exercise's run, so an edited copy of the cell cannot borrow the old answer).
+  ``method`` tests how the answer was made, on the program the cell really ran.
+
+* **The solution** follows the check as a markdown cell with a collapsed block, so a student
+  opens it on purpose (the tests run every chapter with it in the exercise cell)::
+
+      <details><summary>Solution</summary>
+
+      ```python
+      %%exercise ring_total
+      ...
+      ```
+      </details>
+
+Requirements for ``method=`` (each a ``(condition, why)`` pair that names what is wrong):
+``.ran("shard_map", m=P(None, "i"))`` (the cell ran as that magic, laying out those inputs so),
+``.sends_only("collective-permute", count=None)`` (the compiled program sends something, and only
+these collectives), ``.sends_nothing()``, and ``.split_into("m", 8)`` (the input ``m``, as the
+magic's ``--in`` placed it this run, has 8 distinct blocks). Write any other as ``(condition, "why")``.
+
+What :class:`Attempt` offers a check: ``attempt[name]`` (an answer), ``.ok``, ``.magic`` (``"pmap"``,
+``"shard"``, ``"shard_map"`` or None for plain Python), ``.spec(name)`` (the PartitionSpec the
+line's ``--in`` gave ``name``), ``.collectives`` (the compiled program's
+collective ops in program order, e.g. ``["all-reduce"]``; None when the cell ran no program of
+ours), ``.program`` (every compiled collective with its shape, bytes and groups) and ``.bound``
+(every name the magic bound, placed inputs included). All of them are safe to read on a run that
+failed: they are None (or a NotRun) and the check reports the failure first.
+
+The tests (tests/notebooks.py) run every chapter with its solutions, and right after each check
+try the exercise cell emptied, as shipped, failing, and with the cheats and wrong answers that
+tests/exercise_probes.py lists for it: add a new exercise's there.
+
+A cell emptied *entirely* (its ``%%exercise`` line too) never reaches the kernel: JupyterLab and
+nbclient send no request for an empty cell, so the kernel cannot tell "run again, empty" from "not
+run again". Hence **a run is graded once**: the first cell that calls ``attempt(NAME)`` after a run
+of the exercise cell grades it, and any later cell that asks for the same run gets a NotRun that
+says to run the exercise cell again. Emptying the whole cell and running it, then the check, so
+never shows the old run's ``✓ right``. (Cells are told apart by a counter the ``pre_run_cell`` hook
+below advances, not by execution counts, which a shell running cells without history never moves.)
 """
 from __future__ import annotations
 
+import ast
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-_MISSING = object()
+from .checks import NotRun, check  # noqa: F401  (check is re-exported: jaxpar_magic.check)
+
+# Called by the magics (face/magics.py) after a magic cell binds its names, while an exercise runs:
+# watcher(magic, options, outcome). While it is not empty the magics also compute program facts.
+WATCHERS: list[Callable[[str, Any, Any], None]] = []
+
+_KEPT = 64  # attempts remembered per kernel
 
 
-class NotYet(AssertionError):
-    """A check cell's answer is not right yet: the message carries the hint."""
+@dataclass
+class Observed:
+    """A magic cell an exercise ran: what its line said and what its run produced."""
+
+    magic: str
+    options: Any  # the line's options record (face/lines.py)
+    facts: Any  # the compiled program's facts (stages/run/program.ProgramFacts), or None
+    bound: dict  # the names it bound
+
+
+@dataclass
+class Attempt:
+    """One run of an exercise cell."""
+
+    answers: tuple[str, ...]
+    ok: bool = False
+    finished: bool = False
+    values: dict = field(default_factory=dict)
+    observed: Observed | None = None
+    on_cluster: Any = None  # the cluster the answers live on, when one was running
+    voided: str | None = None  # why this run no longer counts
+    namespace: dict | None = None
+    graded_in: int | None = None  # the cell (by _cells_run) that first read this run with attempt()
+
+    def __getitem__(self, name: str):
+        """The value this run bound to the answer `name`, or a NotRun saying why there is none."""
+        problem = self._problem()
+        if problem is not None:
+            return problem
+        if self.on_cluster is not None:
+            return self._gather(name)
+        if name not in self.values:
+            return NotRun(f"the exercise cell's last run did not set `{name}`")
+        if self.namespace is not None and self.namespace.get(name, _GONE) is not self.values[name]:
+            return NotRun(f"`{name}` changed after the exercise cell ran: run the exercise cell again")
+        return self.values[name]
+
+    def _problem(self) -> NotRun | None:
+        if self.voided is not None:
+            return NotRun(self.voided)
+        if not self.finished:
+            return NotRun("the exercise cell has not finished a run")
+        if not self.ok:
+            return NotRun("the exercise cell stopped with an error: fix it and run it again")
+        return None
+
+    def _gather(self, name: str):
+        try:
+            return self.on_cluster.gather([name])[name]
+        except Exception:  # not defined on the processes, or the cluster is gone
+            return NotRun(f"the exercise cell's last run did not set `{name}` on the cluster")
+
+    @property
+    def magic(self) -> str | None:
+        return None if self._problem() is not None or self.observed is None else self.observed.magic
+
+    def spec(self, name: str):
+        """The PartitionSpec the magic line's ``--in`` gave input `name` (None if it gave none)."""
+        if self.magic is None:
+            return None
+        spec = getattr(self.observed.options, "in_specs", {}).get(name)
+        if not isinstance(spec, tuple):
+            return spec
+        from jax.sharding import PartitionSpec
+
+        return PartitionSpec(*spec)
+
+    @property
+    def program(self) -> list | None:
+        """The compiled program's collectives (cell/hlo.Collective), or None without a program."""
+        if self.magic is None or self.observed.facts is None:
+            return None
+        return list(self.observed.facts.collectives)
+
+    @property
+    def collectives(self) -> list[str] | None:
+        """The compiled program's collective ops in program order, e.g. ``["all-gather", "all-reduce"]``."""
+        program = self.program
+        return None if program is None else [c.op for c in program]
+
+    @property
+    def bound(self) -> dict:
+        return {} if self.magic is None else dict(self.observed.bound)
+
+    # --- requirements on how the answer was made, for check(..., method=[...]) --------------------
+
+    def ran(self, magic: str, **specs) -> tuple[bool, str]:
+        """The cell ran as `%%magic`, laying out each named input as given (``m=P(None, "i")``)."""
+        wanted = " ".join(f"{name}={_spec_text(spec)}" for name, spec in specs.items())
+        why = f"run it as the `%%{magic}` cell it was" + (f", with `--in {wanted}`" if wanted else "")
+        if self.magic != magic:
+            return False, why
+        for name, spec in specs.items():
+            if _normal(self.spec(name)) != _normal(spec):
+                layout = f"--in {name}={_spec_text(spec)}"
+                return False, f"keep `{layout}` on the `%%{magic}` line: the exercise is about that layout"
+        return True, why
+
+    def sends_only(self, *ops: str, count: int | None = None) -> tuple[bool, str]:
+        """The compiled program sends something, and only these collectives (``count`` of them)."""
+        sent = self.collectives
+        allowed = " or ".join(_plural([op]) for op in ops)
+        if sent is None:
+            return False, f"write it as a magic cell (the exercise checks the program it compiles), using {allowed}"
+        if not sent:
+            return False, f"the cell's compiled program sends nothing between devices; it should send {allowed}"
+        other = sorted(set(sent) - set(ops))
+        if other:
+            return False, f"the cell's compiled program sends {_plural(other)}; this exercise allows only {allowed}"
+        if count is not None and len(sent) != count:
+            return False, f"the cell's compiled program sends {len(sent)} collectives, not {count}"
+        return True, ""
+
+    def split_into(self, name: str, blocks: int) -> tuple[bool, str]:
+        """The input `name`, as the magic line placed it this run, is cut into `blocks` distinct blocks."""
+        if self.spec(name) is None:
+            return False, f"give {name} its layout on the magic's line: --in {name}=SPEC"
+        placed = self.bound.get(name)
+        count = len({str(shard.index) for shard in getattr(placed, "addressable_shards", ())})
+        noun = "block" if count == 1 else "blocks"
+        why = f"{name} is cut into {count} distinct {noun}, not {blocks}: the other devices hold copies"
+        return count == blocks, why
+
+    def sends_nothing(self) -> tuple[bool, str]:
+        """The compiled program sends nothing between devices."""
+        sent = self.collectives
+        if sent is None:
+            return False, "write it as a magic cell (the exercise checks the program it compiles)"
+        return not sent, f"the cell's compiled program sends {_plural(sorted(set(sent)))}" if sent else ""
+
+
+def _plural(ops: list[str]) -> str:
+    return " and ".join(f"an {op}" if op[0] in "aeiou" else f"a {op}" for op in ops)
+
+
+def _normal(spec):
+    """A spec as a tuple without trailing Nones (P('x') and P('x', None) are one layout)."""
+    if spec is None:
+        return None
+    entries = list(spec)
+    while entries and entries[-1] is None:
+        entries.pop()
+    return tuple(entries)
+
+
+def _spec_text(spec) -> str:
+    return ",".join("None" if e is None else (f"({','.join(e)})" if isinstance(e, tuple) else str(e)) for e in spec)
+
+
+_GONE = object()
+_attempts: list[Attempt] = []
+_running: list[Attempt] = []  # the exercise running now (a nested cell must not void it)
+_cells_run = 0  # cells run in this kernel so far (each exercise body counts with its cell)
+
+_GRADED = ("the check already graded the exercise cell's last run: run the exercise cell again, then "
+           "this check (a cell emptied entirely never reaches the kernel, so a second check cannot tell it "
+           "from the run it graded)")
+
+
+def attempt(name: str) -> Attempt:
+    """The latest run of the exercise cell whose answers include `name`. The first cell that asks
+    grades that run; a later cell asking for the same run gets it voided (the module's docstring)."""
+    for found in reversed(_attempts):
+        if name in found.answers:
+            if found.graded_in is None:
+                found.graded_in = _cells_run
+            elif found.graded_in != _cells_run and found.voided is None:
+                found.voided = _GRADED
+            return found
+    never = Attempt(answers=(name,), finished=True, ok=False)
+    never.voided = f"run the exercise cell first (the cell that starts with `%%exercise {name}`)"
+    return never
+
+
+def run_exercise(shell, answers: tuple[str, ...], body: str, cluster=None) -> None:
+    """``%%exercise ANSWERS``: forget the answers, run `body` as a cell, record the run. With a
+    `cluster` running, the answers are forgotten in its processes too, and a magic cell's answers
+    are read from there.
+
+    Raises :class:`ExerciseStopped` (one line, after the body's own error) when the body failed.
+    """
+    record = Attempt(answers=tuple(answers), namespace=shell.user_ns)
+    _attempts.append(record)
+    del _attempts[:-_KEPT]
+    for name in answers:
+        shell.user_ns.pop(name, None)
+    if cluster is not None:
+        cluster.execute("".join(f"globals().pop({name!r}, None)\n" for name in answers))
+
+    def watch(magic, options, outcome) -> None:
+        record.observed = Observed(magic, options, getattr(outcome, "facts", None), dict(outcome.bindings))
+
+    WATCHERS.append(watch)
+    _running.append(record)
+    try:
+        result = shell.run_cell(body, store_history=False) if body.strip() else None
+    finally:
+        WATCHERS.remove(watch)
+        _running.remove(record)
+    record.finished = True
+    record.ok = result is None or result.success
+    if not record.ok:  # plain Python may have set an answer before its error: that one is forgotten too
+        for name in answers:
+            shell.user_ns.pop(name, None)
+        raise ExerciseStopped(answers)
+    on_processes = record.observed is not None or body.lstrip().startswith("%%cluster")
+    if cluster is not None and on_processes:  # the cell ran in every process: its names live there
+        record.on_cluster = cluster
+    record.values = {name: shell.user_ns[name] for name in answers if name in shell.user_ns}
+
+
+class ExerciseStopped(Exception):
+    """The exercise cell's code stopped with an error (shown above it): one line, no traceback."""
+
+    def __init__(self, answers):
+        names = ", ".join(f"`{n}`" for n in answers)
+        which = f"its answer {names} is" if len(answers) == 1 else f"its answers {names} are"
+        super().__init__(f"the exercise cell stopped at the error above, so {which} forgotten until the cell runs "
+                         "to the end")
 
     def _render_traceback_(self) -> list[str]:
-        # IPython (terminal and kernel) shows these lines instead of a traceback.
         return [f"✗ {self}"]
 
 
-def _describe(value: Any) -> str:
-    shape = getattr(value, "shape", None)
-    if shape is not None and getattr(value, "dtype", None) is not None:
-        return f"an array of shape {tuple(shape)} and dtype {value.dtype}"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+# --- what every cell does to the exercises (a pre_run_cell hook, installed by %load_ext) ---------
+
+def watch_cells(shell) -> None:
+    """Install the hook: an exercise cell emptied below its first line forgets its answers (IPython
+    refuses an empty cell magic before `%%exercise` could run), and a cell that sets an answer's
+    name outside its exercise cell voids the exercise's run."""
+    unwatch_cells(shell)
+    shell.events.register("pre_run_cell", _before_cell)
 
 
-def _differs(got: Any, want: Any, rtol: float, atol: float) -> str | None:
-    """Why `got` is not `want` (None when they agree): arrays by shape then values, the rest by ==."""
-    if hasattr(want, "shape") or hasattr(got, "shape"):
-        import numpy as np
+def unwatch_cells(shell) -> None:
+    if _before_cell in shell.events.callbacks["pre_run_cell"]:
+        shell.events.unregister("pre_run_cell", _before_cell)
 
-        try:
-            g, w = np.asarray(got), np.asarray(want)
-        except Exception:  # something numpy cannot read: a different kind of value
-            return f"got {_describe(got)}"
-        if g.shape != w.shape:
-            return f"the shape is {g.shape}, expected {w.shape}"
-        try:
-            close = np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
-        except TypeError:
-            close = bool(np.array_equal(g, w))
-        if not close:
-            wrong = int(np.sum(~np.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True))) if g.dtype.kind in "fciub" else None
-            return "the values differ" + (f" in {wrong} of {g.size} places" if wrong is not None else "")
-        return None
+
+def _before_cell(info) -> None:
+    global _cells_run
+    if _running:  # the exercise's own body, run as a cell
+        return
+    _cells_run += 1
+    source = (getattr(info, "raw_cell", "") or "").lstrip()
+    if source.startswith("%%exercise"):
+        first, _, body = source.partition("\n")
+        if not body.strip():
+            _record_empty(first)
+        return
+    if not _attempts:
+        return
     try:
-        same = bool(got == want)
-    except Exception:
-        same = False
-    return None if same else f"got {_describe(got)}"
+        assigned = assigned_names(source)
+    except Exception:  # a cell we cannot read is one Python will refuse: it sets nothing
+        return
+    for record in _attempts:
+        hit = sorted(set(record.answers) & assigned)
+        if hit and record.voided is None:
+            record.voided = (f"`{hit[0]}` was set again by a cell without `%%exercise` at its top: run the "
+                             "exercise cell")
 
 
-def check(got: Any, want: Any = _MISSING, *, hint: str, done: str = "right", rtol: float = 1e-5,
-          atol: float = 1e-6) -> None:
-    """Check an exercise's answer: ``check(value, expected, hint=...)`` compares (arrays by shape,
-    then values within ``rtol``/``atol``), ``check(condition, hint=...)`` asserts a truth value.
+def _record_empty(first_line: str) -> None:
+    from IPython import get_ipython
 
-    Right: prints ``✓`` and ``done``. Wrong: raises :class:`NotYet` with what differs and ``hint``.
-    """
-    if want is _MISSING:
-        why = None if bool(got) else "the check is false"
-    else:
-        why = _differs(got, want, rtol, atol)
-    if why is not None:
-        raise NotYet(f"not yet: {why}. Hint: {hint}")
-    print(f"✓ {done}")
+    shell = get_ipython()
+    answers = tuple(word for word in first_line.split()[1:] if word.isidentifier())
+    if shell is None or not answers:
+        return
+    for name in answers:
+        shell.user_ns.pop(name, None)
+    _attempts.append(Attempt(answers=answers, ok=True, finished=True, namespace=shell.user_ns))
+    del _attempts[:-_KEPT]
+
+
+def assigned_names(source: str) -> set[str]:
+    """Names a cell (or the body of its cell magic) assigns or deletes at its top level."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    text = source.lstrip()
+    if text.startswith("%%"):
+        text = text.partition("\n")[2]
+        if text.lstrip().startswith("%%"):  # a cell magic around another one
+            return assigned_names(text)
+    tree = ast.parse(TransformerManager().transform_cell(text))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+    return names

@@ -259,3 +259,12 @@ def shard_map_line(args) -> ShardMapLine:
         collectives=args.collectives,
         plan=plan_options(args, "%%shard_map"),
     )
+
+
+@dataclass(frozen=True)
+class ExerciseLine:
+    answers: tuple[str, ...]
+
+
+def exercise_line(args) -> ExerciseLine:
+    return ExerciseLine(answers=python_names(args.answers, "%%exercise"))

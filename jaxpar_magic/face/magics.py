@@ -20,6 +20,7 @@ from traitlets.config import Configurable
 from ..errors import UsageError
 from . import lines
 from .cluster_magic import HELP as CLUSTER_HELP
+from .exercises import WATCHERS
 
 #: Magics that run in every process while a cluster is running (the others always run here).
 ON_CLUSTER = ("devices", "mesh", "sharding", "pmap", "shard", "shard_map")
@@ -124,7 +125,7 @@ class JaxparMagics(Magics, Configurable):
         step: an interrupt at any earlier moment leaves the namespace as it was)."""
         replay_key = (magic, line, cell, self._settings)
         known = _replays.get(replay_key)
-        if known is not None and _running_cluster() is None:
+        if known is not None and not WATCHERS and _running_cluster() is None:
             try:  # inline, not a helper: each call on this path costs microseconds in place (bench section 9)
                 replayed = known[0](self.shell.user_ns)  # binds, as the full path does below
             except BaseException:
@@ -140,7 +141,7 @@ class JaxparMagics(Magics, Configurable):
 
         options = parse_line(magic, line)
         source = _transformed(self.shell, cell) if cell is not None else None
-        defaults = actions.Defaults(axis_name=self.axis_name, show=self.show)
+        defaults = actions.Defaults(axis_name=self.axis_name, show=self.show, facts=bool(WATCHERS))
         namespace = self.shell.user_ns
         cluster = _running_cluster()
         with kept_lines() as status_lines:  # a "compiling… 3 s" line is replaced by the first view
@@ -158,6 +159,8 @@ class JaxparMagics(Magics, Configurable):
                     display(view)
             status_lines.close()
         outcome.bind(namespace)
+        for watcher in WATCHERS:  # an exercise cell running this magic reads what it ran (face/exercises.py)
+            watcher(magic, options, outcome)
         silenced = cell is not None and _silenced(cell)
         _remember_replay(replay_key, outcome.replay if cluster is None else None, silenced)
         if cell is not None and outcome.has_final and not silenced:
@@ -175,6 +178,23 @@ class JaxparMagics(Magics, Configurable):
         return cluster_magic.cell(self.shell, line, cell, self.cluster_timeout)
 
     cluster.__doc__ = CLUSTER_HELP
+
+    # --- %%exercise -------------------------------------------------------------------------------
+    @cell_magic
+    @magic_arguments()
+    @argument("answers", nargs="+", metavar="NAME", help="The names the exercise's check reads.")
+    @no_var_expand
+    def exercise(self, line, cell):
+        """An exercise cell: forget the answers, run the rest of the cell (plain Python or a cell magic
+        such as %%pmap), and record the run for the check cell (`jaxpar_magic.attempt(NAME)`).
+
+        A run that stops with an error leaves the answers forgotten, so a check never reads an
+        answer an earlier run left behind.
+        """
+        from .exercises import run_exercise
+
+        answers = parse_line("exercise", line).answers
+        run_exercise(self.shell, answers, cell, cluster=_running_cluster())
 
     # --- %devices --------------------------------------------------------------------------------
     @line_magic
@@ -332,6 +352,7 @@ _LINE_READERS = {
     "pmap": lines.pmap_line,
     "shard": lines.shard_line,
     "shard_map": lines.shard_map_line,
+    "exercise": lines.exercise_line,
 }
 
 

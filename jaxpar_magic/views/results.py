@@ -64,7 +64,10 @@ def _pairs_summary(coll: dict[str, Any], order: list[int]) -> str:
     if len(shifts) == 1 and None not in shifts and not omitted:
         shift = shifts.pop()
         which = "next one" if shift == 1 else f"one {shift} places later"
-        text += f" — every device sends to the {which} in mesh order (cyclic)"
+        # "every device" and "(cyclic)" only when they hold: a pipeline's 0→4 … 3→7 is neither.
+        who = "every device sends" if len(pairs) == len(order) else f"each of the {len(pairs)} senders sends"
+        wraps = any(pos[d] < pos[s] for s, d in pairs)
+        text += f" — {who} to the {which} in mesh order" + (" (cyclic)" if wraps else "")
     if omitted:
         text += f" ({omitted} pairs not shipped)"
     return text

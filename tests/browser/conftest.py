@@ -89,10 +89,9 @@ class ViewPage:
         self.artifacts = artifacts
 
     def mount(self, view: str, state: dict[str, Any], *, mode: str = "bundle", theme: str = "light",
-              lib: str | None = None) -> Any:
-        index = self.page.evaluate(
-            "([v, s, o]) => window.jpm.mount(v, s, o)", [view, state, {"mode": mode, "theme": theme, "lib": lib}]
-        )
+              lib: str | None = None, twin: str | None = None, attach: str = "before") -> Any:
+        options = {"mode": mode, "theme": theme, "lib": lib, "twin": twin, "attach": attach}
+        index = self.page.evaluate("([v, s, o]) => window.jpm.mount(v, s, o)", [view, state, options])
         return self.page.locator(f'.jpm-host[data-index="{index}"]')
 
     def set_state(self, host: Any, state: dict[str, Any]) -> None:

@@ -41,3 +41,16 @@ def test_missing_library_says_so(view_page: Any, samples: Any) -> None:
     # The failure is not cached: a view whose library exists still loads.
     assert view_page.mount("results", samples.result(8), mode="loader").locator(".jpm-results").count() == 1
     assert not view_page.page.evaluate("() => globalThis.__jpmViewModules.has('gone/results')")
+
+
+@pytest.mark.parametrize("attach", ["before", "after"])
+def test_a_drawn_view_hides_its_static_twin(view_page: Any, samples: Any, attach: str) -> None:
+    """A kernel shows each view's static picture, then the widget, which hides the picture once drawn;
+    JupyterLab renders a widget before it puts the widget's element in the page ("after")."""
+    page = view_page.page
+    host = view_page.mount("mesh", samples.mesh([2, 4]), mode="loader", twin="0123abcd", attach=attach)
+    other = page.locator(".jpm-twin-00ff")
+    view_page.mount("mesh", samples.mesh([2, 2]), mode="loader", lib="IPY_MODEL_gone", twin="00ff", attach=attach)
+    assert host.locator(".jpm-cell").count() == 8
+    page.locator(".jpm-twin-0123abcd").wait_for(state="hidden", timeout=5_000)
+    assert other.is_visible(), "a view that could not draw must leave its twin showing"

@@ -110,7 +110,13 @@ def test_result_view_8_devices(view_page: Any, samples: Any) -> None:
     ring = host.locator("svg.jpm-ring")
     assert ring.locator("circle.jpm-node").count() == 8
     assert ring.locator("path.jpm-arrow").count() == 8
-    assert "sends to the next one in mesh order" in host.inner_text()
+    assert "every device sends to the next one in mesh order (cyclic)" in host.inner_text()
+    # A pipeline's 0→4 … 3→7: half the devices send and no pair wraps (not "every device", not cyclic).
+    pipeline = samples.result(8)
+    pipeline["collectives"] = [{**c, "pairs": [[i, i + 4] for i in range(4)]} for c in pipeline["collectives"]
+                               if c["op"] == "collective-permute"]
+    said = view_page.mount("results", pipeline).inner_text()
+    assert "each of the 4 senders sends to the one 4 places later in mesh order" in said and "cyclic" not in said
     assert "compile 12.3 ms" in host.inner_text()
     # Inspection: hovering a tile fills the detail line.
     tiles.nth(3).hover()

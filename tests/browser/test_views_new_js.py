@@ -203,7 +203,8 @@ def test_step_control_by_keyboard(view_page: Any) -> None:
     assert page.evaluate("document.activeElement.classList.contains('jpm-slider')")
     page.keyboard.press("ArrowRight")
     assert stage(card).get_attribute("data-step") == "1"
-    assert page.evaluate("document.activeElement.getAttribute('aria-valuetext')") == "step 1 of 7: all-gather step 1 of 7"
+    # A one-phase movement counts its steps once (stepLabel), the slider says the same as the label.
+    assert page.evaluate("document.activeElement.getAttribute('aria-valuetext')") == "step 1 of 7: all-gather"
     # All-gather ring step 1: device 3 receives device 2's block into slot 2.
     assert card.locator("g.jpm-slot[data-device='3']").nth(8 + 2).get_attribute("data-origins") == "2:0"
 
@@ -451,9 +452,10 @@ def test_cards_fit_a_narrow_output_area(view_page: Any, width: int) -> None:
 def test_sixteen_devices_scroll_inside_the_card(view_page: Any) -> None:
     state = collectives_state([collective_card("all_to_all", 16, shape=(16,)), collective_card("psum", 8)], 16)
     host = view_page.mount("collectives", state)
-    host.evaluate("(e) => { e.style.width = '560px'; }")
-    # The 16-column stage keeps its readable minimum and scrolls within its card; the card, its
-    # head, controls and notes stay inside; the 8-device card beside it does not scroll.
+    # Columns shrink to 30 px (MIN_COL_W), so 16 of them fit 560 px since 4ddaa9c; at 332 px they
+    # do not: the 16-column stage keeps its readable minimum and scrolls within its card; the card,
+    # its head, controls and notes stay inside; the 8-device card beside it does not scroll.
+    host.evaluate("(e) => { e.style.width = '332px'; }")
     got = assert_fits(host, scrolling={0})
     card = host.locator(".jpm-ccard").nth(0)
     scroller = card.locator(".jpm-stage-scroll")
@@ -475,7 +477,7 @@ def test_sixteen_devices_scroll_inside_the_card(view_page: Any) -> None:
     last = card.locator(".jpm-ctile").nth(15).bounding_box()
     assert last["x"] + last["width"] <= sbox["x"] + sbox["width"] + 0.5
     assert card.locator(".jpm-row-label").first.bounding_box()["x"] == label["x"]
-    view_page.shot(host, "collectives-fit-16-560")
+    view_page.shot(host, "collectives-fit-16-332")
 
 
 #: Each device column's before tile and the picture's <img> that spans the device columns.

@@ -10,7 +10,7 @@ import math
 from typing import Callable, Sequence
 
 from .movement import KIND, MAX_DEVICES_DRAWN, axis_index_order, estimated_bytes, groups_of, movement
-from .sites import MAX_CARDS, Site
+from .sites import MAX_CARDS, Site, is_library_file
 
 TEXT_VALUES = 8  # values written in a tile's text
 
@@ -103,30 +103,64 @@ def _where(site: Site, filename: str | None, line_text: Callable[[int], str] | N
     return int(line), (text or None)
 
 
-def _compiled_bytes(compiled, line, kind) -> int | None:
-    """The compiled collective's bytes when exactly one of the program's collectives matches."""
-    if not compiled or line is None or kind not in _XLA_OP:
-        return None
-    matches = [c for c in compiled if c.line == line and c.op == _XLA_OP[kind]]
-    return int(matches[0].bytes) if len(matches) == 1 else None
+def _user_frames(frames) -> tuple:
+    """(file, line) of the user's frames in a chain, innermost first."""
+    return tuple((f, int(n)) for f, n, *_ in frames if f and n is not None and not is_library_file(f))
+
+
+def compiled_bytes(sites: Sequence[Site], kinds: Sequence[str], lines: Sequence[int | None], compiled) -> list[int | None]:
+    """Each site's compiled collective's result bytes, or None where no one compiled collective is
+    found for it.
+
+    A site and a compiled collective match when they are the same XLA op and the site's user frames
+    (innermost first) begin the compiled one's: a call inside a helper function or a loop body is told
+    apart from another one the cell's same line issues (a mixture-of-experts layer's two all_to_alls,
+    a ring's ppermutes of K and V). Several sites that match the same compiled collectives take them
+    in program order, preferring one of the site's own shape; a site that only one compiled collective
+    matches takes it (XLA combined the calls of one psum over a tuple). Without frames: the cell's
+    line, when exactly one collective of the op comes from it."""
+    taken: set[int] = set()
+    found: list[int | None] = []
+    for site, kind, line in zip(sites, kinds, lines):
+        op = _XLA_OP.get(kind)
+        mine = _user_frames(site.frames)
+        fits = [k for k, c in enumerate(compiled or ()) if c.op == op and mine
+                and _user_frames(c.frames)[:len(mine)] == mine]
+        if not fits and op is not None and line is not None:
+            fits = [k for k, c in enumerate(compiled or ()) if c.op == op and c.line == line]
+            fits = fits if len(fits) == 1 else []
+        free = [k for k in fits if k not in taken]
+        shaped = [k for k in free if compiled[k].shape == shape_text(site.out_shape, site.out_dtype)]
+        pick = (shaped or free or (fits if len(fits) == 1 else [None]))[0]
+        if pick is not None:
+            taken.add(pick)
+        found.append(int(compiled[pick].bytes) if pick is not None else None)
+    return found
 
 
 def _nbytes(shape, dtype) -> int:
     return 0 if shape is None else math.prod(shape) * _np_dtype(dtype).itemsize
 
 
-def _card(site: Site, record, mesh_axes, ids, drawn: int, where, compiled) -> dict | None:
+def _kind(site: Site, mesh_axes) -> str:
+    """The movement kind of a site's call ("none" over axes these records do not span)."""
+    if not all(a in [n for n, _ in mesh_axes] for a in site.axes):
+        return "none"
+    return "none" if site.op == "axis_index" else KIND.get(site.op, KIND.get(site.primitive, "none"))
+
+
+def _card(site: Site, record, mesh_axes, ids, drawn: int, where, compiled: int | None) -> dict | None:
     counts = [int(c) for c in record["count"]] if record is not None else None
     if counts is not None and not any(counts):
         return None  # never ran: a branch not taken, a loop of no iterations
     op = site.op
-    kind = "none" if op == "axis_index" else KIND.get(op, KIND.get(site.primitive, "none"))
+    kind = _kind(site, mesh_axes)
     perm = [tuple(p) for p in site.params.get("perm", ())]
     names = [n for n, _ in mesh_axes]
     if all(a in names for a in site.axes):
         groups = groups_of(mesh_axes, ids, axis_index_order(site.axes, names, site.primitive), site.axis_index_groups)
     else:  # over axes of an inner shard_map's mesh, which these records do not span
-        groups, kind = [], "none"
+        groups = []
     shown = ids[:drawn]
     iterations = []
     if site.recorded and record is not None:
@@ -159,7 +193,7 @@ def _card(site: Site, record, mesh_axes, ids, drawn: int, where, compiled) -> di
         "devices_omitted": max(0, len(ids) - drawn),
         "movement": movement(kind, groups, perm, shown),
         "bytes": {"sent": estimate["sent"][:drawn], "received": estimate["received"][:drawn], "estimate": True,
-                  "compiled": _compiled_bytes(compiled, line, kind)},
+                  "compiled": compiled},
     }
 
 
@@ -185,10 +219,13 @@ def collective_cards(sites: Sequence[Site], records, mesh, *, filename: str | No
     mesh_axes = [(str(n), s) for n, s in zip(mesh.axis_names, shape)]
     ids = [int(d.id) for d in mesh.devices.flat]
     drawn = min(len(ids), MAX_DEVICES_DRAWN)
+    shown = list(sites[:max_cards])
+    where = [_where(site, filename, line_text) for site in shown]
+    buffers = compiled_bytes(shown, [_kind(site, mesh_axes) for site in shown], [w[0] for w in where], compiled)
     cards = []
-    for site in sites[:max_cards]:
+    for site, place, buffer in zip(shown, where, buffers):
         record = _per_device(records[site.slot], shape) if site.slot is not None else None
-        card = _card(site, record, mesh_axes, ids, drawn, _where(site, filename, line_text), compiled)
+        card = _card(site, record, mesh_axes, ids, drawn, place, buffer)
         if card is not None:
             card["index"] = len(cards)
             cards.append(card)

@@ -102,6 +102,11 @@ def _package_dirs() -> tuple[str, ...]:
     return tuple(d + os.sep for d in dirs)
 
 
+def is_library_file(file: str) -> bool:
+    """Whether a frame's file is JAX's, jaxlib's or ours rather than the user's code."""
+    return file.startswith(_package_dirs())
+
+
 def _frames(eqn) -> tuple[list, list]:
     """(JAX's own frames up to the first user frame, the user frames), innermost first."""
     traceback = getattr(eqn.source_info, "traceback", None)

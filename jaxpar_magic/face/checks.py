@@ -1,0 +1,250 @@
+"""`check(...)`: the one line a check cell prints, `✓ right` or `✗ not yet: ... Hint: ...`.
+
+A student trusts the check more than anything else in a notebook, so it compares what they wrote
+the way they would by eye, and it never shows a traceback:
+
+* any two pytrees, leaf by leaf: dicts, tuples, dataclasses, Flax NNX modules, Equinox modules,
+  optax states. Their structure must match; array leaves must match in shape, in dtype *kind*
+  (bool, integer, floating, complex: float32 against float64 is fine, int against float is not,
+  except for a plain Python number, which JAX treats as weakly typed too) and in values within
+  ``rtol``/``atol``, NaN equal to NaN; other leaves compare with ``==``;
+* a condition (``check(a == b, hint=...)``) is right when all of it is true, an array included;
+* anything it cannot compare is one "not yet" line that says why.
+
+It never prints the expected value: only what differs (where, how many places, the student's own
+value). ``hint`` may be a list: the first failure shows the first hint, each later failure of the
+same check the next one (a nudge first, more later). ``method`` lists ``(condition, why)`` pairs:
+how the answer must have been made, tested before its value (face/exercises.py builds them from
+the exercise cell's own run).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+_MISSING = object()
+# How many times each check (known by its hints) said "not yet" in this kernel: the next hint.
+_failures: dict[tuple[str, ...], int] = {}
+
+
+class NotRun:
+    """An answer the exercise cell's latest run did not produce, and why (face/exercises.py)."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"NotRun({self.reason!r})"
+
+    def __bool__(self) -> bool:  # a condition built from a missing answer is never true
+        return False
+
+
+def check(got: Any, want: Any = _MISSING, *, hint: str | Sequence[str], method: Sequence = (),
+          done: str = "right", rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    """Print ``✓ <done>`` when ``got`` equals ``want`` (or, with no ``want``, when the condition
+    ``got`` is true), else ``✗ not yet: <what differs>. Hint: <hint>``. Never raises.
+
+    ``method``: ``(condition, why)`` pairs, each a requirement on how the answer was made; the
+    first false one is reported (with ``why``) before the value is compared.
+    """
+    hints = (hint,) if isinstance(hint, str) else tuple(hint)
+    try:
+        why = _verdict(got, want, method, rtol, atol)
+    except Exception as error:  # a value nothing here foresaw: still one line
+        why = f"could not compare the answer ({type(error).__name__}: {_short(str(error))})"
+    if why is None:
+        print(f"✓ {done}")
+        return
+    print(f"✗ not yet: {why}. {_next_hint(hints)}")
+
+
+def _next_hint(hints: tuple[str, ...]) -> str:
+    if not hints:
+        return ""
+    shown = _failures.get(hints, 0)
+    _failures[hints] = shown + 1
+    text = hints[min(shown, len(hints) - 1)].strip()
+    text = text if text.endswith((".", "?", "!")) else text + "."
+    if len(hints) == 1:
+        return f"Hint: {text}"
+    return f"Hint {min(shown, len(hints) - 1) + 1}/{len(hints)}: {text}"
+
+
+def _verdict(got, want, method, rtol, atol) -> str | None:
+    missing = _first_missing(got)
+    if missing is not None:
+        return missing.reason
+    for condition, why in method:
+        if isinstance(condition, NotRun):
+            return condition.reason
+        if not _all_true(condition):
+            return why
+    if want is _MISSING:
+        return None if _all_true(got) else "the check is false"
+    return differs(got, want, rtol=rtol, atol=atol)
+
+
+def _first_missing(value) -> NotRun | None:
+    """A NotRun anywhere in `value` (a dict or tuple of answers included)."""
+    if isinstance(value, NotRun):
+        return value
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            found = _first_missing(item)
+            if found is not None:
+                return found
+    return None
+
+
+def _all_true(condition) -> bool:
+    if isinstance(condition, NotRun):
+        return False
+    if hasattr(condition, "shape") and hasattr(condition, "dtype"):
+        import numpy as np
+
+        return bool(np.all(np.asarray(condition)))
+    return bool(condition)
+
+
+# --- comparing two values --------------------------------------------------------------------------
+
+def differs(got: Any, want: Any, *, rtol: float = 1e-5, atol: float = 1e-6) -> str | None:
+    """Why `got` is not `want` (None when they agree), in words that never show `want`'s values."""
+    import jax
+
+    got_leaves, got_tree = jax.tree_util.tree_flatten_with_path(got)
+    want_leaves, want_tree = jax.tree_util.tree_flatten_with_path(want)
+    same_paths = [p for p, _ in got_leaves] == [p for p, _ in want_leaves]
+    if got_tree != want_tree and not (same_paths and type(got) is type(want)):
+        return _structure_differs(got, want, got_leaves, want_leaves)
+    for (path, g), (_, w) in zip(got_leaves, want_leaves):
+        why = _leaf_differs(g, w, rtol, atol)
+        if why is not None:
+            where = jax.tree_util.keystr(path)
+            return f"at {where}: {why}" if where else why
+    if got_tree != want_tree:  # the same leaves, other static fields (a layer's sizes, a flag)
+        return f"got {_describe(got)} whose other fields (not its arrays) differ"
+    return None
+
+
+def _structure_differs(got, want, got_leaves, want_leaves) -> str:
+    import jax
+
+    if (type(got) is not type(want) or not got_leaves or not want_leaves or got_leaves[0][0] == ()
+            or want_leaves[0][0] == ()):
+        return f"got {_describe(got)}, expected {_describe(want, values=False)}"
+    got_paths = [jax.tree_util.keystr(p) for p, _ in got_leaves]
+    want_paths = [jax.tree_util.keystr(p) for p, _ in want_leaves]
+    missing = [p for p in want_paths if p not in got_paths]
+    extra = [p for p in got_paths if p not in want_paths]
+    if missing:
+        more = f" (and {len(missing) - 1} more missing)" if len(missing) > 1 else ""
+        return f"{_describe(got)} has no {missing[0]}{more}"
+    if extra:
+        return f"{_describe(got)} has an unexpected {extra[0]}"
+    return f"the structure differs: got {_describe(got)}, expected {_describe(want, values=False)}"
+
+
+def _is_array(value) -> bool:
+    import numpy as np
+
+    return isinstance(value, (np.ndarray, np.generic, bool, int, float, complex)) or (
+        hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "__array__"))
+
+
+_KINDS = (("bool", "a boolean"), ("integer", "an integer"), ("floating", "a floating-point"),
+          ("complexfloating", "a complex"))
+
+
+_PYTHON_KINDS = {bool: "bool", int: "integer", float: "floating", complex: "complexfloating"}
+
+
+def _kind(value) -> str | None:
+    import jax.numpy as jnp
+
+    if isinstance(value, (bool, int, float, complex)):  # by type: JAX would refuse an int past int32
+        return next(kind for kind_type, kind in _PYTHON_KINDS.items() if isinstance(value, kind_type))
+    dtype = value.dtype
+    for kind, _ in _KINDS:
+        if jnp.issubdtype(dtype, getattr(jnp, "bool_" if kind == "bool" else kind)):
+            return kind
+    return None
+
+
+def _leaf_differs(got, want, rtol, atol) -> str | None:
+    import numpy as np
+
+    if _is_array(got) and _is_array(want):
+        g, w = _host(got), _host(want)
+        if g.shape != w.shape:
+            return f"the shape is {g.shape}, expected {w.shape}"
+        got_kind, want_kind = _kind(got), _kind(want)
+        weak = isinstance(got, (int, float)) or isinstance(want, (int, float))  # Python numbers are weakly typed
+        numbers = {"integer", "floating"}
+        if got_kind != want_kind and not (weak and {got_kind, want_kind} <= numbers):
+            wanted = dict(_KINDS).get(want_kind, str(w.dtype))
+            return f"the dtype is {g.dtype}, expected {wanted} dtype"
+        if want_kind in ("floating", "complexfloating") or got_kind in ("floating", "complexfloating"):
+            close = np.isclose(g.astype(np.result_type(g, w, np.float32)), w.astype(np.result_type(g, w, np.float32)),
+                               rtol=rtol, atol=atol, equal_nan=True)
+        else:
+            close = np.equal(g, w)
+        if bool(np.all(close)):
+            return None
+        if g.size == 1:
+            return f"got {_describe(got)}"
+        return f"the values differ in {int(np.sum(~close))} of {g.size} places"
+    if _is_array(got) != _is_array(want):
+        return f"got {_describe(got)}, expected {_describe(want, values=False)}"
+    if isinstance(got, float) and isinstance(want, float) and got != got and want != want:
+        return None  # NaN is NaN
+    same = got == want
+    if not _all_true(same):
+        return f"got {_describe(got)}"
+    return None
+
+
+def _host(value):
+    """A NumPy copy of an array leaf; bfloat16 and other ML dtypes as float32, so NumPy can compare them."""
+    import numpy as np
+
+    array = np.asarray(value)
+    if array.dtype.kind == "V":  # ml_dtypes (bfloat16, float8): NumPy knows them as void
+        array = array.astype(np.float32)
+    return array
+
+
+def _describe(value, values: bool = True) -> str:
+    """A few words about `value`; with `values=False` nothing that would give an expected answer away."""
+    if value is None:
+        return "None"
+    if isinstance(value, bool) or (values and isinstance(value, (int, float, complex, str))):
+        return _short(repr(value))
+    if isinstance(value, (int, float, complex)):
+        return f"a number ({type(value).__name__})"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        if values and tuple(value.shape) == () and hasattr(value, "item"):
+            return f"{_short(repr(value.item()))} ({value.dtype})"
+        return f"an array of shape {tuple(value.shape)} and dtype {value.dtype}"
+    if isinstance(value, dict):
+        return f"a dict with keys {_short(repr(list(value)))}"
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return f"a {type(value).__name__} of {len(value)}"
+    if values and type(value).__repr__ is object.__repr__ or not values or _is_pytree_node(value):
+        return f"a {type(value).__name__}"
+    return _short(repr(value))
+
+
+def _is_pytree_node(value) -> bool:
+    import jax
+
+    leaves = jax.tree_util.tree_leaves(value)
+    return not (len(leaves) == 1 and leaves[0] is value)
+
+
+def _short(text: str, limit: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

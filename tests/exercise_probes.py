@@ -1,0 +1,123 @@
+"""What each exercise cell is tried with after a chapter's full run, and whose check must then say
+"not yet" (tests/notebooks.py runs them; tests/test_exercise_contract.py reads what the checks said).
+
+Every exercise gets the generic probes: its cell emptied entirely (the `%%exercise` line too: no
+request reaches the kernel, only the check runs again), emptied below the `%%exercise` line, emptied but
+for its cell magic's line, the skeleton the notebook ships, and the solution followed by a line that
+fails. `CHEATS` adds each exercise's known ways to get the value without doing what it asks (issue
+25's list first), and wrong answers a student is likely to write.
+"""
+from __future__ import annotations
+
+# (notebook, first answer name) -> [(label, the exercise cell's whole source)]
+CHEATS: dict[tuple[str, str], list[tuple[str, str]]] = {
+    ("pmap_chapter.ipynb", "ring_total"): [
+        ("the psum's result copied", "%%exercise ring_total\n%%pmap -a batch\nring_total = total"),
+        ("psum itself", "%%exercise ring_total\n%%pmap -a batch\nring_total = lax.psum(readings, 'batch')"),
+        ("plain Python", "%%exercise ring_total\nring_total = jnp.full(8, 31.0)"),
+        ("one step too many", "%%exercise ring_total\n%%pmap -a batch\npassing = readings\nring_total = readings\n"
+                              "for _ in range(n_dev):\n    passing = lax.ppermute(passing, 'batch', perm=ring)\n"
+                              "    ring_total = ring_total + passing"),
+    ],
+    ("sharding_chapter.ipynb", "row_totals"): [
+        ("placed by hand, plain Python", "%%exercise row_totals\n"
+                                         "m = jax.device_put(m, jax.sharding.NamedSharding(grid, P(('data', 'model'))))\n"
+                                         "row_totals = jnp.sum(m, axis=1)"),
+        ("already placed, no --in", "%%exercise row_totals\n%%shard --mesh grid --report --no-show\n"
+                                    "row_totals = jnp.sum(m, axis=1)"),
+        ("columns split both ways", "%%exercise row_totals\n%%shard --mesh grid --in m=None,(data,model) --no-show\n"
+                                    "row_totals = jnp.sum(m, axis=1)"),
+        ("split both dimensions", "%%exercise row_totals\n%%shard --mesh grid --in m=data,model --no-show\n"
+                                  "row_totals = jnp.sum(m, axis=1)"),
+        ("rows over data only", "%%exercise row_totals\n%%shard --mesh grid --in m=data,None --no-show\n"
+                                "row_totals = jnp.sum(m, axis=1)"),
+    ],
+    ("shard_map_chapter.ipynb", "mv"): [
+        ("plain Python", "%%exercise mv\nmv = m @ v"),
+        ("every block whole", "%%exercise mv\n%%shard_map --mesh i=8 --in m=None,None v=None --no-show\nmv = m @ v"),
+        ("gather m and v", "%%exercise mv\n%%shard_map --mesh i=8 --in m=None,i v=i --no-show\n"
+                           "mv = lax.all_gather(m, 'i', axis=1, tiled=True, to='invarying') "
+                           "@ lax.all_gather(v, 'i', tiled=True, to='invarying')"),
+        ("a mean, not a sum", "%%exercise mv\n%%shard_map --mesh i=8 --in m=None,i v=i --no-show\n"
+                              "mv = lax.pmean(m @ v, 'i')"),
+    ],
+    ("training_chapter.ipynb", "grad_w"): [
+        ("plain Python", "%%exercise grad_w\ngrad_w = xs.T @ dy"),
+        ("psum, then a slice", "%%exercise grad_w\n"
+                               "%%shard_map --mesh flat --in xs=data dy=data --out grad_w=data --report --no-show\n"
+                               "grad_w = lax.dynamic_slice_in_dim(lax.psum(xs.T @ dy, 'data'), "
+                               "lax.axis_index('data') * 2, 2)"),
+        ("untiled psum_scatter", "%%exercise grad_w\n"
+                                 "%%shard_map --mesh flat --in xs=data dy=data --out grad_w=data --report --no-show\n"
+                                 "grad_w = lax.psum_scatter(xs.T @ dy, 'data')"),
+        ("the mean, scattered", "%%exercise grad_w\n"
+                                "%%shard_map --mesh flat --in xs=data dy=data --out grad_w=data --report --no-show\n"
+                                "grad_w = lax.psum_scatter(xs.T @ dy, 'data', tiled=True) / 8"),
+    ],
+    ("planning_chapter.ipynb", "state_bytes"): [
+        ("the weights only", "%%exercise state_bytes\nstate_bytes = {'data parallel': 4 * 805_306_368, "
+                             "'FSDP': 4 * 805_306_368 // 256, 'tensor parallel': 4 * 805_306_368 // 8}"),
+        ("tensor parallel over all devices", "%%exercise state_bytes\nstate_bytes = {'data parallel': 12 * 805_306_368, "
+                                             "'FSDP': 12 * 805_306_368 // 256, 'tensor parallel': 12 * 805_306_368 // 256}"),
+    ],
+    ("planning_chapter.ipynb", "w1_gather_s"): [
+        ("one axis's bandwidth", "%%exercise w1_gather_s\nw1_gather_s = 8192 * 32768 * 4 / 9e10"),
+        ("elements, not bytes", "%%exercise w1_gather_s\nw1_gather_s = 8192 * 32768 / (2 * 9e10)"),
+    ],
+    ("cluster_chapter.ipynb", "mean_all"): [
+        ("the right number, typed in", "%%exercise mean_all\n%%cluster\nmean_all = 6.5"),
+        ("each process's own mean, in jnp", "%%exercise mean_all\n%%cluster\nmean_all = jnp.mean(jnp.asarray(local))"),
+        ("the sum, not the mean", "%%exercise mean_all\n%%cluster\nmean_all = jax.jit(jnp.sum)(x)"),
+    ],
+    ("ecosystem_chapter.ipynb", "param_bytes"): [
+        ("biases cut too", "%%exercise param_bytes\nparam_bytes = {'hidden.kernel': 512, 'hidden.bias': 128, "
+                           "'out.kernel': 128, 'out.bias': 2}"),
+        ("cut over all 8 devices", "%%exercise param_bytes\nparam_bytes = {'hidden.kernel': 128, 'hidden.bias': 256, "
+                                   "'out.kernel': 32, 'out.bias': 4}"),
+    ],
+    ("collectives_chapter.ipynb", "predicted_sent"): [
+        ("the ring of all 8 devices", "%%exercise predicted_sent predicted_buffer\npredicted_sent = 7 * 64\n"
+                                      "predicted_buffer = 8 * 64"),
+        ("the result buffer as sent", "%%exercise predicted_sent predicted_buffer\npredicted_sent = 4 * 64\n"
+                                      "predicted_buffer = 4 * 64"),
+    ],
+}
+
+# The memory and model-parallel chapters: answers that get the number without the reasoning, and
+# the likely wrong ones.
+CHEATS.update({
+    ("memory_chapter.ipynb", "dp_gradient"): [
+        ("the one-device gradient, closed over", "%%exercise dp_gradient\ndef dp_gradient(params, x, y):\n"
+                                                 "    return whole\n"),
+        ("psum instead of pmean", "%%exercise dp_gradient\ndef dp_gradient(params, x, y):\n"
+                                  "    return lax.psum(jax.grad(loss_fn)(params, x, y), 'data')\n"),
+    ],
+    ("memory_chapter.ipynb", "stash_slots"): [
+        ("every microbatch, both schedules", "%%exercise stash_slots\ndef stash_slots(stages, micro, kind):\n"
+                                            "    return micro\n"),
+        ("1F1B without the few-microbatches case", "%%exercise stash_slots\ndef stash_slots(stages, micro, kind):\n"
+                                                   "    return micro if kind == 'GPipe' else stages\n"),
+    ],
+    ("model_parallel_chapter.ipynb", "crossover_tokens"): [
+        ("the book's number", "%%exercise crossover_tokens\ncrossover_tokens = 2550\n"),
+        ("a wrapped axis", "%%exercise crossover_tokens\ncrossover_tokens = 7 / 8 * 4.59e14 / (2 * 9e10)\n"),
+    ],
+    ("model_parallel_chapter.ipynb", "kv_owner"): [
+        ("the other direction", "%%exercise kv_owner\ndef kv_owner(me, t, n):\n    return (me + t) % n\n"),
+        ("no wrap-around", "%%exercise kv_owner\ndef kv_owner(me, t, n):\n    return me - t\n"),
+    ],
+})
+
+
+def probes_for(notebook: str, exercise) -> list[tuple[str, str]]:
+    first, _, body = exercise.solution.partition("\n")
+    # First, right after the full run's check graded the solution: the whole cell emptied. nbclient,
+    # like JupyterLab, sends no request for an empty cell, so only the check runs again.
+    probes = [("emptied entirely", ""), ("emptied", first + "\n")]
+    magic_line = body.splitlines()[0] if body else ""
+    if magic_line.startswith("%%"):
+        probes.append(("emptied below its magic line", f"{first}\n{magic_line}\n"))
+    probes.append(("the shipped skeleton", exercise.skeleton))
+    probes.append(("the solution, then an error", exercise.solution.rstrip() + "\nraise RuntimeError('probe: stop')"))
+    probes += CHEATS.get((notebook, exercise.answers[0]), [])
+    return probes
