@@ -273,12 +273,6 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
             owner, counts = _computation_counts(text)
             callers = _caller_frames(text)
             entry = _entry(text)
-        channel = _CHANNEL.search(line)
-        if channel and owner[index] not in entry:
-            # XLA:TPU prints one async collective in its start, middle and done fusions
-            if (m.group("op"), channel.group(1)) in channels:
-                continue
-            channels.add((m.group("op"), channel.group(1)))
         arrays = _ARRAY.findall(m.group("type"))
         if m.group("start"):
             # Async starts return (operands, results[, u32[] context buffers]): keep the results.
@@ -288,6 +282,13 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
                 arrays = arrays[len(arrays) // 2:]
         shape = ", ".join(f"{d}[{s}]" for d, s in arrays)
         size = sum(_array_bytes(d, s) for d, s in arrays)
+        channel = _CHANNEL.search(line)
+        if channel and owner[index] not in entry:
+            # XLA:TPU prints one async collective in its start, middle and done fusions (XLA:CPU may
+            # give a loop body's collectives one channel: a ring's K and V permutes, told by shape)
+            if (m.group("op"), channel.group(1), shape) in channels:
+                continue
+            channels.add((m.group("op"), channel.group(1), shape))
         groups = [[to_device(i) for i in g] for g in parse_replica_groups(line)]
         pairs_m = _PAIRS.search(line)
         pairs = []
