@@ -37,6 +37,8 @@ Sections (numbers match the table):
      (sections_engines.py)
  11. `%%shard --plan` of the issue's train step on 512 simulated devices vs the bare
      `jax.jit(f).lower(...).compile()` (fresh processes; sections_plan.py)
+11d. the same kind of plan compiled by XLA:TPU for a v5e 4x4 slice (16 chips, libtpu) vs a bare
+     XLA:TPU compile for the same compile-only slice (fresh processes; skipped without libtpu)
  12. `%cluster` with 2 processes x 4 devices on loopback: start, a cached `%%pmap` re-run on the
      cluster vs the same computation sent by hand through ipyparallel (as `%%px` sends it),
      `%cluster gather` of 8 MiB, stop (one child process; sections_cluster.py; its rows say why when
@@ -77,7 +79,11 @@ import sys
 import time
 from pathlib import Path
 
-import sections_cluster
+# Every section simulates CPU devices: with the optional libtpu installed (section 11d), JAX would
+# otherwise probe for a TPU first and print libtpu's start-up warnings (children inherit this).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import sections_cluster  # noqa: E402
 import sections_engines
 import sections_flax
 import sections_memory
@@ -758,7 +764,7 @@ CHILD_MODES = {
     "plan": lambda mode: sections_plan.child_plan(mode),
     "cluster": lambda n, reps, gathers: sections_cluster.child_cluster(int(n), int(reps), int(gathers)),
 }
-SECTIONS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14")
+SECTIONS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "11d", "12", "13", "14")
 DEFAULT_N = 160  # the %%pmap workload when section 1 (which tunes it) is skipped
 
 
@@ -835,6 +841,9 @@ def main() -> None:
     if wanted("11"):
         log("11: --plan on 512 simulated devices (subprocesses)")
         sections_plan.bench_plan(args)
+    if wanted("11d"):
+        log("11d: --plan compiled by XLA:TPU for a v5e 4x4 slice (subprocesses)")
+        sections_plan.bench_tpu(args)
     if wanted("12"):
         log("12: %cluster, 2 processes x 4 devices (subprocess)")
         sections_cluster.bench_cluster(args)

@@ -45,6 +45,9 @@ def __getattr__(name: str):
 
 
 def load_ipython_extension(ipython) -> None:
+    from .cell.devices import cpu_when_nothing_attached
+
+    cpu_when_nothing_attached()  # libtpu installed, nothing attached: no TPU probe, no libtpu warnings
     from .face.exercises import watch_cells
     from .face.magics import JaxparMagics
 

@@ -9,6 +9,7 @@
  * figures come from XLA's CPU compiler, not from the target's.
  */
 import { h, formatBytes, formatSI, formatMs, formatShape, formatSpec, detailLine, mount } from "./format.js";
+import { memorySection, whatText } from "./memory.js";
 
 /** Collectives listed (the engines send at most this many). */
 const MAX_COLLECTIVES = 256;
@@ -51,20 +52,29 @@ export function memorySentence(m) {
   return `fits: ${total} is ${pct.toFixed(pct < 10 ? 1 : 0)}% of the ${of}`;
 }
 
+/**
+ * The memory bar's parts: arguments, outputs (less those reusing argument buffers), temporaries; where
+ * the compiler reports its own peak (XLA:TPU), the rest of it as "temporaries and scratch".
+ * The twin of `bar_parts` in views/plan.py.
+ * @param {any} m
+ * @returns {Array<[string, string, number]>}
+ */
+export function barParts(m) {
+  const alias = Number(m.alias) || 0;
+  const arg = Number(m.argument) || 0;
+  const out = Math.max(0, (Number(m.output) || 0) - alias);
+  if (m.reported_peak) return [["argument", "arguments", arg], ["output", "outputs", out], ["temp", "temporaries and scratch", Math.max(0, (Number(m.total) || 0) - arg - out)]];
+  return [["argument", "arguments", arg], ["output", "outputs", out], ["temp", "temporaries", Number(m.temp) || 0]];
+}
+
 /** @param {any} m */
 function memoryBar(m) {
-  const parts = [
-    ["argument", "arguments", m.argument],
-    ["output", "outputs", m.output],
-    ["temp", "temporaries", m.temp],
-  ];
+  const parts = barParts(m);
   const cap = m.capacity ?? null;
   const scale = Math.max(1, m.total || 0, cap || 0);
   const bar = h("div", { class: m.fits === false ? "jpm-membar jpm-bad" : "jpm-membar", role: "img", "aria-label": memorySentence(m) });
   let left = 0;
-  for (const [key, name, bytes] of parts) {
-    // Outputs that reuse argument buffers (alias) take no memory of their own.
-    const v = Math.max(0, (Number(bytes) || 0) - (key === "output" ? Number(m.alias) || 0 : 0));
+  for (const [key, name, v] of parts) {
     const detail = `${name}: ${formatBytes(v)} per device`;
     bar.append(h("span", { class: `jpm-mem-${key}`, style: { left: `${(100 * left) / scale}%`, width: `${(100 * v) / scale}%` }, title: detail, data: { detail, part: key } }));
     left += v;
@@ -199,6 +209,16 @@ function where(c) {
   return text + (line ? ` (called from ${line})` : "");
 }
 
+const SLICED = "XLA:CPU makes an all-reduce that each device then slices; XLA:TPU and XLA:GPU make it this reduce-scatter, which the plan shows and costs";
+
+/**
+ * The twin of `left_alone_sentence` in views/plan.py.
+ * @param {string[]} names
+ */
+export function leftAloneSentence(names) {
+  return `Not bound, because they hold concrete values a plan must not replace: ${names.join(", ")}. Their planned versions are on the plan: \`_plan.abstract['${names[0]}']\`.`;
+}
+
 /** @param {any} state */
 function collectivesTable(state) {
   const colls = (state.collectives || []).slice(0, MAX_COLLECTIVES);
@@ -212,12 +232,13 @@ function collectivesTable(state) {
   const table = h("table", { class: "jpm-table jpm-plan-table" }, h("thead", {}, h("tr", {}, ...head.map((t) => h("th", { text: t })))));
   const body = h("tbody");
   for (const c of colls) {
-    const detail = `${c.op} ${c.shape} · ${formatBytes(c.bytes)} per device · ${c.groups_text || ""}${where(c) ? ` · ${where(c)}` : ""}`;
+    const op = c.reduction ? `${c.op} (${c.reduction})` : c.op; // as the collectives view says it: all-reduce (sum)
+    const detail = `${op} ${c.shape} · ${formatBytes(c.bytes)} per device · ${c.groups_text || ""}${where(c) ? ` · ${where(c)}` : ""}`;
     body.append(
       h(
         "tr",
         { data: { detail } },
-        h("td", { class: "jpm-op", text: c.op }),
+        h("td", { class: "jpm-op", text: c.sliced_from ? `${op} *` : op, title: c.sliced_from ? SLICED : null }),
         h("td", { class: "jpm-mono", text: c.shape }),
         h("td", { class: "jpm-num", text: formatBytes(c.bytes) }),
         h("td", { text: c.groups_text || (c.axes || []).join(", ") }),
@@ -228,6 +249,7 @@ function collectivesTable(state) {
   }
   table.append(body);
   sec.append(h("div", { class: "jpm-scroll" }, table));
+  if (colls.some((/** @type {any} */ c) => c.sliced_from)) sec.append(h("div", { class: "jpm-note", text: `* ${SLICED}` }));
   if (state.collectives_omitted) sec.append(h("div", { class: "jpm-note", text: `… ${state.collectives_omitted} more collectives not listed` }));
   return sec;
 }
@@ -278,7 +300,18 @@ function outputsTable(state) {
   return sec;
 }
 
-const COMPARE_COLUMNS = ["mesh", "memory", "fit", "collective bytes", "compute", "memory time", "collectives", "estimate", "bound"];
+const COMPARE_COLUMNS = ["mesh", "memory", "fit", "largest buffer", "collective bytes", "compute", "memory time", "collectives", "estimate", "bound"];
+
+/**
+ * A row's largest buffer at the peak (the twin of `largest_text` in views/plan.py).
+ * @param {any} b
+ */
+export function largestText(b) {
+  if (!b) return "";
+  let where = b.line !== null && b.line !== undefined ? `, line ${b.line}` : "";
+  if (b.origin) where = `, line ${b.origin.line} of ${b.origin.cell}`;
+  return `${formatBytes(b.bytes)} ${whatText(b)}${where}`;
+}
 const TIMED = ["compute", "memory time", "collectives", "estimate", "bound"];
 
 /**
@@ -292,7 +325,7 @@ export function rowCells(row) {
   const fit = row.fits === null || row.fits === undefined ? "" : row.fits ? "fits" : "DOES NOT FIT";
   const memory = formatBytes(row.memory) + (row.capacity ? ` of ${formatBytes(row.capacity)}` : "");
   /** @type {Record<string, string>} */
-  const cells = { mesh, memory, fit, "collective bytes": formatBytes(row.collective_bytes) };
+  const cells = { mesh, memory, fit, "largest buffer": largestText(row.largest), "collective bytes": formatBytes(row.collective_bytes) };
   if (row.estimate_s !== null && row.estimate_s !== undefined) {
     cells.compute = formatSeconds(row.compute_s);
     cells["memory time"] = formatSeconds(row.memory_s);
@@ -310,6 +343,7 @@ function drawComparison(state) {
   const columns = COMPARE_COLUMNS.filter((c) => timed || !TIMED.includes(c));
   const root = h("div", { class: "jpm-view jpm-plan", data: { kind: "compare" } });
   root.append(h("div", { class: "jpm-head" }, h("span", { class: "jpm-title jpm-mono", text: state.title || "compare" }), h("span", { class: "jpm-badge", text: "planned, not run" })));
+  for (const c of state.compilers || []) root.append(h("div", { class: "jpm-compiler" }, h("b", { text: c })));
   const table = h("table", { class: "jpm-table jpm-plan-table" }, h("thead", {}, h("tr", {}, h("th", { text: "layout" }), ...columns.map((c) => h("th", { text: c })))));
   const body = h("tbody");
   for (const row of rows) {
@@ -320,7 +354,7 @@ function drawComparison(state) {
       continue;
     }
     const detail = `${row.label}: ${columns.map((c) => `${c} ${cells[c] || ""}`).join(" · ")}`;
-    body.append(h("tr", { class: row.fits === false ? "jpm-bad" : "", data: { detail } }, label, ...columns.map((c) => h("td", { class: ["mesh", "bound", "fit"].includes(c) ? "jpm-mono" : "jpm-num", text: cells[c] || "" }))));
+    body.append(h("tr", { class: row.fits === false ? "jpm-bad" : "", data: { detail } }, label, ...columns.map((c) => h("td", { class: ["mesh", "bound", "fit", "largest buffer"].includes(c) ? "jpm-mono" : "jpm-num", text: cells[c] || "" }))));
   }
   table.append(body);
   root.append(h("div", { class: "jpm-scroll" }, table));
@@ -349,7 +383,9 @@ export function draw(state) {
       state.compile_ms !== null && state.compile_ms !== undefined ? h("span", { class: "jpm-chip" }, "compiled in ", h("b", { text: formatMs(state.compile_ms) })) : null,
     ),
   );
+  if (state.compiler) root.append(h("div", { class: "jpm-compiler" }, h("b", { text: state.compiler.text })));
   if (state.memory) root.append(memoryBar(state.memory));
+  if (state.peak) root.append(memorySection({ compiler: (state.compiler || {}).name || "XLA:CPU", capacity: (state.memory || {}).capacity, peak: state.peak }));
   const cost = state.cost || {};
   root.append(
     h(
@@ -363,6 +399,7 @@ export function draw(state) {
   else root.append(h("div", { class: "jpm-note", text: "no step-time estimate: give --hardware (tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, h100, a100, b200, or custom:flops=…,hbm=…,bw=…,memory=…)" }));
   root.append(collectivesTable(state));
   root.append(outputsTable(state));
+  if (state.left_alone && state.left_alone.length) root.append(h("div", { class: "jpm-note jpm-left-alone", text: leftAloneSentence(state.left_alone) }));
   const caveats = caveatsBlock(state.caveats || []);
   if (caveats) root.append(caveats);
   const detail = detailLine(root, "hover or click a bar or a row for details");

@@ -20,7 +20,7 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-CELL_TIMEOUT_S = 300
+CELL_TIMEOUT_S = 600  # a plan compiled by XLA:TPU for 256 chips (the planning chapter) takes minutes on 2 cores
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
@@ -147,6 +147,17 @@ def _probe(client, nb, exercise: Exercise, sources: list[tuple[str, str]]) -> li
         client.widget_state.pop(model_id, None)
         client.widget_buffers.pop(model_id, None)
     return found
+
+
+def executed_source(sources: list[str]) -> list:
+    """The cells of a notebook made of `sources`, run top to bottom in a fresh kernel (not cached)."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in sources])
+    with tempfile.NamedTemporaryFile(suffix=".ipynb", mode="w", delete=False) as f:
+        nbformat.write(nb, f)
+    try:
+        return list(copy.deepcopy(_executed.__wrapped__(Path(f.name))).cells)
+    finally:
+        Path(f.name).unlink()
 
 
 def executed(path: Path) -> nbformat.NotebookNode:

@@ -45,11 +45,14 @@ def shown_state(ip, line: str, source: str) -> tuple[object, dict]:
     return value, views[0].state
 
 
-def run_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_python(code: str, timeout: float = 120, platforms: str | None = "cpu") -> subprocess.CompletedProcess:
     """Run `code` in a fresh interpreter (a fresh JAX backend) with this Python, importing the
-    installed package (the working directory is a temporary one, not the checkout)."""
+    installed package (the working directory is a temporary one, not the checkout). `platforms`:
+    JAX_PLATFORMS for it; None leaves it unset, as a user's kernel has it."""
     env = dict(os.environ)
-    env["JAX_PLATFORMS"] = "cpu"
+    env.pop("JAX_PLATFORMS", None)
+    if platforms is not None:
+        env["JAX_PLATFORMS"] = platforms
     env.pop("XLA_FLAGS", None)
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],

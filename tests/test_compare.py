@@ -3,6 +3,7 @@ time, each row what planning that layout alone gives; failures are rows; bad inp
 from __future__ import annotations
 
 import html
+import re
 import json
 import textwrap
 
@@ -205,3 +206,40 @@ def test_pytree_layouts_one_spec_per_leaf_or_one_for_all(jx):
                                    hardware="tpu-v5p", bind=False)
     assert rows["fsdp"]["memory"] == alone.total_bytes and rows["fsdp"]["estimate_s"] == alone.roofline.estimate_s
     assert rows["fsdp"]["memory"] < rows["dp"]["memory"]  # FSDP holds an eighth of the weights
+
+
+def test_each_row_carries_its_peak_and_its_largest_buffer_with_its_line(layouts):
+    state, text = compare(layouts, "--plan --compare layouts --hardware tpu-v5e")
+    ns = layouts.user_ns
+    for row in (r for r in state["rows"] if not r["error"]):
+        layout = ns["layouts"][row["label"]]
+        alone = jaxpar_magic.plan_cell(STEP, dict(ns), magic="shard", mesh=layout["mesh"], in_specs=layout["in"],
+                                       hardware="tpu-v5e", bind=False)
+        assert row["peak"] == alone.total_bytes == alone.peak.reported
+        largest = alone.peak.buffers[0]
+        assert row["largest"]["bytes"] == largest.bytes == max(b.bytes for b in alone.peak.buffers)
+        assert row["largest"]["line"] == largest.line
+    dp = next(r for r in state["rows"] if r["label"] == "dp")
+    said = " ".join(text.split())  # the text wraps at 80 columns
+    assert f"largest buffer {plan_view.largest_text(dp['largest'])}" in said
+    assert "Every layout compiled by XLA:CPU for 8 simulated CPU devices." in said
+
+
+@pytest.mark.parametrize("value, says", [
+    ("jnp.ones(3)", "'bad' is a ArrayImpl; expected a dict mapping each label to a layout"),
+    ("{0: {'mesh': flat}, 'a': {'mesh': flat}}", "the label 0 is not a string"),
+    ("{'dp': {'mesh': flat, 'in': {0: P()}}}", "layout 'dp' has 'in' = dict; expected a dict from input names"),
+])
+def test_a_compare_name_that_is_not_a_dict_of_layouts_is_a_usage_error(layouts, value, says):
+    layouts.run_cell(f"import jax.numpy as jnp\nbad = {value}", store_history=False).raise_error()
+    before = snapshot(layouts.user_ns)
+    with pytest.raises(UsageError, match=re.escape(says)):
+        layouts.run_cell_magic("shard", "--plan --compare bad", STEP)
+    assert snapshot(layouts.user_ns) == before
+
+
+def test_search_over_an_abstract_mesh_says_what_to_do(layouts):
+    layouts.run_cell("from jax.sharding import AbstractMesh\npod = AbstractMesh((4, 2), ('data', 'model'))",
+                     store_history=False).raise_error()
+    with pytest.raises(UsageError, match=r"--search: the mesh \(data=4, model=2\) is an AbstractMesh"):
+        layouts.run_cell_magic("shard", "--plan --search x --mesh pod", STEP)

@@ -131,3 +131,16 @@ def test_import_and_load_ext_leave_the_backend_unstarted():
     error = out.split("error:", 1)[1]
     assert "Restart the kernel" in error or "restart the kernel" in error
     assert "4" in error and "--simulate 2" in error
+
+
+def test_a_platform_the_user_chose_is_left_alone(monkeypatch):
+    """With libtpu installed and no TPU, %load_ext starts JAX on the CPU without probing for a TPU
+    (tests/test_tpu_plans.py runs a kernel that way); a platform the user chose is theirs."""
+    from jaxpar_magic.cell import devices
+
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu,tpu")
+    assert devices.cpu_when_nothing_attached() is False
+    assert __import__("os").environ["JAX_PLATFORMS"] == "cpu,tpu"
+    monkeypatch.delenv("JAX_PLATFORMS")
+    monkeypatch.setattr(devices, "accelerator_attached", lambda: True)
+    assert devices.cpu_when_nothing_attached() is False  # a TPU or GPU host: JAX picks as it always does

@@ -513,7 +513,7 @@ def test_planning_chapter_plans_what_it_says():
     assert stdout(cell_with('check(state["state_bytes"]')) == "✓ right\n"
     assert stdout(cell_with('check(gather["w1_gather_s"]')) == "✓ right\n"
     summary = stdout(cell_with("state_bytes_fsdp = "))
-    assert re.search(r"FSDP: .* fits: True", summary) and "✓ the arguments are what the shapes say" in summary, summary
+    assert re.search(r"FSDP, XLA:CPU: .* fits: True", summary) and "✓ the arguments are what the shapes say" in summary, summary
     # --compare plans the whole step: data parallelism (Adam's state copied) does not fit.
     compared = plain(cell_with("%%shard --plan --compare layouts"))
     rows = {row.split("  ")[0]: " ".join(row.split()) for row in re.split(r"\n(?=\S)", compared)}  # wrapped rows

@@ -5,6 +5,7 @@ step can be planned cell by cell. (The figures themselves are tested in tests/te
 from __future__ import annotations
 
 import gc
+import re
 import resource
 import textwrap
 
@@ -68,7 +69,7 @@ def test_the_issues_example_plans_without_allocating(step):
     grads = step.user_ns["grads"]
     assert isinstance(grads["w1"], jax.ShapeDtypeStruct) and grads["w1"].shape == (8192, 16384)
     assert grads["w1"].sharding.spec == P(None, "model")
-    assert state["caveats"] and "CPU compiler" in state["caveats"][0]
+    assert state["caveats"] and "XLA:CPU" in state["caveats"][0]
 
 
 def test_a_training_step_planned_cell_by_cell(step):
@@ -221,7 +222,7 @@ def test_no_show_prints_one_line_and_still_binds(step):
         step.run_cell_magic("shard", "--plan --mesh mesh --hardware tpu-v5e --no-show",
                             "loss, grads = jax.value_and_grad(loss_fn)(params, batch)")
     assert not shown_widgets(captured) and not captured.outputs  # no view, and no status line left behind
-    assert captured.stdout.startswith("planned: ") and "per device (fits in 16.0 GiB)" in captured.stdout
+    assert captured.stdout.startswith("planned by XLA:CPU: ") and "per device (fits in 16.0 GiB)" in captured.stdout
     assert "estimate" in captured.stdout and "bound by" in captured.stdout
     assert isinstance(step.user_ns["grads"]["w1"], jax.ShapeDtypeStruct)
 
@@ -251,3 +252,69 @@ def test_a_collective_of_the_cell_itself_has_no_origin(jx, mesh):
     jx.run_cell('x = jaxpar_magic.plan((64, 256), "float32", mesh, ("data", None))', store_history=False).raise_error()
     _, (state,) = run(jx, "shard", "--plan --mesh mesh", "total = x.sum()\n")
     assert state["collectives"] and all(c["origin"] is None for c in state["collectives"])
+
+
+# --- a plan never replaces a concrete value (issue 22, item 8) -----------------------------------------
+
+TRAIN = """
+grads = jax.grad(lambda p: jnp.mean(jnp.tanh(x @ p["w"])))(params)
+params = jax.tree.map(lambda w, g: w - 0.1 * g, params, grads)
+steps = 1
+"""
+
+
+def test_a_plan_leaves_concrete_values_alone_and_keeps_its_abstract_ones_reachable(jx, mesh):
+    trained = {"w": jnp.arange(64.0 * 8).reshape(64, 8)}
+    jx.push({"params": trained, "x": jaxpar_magic.plan((32, 64), "float32", mesh, ("data", None)), "steps": 7})
+    _, (state,) = run(jx, "shard", "--plan --mesh mesh", TRAIN)
+    ns = jx.user_ns
+    assert ns["params"] is trained and ns["steps"] == 7  # the trained params and the counter are kept
+    assert isinstance(ns["grads"]["w"], jax.ShapeDtypeStruct)  # a new name: bound, abstract
+    planned = ns["_plan"]
+    assert planned.left_alone == ("params", "steps")
+    assert isinstance(planned.abstract["params"]["w"], jax.ShapeDtypeStruct)
+    assert planned.abstract["params"]["w"].shape == (64, 8) and planned.abstract["steps"] == 1
+    assert state["left_alone"] == ["params", "steps"]
+    assert "`_plan.abstract['params']`" in jaxpar_magic.views.plan.to_text(state)
+
+
+def test_a_plan_replaces_what_an_earlier_plan_bound_so_a_step_chains(step):
+    run(step, "shard", "--plan --mesh mesh", "loss, grads = jax.value_and_grad(loss_fn)(params, batch)")
+    first = step.user_ns["grads"]
+    run(step, "shard", "--plan --mesh mesh",
+        "params = jax.tree.map(lambda w, g: w - g, params, grads)\ngrads = None")
+    assert isinstance(step.user_ns["params"]["w1"], jax.ShapeDtypeStruct)  # abstract before: replaced
+    assert step.user_ns["grads"] is None and first is not None  # an abstract value may become a plain one
+    assert step.user_ns["_plan"].left_alone == ()
+
+
+def test_the_twin_binds_the_same_way(mesh):
+    trained = np.ones((64, 8), np.float32)
+    ns = {"params": {"w": trained}, "x": jaxpar_magic.plan((32, 64), "float32", mesh, ("data", None)),
+          "jax": jax, "jnp": jnp, "steps": 7}
+    planned = jaxpar_magic.plan_cell(TRAIN, ns, mesh=mesh)
+    assert ns["params"]["w"] is trained and ns["steps"] == 7 and "_plan" not in ns
+    assert planned.left_alone == ("params", "steps") and set(planned.bindings) == {"grads"}
+
+
+def test_a_name_called_plan_that_holds_data_is_left_alone_too(jx, mesh):
+    jx.push({"_plan": 42, "x": jaxpar_magic.plan((32, 64), "float32", mesh, ("data", None))})
+    run(jx, "shard", "--plan --mesh mesh", "y = x * 2")
+    assert jx.user_ns["_plan"] == 42 and isinstance(jx.user_ns["y"], jax.ShapeDtypeStruct)
+
+
+# --- mistakes are UsageErrors (issue 22) ----------------------------------------------------------------
+
+def test_non_ascii_digits_in_topology_are_a_usage_error(step):
+    before = snapshot(step.user_ns)
+    with pytest.raises(UsageError, match=r"--topology 2x²: write the slice's physical shape as sizes joined by x"):
+        step.run_cell_magic("shard", "--plan --mesh mesh --hardware tpu-v5e --topology 2x²", "y = batch * 2")
+    assert snapshot(step.user_ns) == before
+
+
+@pytest.mark.parametrize("hardware", [5, 2.5, ["tpu-v5e"]])
+def test_the_twin_refuses_hardware_that_is_not_a_profile(mesh, hardware):
+    ns = {"x": jaxpar_magic.plan((32, 64), "float32", mesh, ("data", None))}
+    with pytest.raises(UsageError, match=re.escape(f"plan_cell(hardware={hardware!r}): expected a profile name")):
+        jaxpar_magic.plan_cell("y = x * 2", ns, mesh=mesh, hardware=hardware)
+    assert set(ns) == {"x"}

@@ -92,8 +92,9 @@ out["mixed"].update(ici_s=plan.roofline.ici_s, dcn_s=plan.roofline.dcn_s, latenc
 gpus = mesh_of((8, 8), ("node", "gpu"))
 out["gpu64"] = gather(gpus, (4096, 8192), (("node", "gpu"), None), "h100")
 out["gpu8"] = gather(gpus, (4096, 8192), ("gpu", None), "h100")
-# --topology: the same Pop Quiz gather on a 2x16 slice instead (Y on part of the 16 axis)
-out["quiz_topology"] = gather(quiz, (2048, 8192), ("Y", None), "tpu-v5e", topology="2x16")
+# --topology: the same Pop Quiz gather on a 2x16 slice instead (Y on part of the 16 axis); the cost
+# model on XLA:CPU's program (with libtpu, a named slice would compile with XLA:TPU, which has no 2x16 v5e)
+out["quiz_topology"] = gather(quiz, (2048, 8192), ("Y", None), "tpu-v5e", topology="2x16", compiler="cpu")
 print("BOOK" + json.dumps(out))
 '''
 

@@ -4,11 +4,15 @@ Importing this module does not start the JAX backend: only the functions that ne
 """
 from __future__ import annotations
 
+import glob
+import os
+import sys
 from dataclasses import asdict, dataclass
 
 from ..errors import UsageError
 
 PLATFORMS = ("cpu", "gpu", "tpu")
+GOOGLE_PCI_VENDOR = "0x1ae0"  # a TPU chip on the PCI bus (what JAX's own TPU detection reads)
 MAX_LISTED = 64  # rows a device view lists; the rest are counted, never shipped
 
 
@@ -75,6 +79,43 @@ def simulate(count: int) -> None:
             f"in a running process. Restart the kernel and run `%devices --simulate {count}` (right after "
             "`%load_ext jaxpar_magic`) before any other JAX code."
         ) from None
+
+
+def accelerator_attached() -> bool:
+    """A TPU chip on the PCI bus, or a GPU driver's device nodes: read from /sys and /dev, nothing loaded."""
+    for vendor in glob.glob("/sys/bus/pci/devices/*/vendor"):
+        try:
+            with open(vendor) as f:
+                if f.read().strip() == GOOGLE_PCI_VENDOR:
+                    return True
+        except OSError:
+            continue
+    return bool(glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd") or glob.glob("/dev/accel*"))
+
+
+def cpu_when_nothing_attached() -> bool:
+    """Make JAX start on the CPU, as it would end up anyway, when libtpu is installed but no accelerator
+    is attached and the user chose no platform; True when it did.
+
+    With the optional libtpu installed (for plans compiled by XLA:TPU, stages/plan/target.py), JAX's
+    default backend search tries the TPU first: it loads the 480 MB library, prints its start-up
+    warnings on stderr (which ipykernel shows in the notebook), takes about 2 s, and then falls back to
+    the CPU. Asking for the CPU up front skips that and changes nothing else: the same devices, the
+    same default backend. A platform the user chose (JAX_PLATFORMS, jax_platforms) is left alone.
+    """
+    import importlib.util
+
+    if os.environ.get("JAX_PLATFORMS") or importlib.util.find_spec("libtpu") is None or accelerator_attached():
+        return False
+    if "jax" not in sys.modules:
+        os.environ["JAX_PLATFORMS"] = "cpu"  # read when JAX is imported: nothing of JAX loaded now
+        return True
+    import jax
+
+    if jax.config.jax_platforms:
+        return False
+    jax.config.update("jax_platforms", "cpu")  # a backend already started keeps what it has
+    return True
 
 
 def device_count(platform: str) -> int:

@@ -13,21 +13,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .hlo_text import ARRAY as _ARRAY, DTYPE_BYTES as _DTYPE_BYTES, FRAME as _FRAME, Instruction as _Instruction
+from .hlo_text import array_bytes as _array_bytes, frames as _frames, instructions as _instructions, ints as _ints
+from .hlo_text import OPERATION as _OPERATION, computation_name, type_bytes as _type_bytes
+
 OPS = ("all-reduce", "all-gather", "collective-permute", "reduce-scatter", "all-to-all")
-_DTYPE_BYTES = {
-    "pred": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
-    "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
-    "s32": 4, "u32": 4, "f32": 4,
-    "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
-}
 _INSTRUCTION = re.compile(
     r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(?P<type>.+?)\s+(?P<op>" + "|".join(OPS) + r")(?P<start>-start)?\("
 )
-_ARRAY = re.compile(r"\b([a-z]+\d*(?:e\dm\d\w*)?)\[([\d,]*)\]")
 _EXPLICIT_GROUPS = re.compile(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}")
 _IOTA_GROUPS = re.compile(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
+_CHANNEL = re.compile(r"\bchannel_id=(\d+)")
 _PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
-_FRAME = re.compile(r"stack_frame_id=(\d+)")
 _MESH_GROUPS = re.compile(
     r"replica_groups=mesh\[(?P<axes>[^\]]*)\]"
     r"(?:,\s*device_ids=\((?P<ids>[^()]*(?:\([\d,]*\))?[^()]*)\))?"
@@ -56,15 +53,9 @@ class Collective:
     upcast_from: str | None = None  # the program's dtype where XLA:CPU moves it as f32 (shape and bytes are the program's)
     origin: tuple | None = None  # (file, line, function): the innermost user frame, where it is not the cell's own line
     reduction: str | None = None  # what an all-reduce or reduce-scatter combines with: "sum", "max", "min", ...
+    name: str | None = None  # the instruction's name in the compiled program
+    sliced_from: str | None = None  # "all-reduce": an all-reduce each device only slices (cell/scatter.py)
     frames: tuple = ()  # (file, line, function) of the Python frames that issued it, innermost first, when read
-
-
-def _ints(text: str) -> list[int]:
-    return [int(t) for t in text.split(",") if t]
-
-
-def _array_bytes(dtype: str, dims: str) -> int:
-    return _DTYPE_BYTES.get(dtype, 4) * int(np.prod(_ints(dims) or [1]))
 
 
 def _iota(dims: list[int], perm: list[int] | None, shape: list[int]) -> np.ndarray:
@@ -156,52 +147,6 @@ def parse_replica_groups(line: str) -> list[list[int]]:
     return []
 
 
-def _frames(text: str) -> dict[int, list[tuple[str, int, str]]]:
-    """stack_frame_id -> its (file name, line, function) frames, innermost first, from the module's
-    frame tables."""
-    files, functions, locations, frames = {}, {}, {}, {}
-    section = None
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
-            section = line
-            continue
-        if not line or not line[0].isdigit():
-            if line:
-                section = None
-            continue
-        key, _, rest = line.partition(" ")
-        if section == "FileNames":
-            files[int(key)] = rest.strip().strip('"')
-        elif section == "FunctionNames":
-            functions[int(key)] = rest.strip().strip('"')
-        elif section == "FileLocations":
-            fid = re.search(r"file_name_id=(\d+)", rest)
-            ln = re.search(r"\bline=(\d+)", rest)
-            fn = re.search(r"function_name_id=(\d+)", rest)
-            if fid and ln:
-                locations[int(key)] = (int(fid.group(1)), int(ln.group(1)), int(fn.group(1)) if fn else None)
-        elif section == "StackFrames":
-            loc = re.search(r"file_location_id=(\d+)", rest)
-            parent = re.search(r"parent_frame_id=(\d+)", rest)
-            if loc:
-                frames[int(key)] = (int(loc.group(1)), int(parent.group(1)) if parent else 0)
-    # XLA prints each parent_frame_id one above the parent's id (0 = none), so an outermost frame
-    # reads as its own parent: frame 1 always does. Where no frame does, the ids are taken as printed.
-    if any(parent == key for key, (_, parent) in frames.items()):
-        frames = {key: (loc, parent - 1) for key, (loc, parent) in frames.items()}
-    chains: dict[int, list[tuple[str, int, str]]] = {}
-    for start in frames:
-        chain, fid, seen = [], start, set()
-        while fid in frames and fid not in seen:  # innermost frame first, then its callers
-            seen.add(fid)
-            loc, fid = frames[fid]
-            file_id, lineno, function_id = locations.get(loc, (None, None, None))
-            chain.append((files.get(file_id, ""), lineno, functions.get(function_id, "")))
-        chains[start] = chain
-    return chains
-
-
 def _types(text: str) -> dict[str, str]:
     """Instruction name -> its result type as printed, for operands printed by name only."""
     types = {}
@@ -277,6 +222,13 @@ def _computation_counts(text: str) -> tuple[list[str | None], dict[str, int | No
     return owner, counts
 
 
+def runs_outside_loops(text: str, pattern: re.Pattern) -> bool:
+    """Whether an instruction whose line matches `pattern` runs once per run of the program, not in the
+    body of a loop (scan, fori_loop, while), nor in one a loop calls: by the computation it is in."""
+    owner, counts = _computation_counts(text)
+    return any(counts.get(comp) == 1 for comp, line in zip(owner, text.splitlines()) if comp and pattern.search(line))
+
+
 #: The root operation of a reduction's computation (``to_apply``), in the words the views write.
 _REDUCTION_WORDS = {"add": "sum", "maximum": "max", "minimum": "min", "multiply": "product", "and": "and", "or": "or",
                     "xor": "xor"}
@@ -288,9 +240,9 @@ def _reductions(text: str) -> dict[str, str]:
     roots: dict[str, str] = {}
     current = None
     for line in text.splitlines():
-        if line and not line[0].isspace() and line.rstrip().endswith("{") and not line.startswith("HloModule"):
-            words = line.split()
-            current = (words[1] if words[0] == "ENTRY" else words[0]).lstrip("%")
+        opened = computation_name(line)
+        if opened is not None:
+            current = opened
         elif current is not None and line.lstrip().startswith("ROOT"):
             op = _OPERATION.match(line)
             if op:
@@ -311,11 +263,16 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
 
     frames = _frames(text) if filename else {}
     types = counts = roots = None  # read only when a program has collectives (roots: with reductions)
-    found = []
+    found, channels = [], set()
     for index, line in enumerate(text.splitlines()):
         m = _INSTRUCTION.match(line)
         if not m:
             continue
+        if types is None:
+            types = _types(text)
+            owner, counts = _computation_counts(text)
+            callers = _caller_frames(text)
+            entry = _entry(text)
         arrays = _ARRAY.findall(m.group("type"))
         if m.group("start"):
             # Async starts return (operands, results[, u32[] context buffers]): keep the results.
@@ -325,6 +282,13 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
                 arrays = arrays[len(arrays) // 2:]
         shape = ", ".join(f"{d}[{s}]" for d, s in arrays)
         size = sum(_array_bytes(d, s) for d, s in arrays)
+        channel = _CHANNEL.search(line)
+        if channel and owner[index] not in entry:
+            # XLA:TPU prints one async collective in its start, middle and done fusions (XLA:CPU may
+            # give a loop body's collectives one channel: a ring's K and V permutes, told by shape)
+            if (m.group("op"), channel.group(1), shape) in channels:
+                continue
+            channels.add((m.group("op"), channel.group(1), shape))
         groups = [[to_device(i) for i in g] for g in parse_replica_groups(line)]
         pairs_m = _PAIRS.search(line)
         pairs = []
@@ -332,8 +296,9 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
             pairs = [(to_device(int(a)), to_device(int(b))) for a, b in re.findall(r"\{(\d+),(\d+)\}", pairs_m.group(1))]
         user_line, origin, chain = None, None, []
         frame = _FRAME.search(line)
-        if frame and filename:
-            chain = frames.get(int(frame.group(1)), [])
+        frame_id = int(frame.group(1)) if frame else callers.get(owner[index])  # XLA:TPU's fused collectives: the caller's
+        if frame_id is not None and filename:
+            chain = frames.get(frame_id, [])
             for file, lineno, _ in chain:
                 if file == filename:
                     user_line = lineno
@@ -342,9 +307,6 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
                 inner = next((f for f in chain if f[0] and is_user(f[0])), None)
                 if inner is not None and inner[0] != filename:
                     origin = inner
-        if types is None:
-            types = _types(text)
-            owner, counts = _computation_counts(text)
         operands = _operand_bytes(line, m.end(), types)
         count = counts.get(owner[index], 1) if owner[index] is not None else 1
         defined = _DEFINITION.match(line)
@@ -357,62 +319,31 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
             roots = _reductions(text)
         reduction = _REDUCTION_WORDS.get((roots or {}).get(applied.group(1), "")) if applied else None
         found.append(Collective(m.group("op"), shape, size, groups, pairs, user_line, operands, count, low, origin,
-                                reduction, tuple(chain)))
+                                reduction, name=defined.group("name") if defined else None, frames=tuple(chain)))
+    return found
+
+
+def _caller_frames(text: str) -> dict[str, int]:
+    """Computation -> the stack frame of an instruction that calls it (a fusion's `calls=`)."""
+    found = {}
+    for line in text.splitlines():
+        if "calls=" not in line:
+            continue
+        callee, frame = re.search(r"\bcalls=%?([\w.\-]+)", line), _FRAME.search(line)
+        if callee and frame:
+            found.setdefault(callee.group(1), int(frame.group(1)))
     return found
 
 
 # --- the program's own dtypes (undoing XLA:CPU's bf16 -> f32 upcast) ------------------------------
 
 _LOW_FLOATS = ("bf16", "f16")
-_OP_NAME = re.compile(r'op_name="([^"]*)"')
-_OPERATION = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>.+?)\s+(?P<op>[\w\-]+)\((?P<args>.*)$")
 _NO_TRAFFIC = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while", "conditional", "call",
                "after-all", "partition-id", "replica-id", "add-dependency", "opt-barrier"}
 _MOVES = {"parameter", "convert", "bitcast", "slice", "reshape", "transpose", "copy", "concatenate", "dynamic-slice"}
 _CONTROL_CALLEE = re.compile(r"\b(?:body|condition|true_computation|false_computation|branch_computations)=(\{[^}]*\}|%?[\w.\-]+)")
 _DOT_DIMS = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
 _PRECISION = re.compile(r"operand_precision=\{(\w+)")
-
-
-@dataclass
-class _Instruction:
-    name: str
-    type: str
-    op: str
-    operands: list[str]
-    callee: str | None
-    key: tuple | None  # (op_name, source frames): the same operation in the lowered and the compiled module
-    computation: str | None
-    line: str = ""
-
-
-def _instructions(text: str) -> list[_Instruction]:
-    frames = _frames(text)
-    found, current = [], None
-    for line in text.splitlines():
-        if line and not line[0].isspace() and line.rstrip().endswith("{") and not line.startswith("HloModule"):
-            words = line.split()
-            current = (words[1] if words[0] == "ENTRY" else words[0]).lstrip("%")
-            continue
-        m = _OPERATION.match(line)
-        if not m or current is None:
-            continue
-        args = m.group("args")
-        depth, end = 1, 0
-        while end < len(args) and depth:
-            depth += {"(": 1, ")": -1}.get(args[end], 0)
-            end += 1
-        operands = re.findall(r"%?([\w.\-]+)(?=\s*(?:,|$))", re.sub(r"\w+\d*\[[\d,]*\](?:\{[^}]*\})?", "", args[:end - 1]))
-        callee = re.search(r"\bcalls=%?([\w.\-]+)", line)
-        op_name = _OP_NAME.search(line)
-        frame = _FRAME.search(line)
-        key = None
-        if op_name:
-            chain = tuple(frames.get(int(frame.group(1)), [])) if frame else ()
-            key = (op_name.group(1), chain)
-        found.append(_Instruction(m.group("name"), m.group("type"), m.group("op"), operands,
-                                  callee.group(1) if callee else None, key, current, line))
-    return found
 
 
 def _float_dtypes(type_text: str) -> set[str]:
@@ -438,10 +369,11 @@ class Upcasts:
     traffic_bytes: float  # bytes of HBM traffic the upcast adds to cost_analysis' 'bytes accessed'
 
 
-def upcasts(compiled_text: str, types: dict[tuple, str]) -> Upcasts:
+def upcasts(compiled_text: str, types: dict[tuple, str], instructions: list | None = None) -> Upcasts:
     """Find the compiled program's f32 values that are the program's bf16/f16 ones, and the traffic
-    XLA:CPU's conversions add (its cost analysis counts them as memory time)."""
-    instructions = _instructions(compiled_text)
+    XLA:CPU's conversions add (its cost analysis counts them as memory time). `instructions`: the
+    compiled text's, when already read."""
+    instructions = instructions if instructions is not None else _instructions(compiled_text)
     by_name = {i.name: i for i in instructions}
     bodies: dict[str, list[_Instruction]] = {}
     for ins in instructions:
@@ -545,10 +477,6 @@ def _narrowing_only(ins: _Instruction, bodies: dict) -> bool:
 
 def _entry(text: str) -> set[str]:
     return {line.split()[1].lstrip("%") for line in text.splitlines() if line.startswith("ENTRY ")}
-
-
-def _type_bytes(type_text: str) -> int:
-    return sum(_array_bytes(d, s) for d, s in _ARRAY.findall(type_text))
 
 
 def program_facts(lowered_text: str) -> tuple[dict[tuple, str], dict[str, float]]:

@@ -75,12 +75,15 @@ def join(rank: int, num_processes: int, coordinator: str, bind_address: str | No
 
 def prepare() -> None:
     """Before JAX starts: Gloo's connection chatter filtered out of the engine's file descriptors,
-    and SIGUSR1 answered with where the main thread waits (`hang_doctor`)."""
+    SIGUSR1 answered with where the main thread waits (`hang_doctor`), and, with libtpu installed
+    but nothing attached, JAX started on the CPU without probing for a TPU (devices.py)."""
+    from ..cell.devices import cpu_when_nothing_attached
     from . import hang_doctor, native_output
 
     for fd in (1, 2):
         native_output.quiet(fd)
     hang_doctor.install()
+    cpu_when_nothing_attached()
 
 
 def whereami() -> dict:

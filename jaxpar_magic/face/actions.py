@@ -15,6 +15,7 @@ from ..cell.meshes import moved_text, moved_title
 from ..errors import UsageError
 
 ARRAY_VIEWS = ("results", "sharding", "collectives")  # views whose devices may span processes
+PLAN_NAME = "_plan"  # where a planning magic leaves its Plan
 
 
 @dataclass
@@ -270,9 +271,14 @@ def _plan(magic: str, options, source, namespace, **engine_options) -> Outcome:
                      device_memory=options.plan.device_memory, bind=False, status=not quiet, **engine_options)
     sizes = ", ".join(f"{n}={s}" for n, s in plan.axes.items())
     title = f"%%{magic} --plan over {plan.mesh.devices.size} devices ({sizes})"
+    bindings = dict(plan.bindings)
+    if not isinstance(namespace.get(PLAN_NAME, plan), type(plan)):
+        plan.left_alone += (PLAN_NAME,)
+    else:
+        bindings[PLAN_NAME] = plan  # the last plan, like IPython's `_`: `_plan.abstract` chains plans
     if quiet:
-        return Outcome(text=plan.summary(), bindings=plan.bindings)
-    return Outcome(views=[("plan", plan.state(title))], bindings=plan.bindings)
+        return Outcome(text=plan.summary(), bindings=bindings)
+    return Outcome(views=[("plan", plan.state(title))], bindings=bindings)
 
 
 def _compare(magic: str, options, source, namespace, **engine_options) -> Outcome:

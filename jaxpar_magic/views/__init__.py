@@ -12,6 +12,7 @@ from __future__ import annotations
 _VIEWS = {
     "CollectivesView": "collectives",
     "DevicesView": "devices",
+    "MemoryView": "memory",
     "MeshView": "mesh",
     "PlanView": "plan",
     "ResultView": "results",

@@ -412,6 +412,12 @@ def format_shape(dtype: str, shape: Sequence[int]) -> str:
     return f"{dtype}[{', '.join(str(s) for s in shape)}]"
 
 
+def op_words(collective: dict[str, Any]) -> str:
+    """A collective's operation with what it combines by, as every view says it: 'all-reduce (sum)'."""
+    reduction = collective.get("reduction")
+    return str(collective.get("op")) + (f" ({reduction})" if reduction else "")
+
+
 def format_spec(spec: Sequence[Any]) -> str:
     def one(e: Any) -> str:
         if e is None:

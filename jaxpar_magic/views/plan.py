@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ms, format_seconds, format_shape, format_si, format_spec, style_block
+from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ms, format_seconds, format_shape, format_si, format_spec, op_words, style_block
+from .memory import section_html as memory_section_html, section_text as memory_section_text, what_text
 
 MAX_COLLECTIVES = 256
 #: Collectives the text rendering lists (a terminal screenful).
@@ -35,7 +36,19 @@ def memory_sentence(m: dict[str, Any]) -> str:
     return f"fits: {total} is {pct:.{1 if pct < 10 else 0}f}% of the {of}"
 
 
-_PARTS = (("argument", "arguments"), ("output", "outputs"), ("temp", "temporaries"))
+SCRATCH = "temporaries and scratch"
+
+
+def bar_parts(m: dict[str, Any]) -> list[tuple[str, str, int]]:
+    """(key, name, bytes) of the memory bar: arguments, outputs (less those reusing argument buffers),
+    temporaries; where the compiler reports its own peak (XLA:TPU), the rest of that peak is one part,
+    "temporaries and scratch" (the twin of `barParts` in js/plan.js)."""
+    alias = m.get("alias") or 0
+    arg, out = m.get("argument") or 0, max(0, (m.get("output") or 0) - alias)
+    if m.get("reported_peak"):
+        return [("argument", "arguments", arg), ("output", "outputs", out),
+                ("temp", SCRATCH, max(0, (m.get("total") or 0) - arg - out))]
+    return [("argument", "arguments", arg), ("output", "outputs", out), ("temp", "temporaries", m.get("temp") or 0)]
 
 
 def _memory_html(m: dict[str, Any]) -> str:
@@ -44,9 +57,7 @@ def _memory_html(m: dict[str, Any]) -> str:
     scale = max(1, total, cap or 0)
     bad = m.get("fits") is False
     spans, left = [], 0
-    for key, name in _PARTS:
-        # Outputs that reuse argument buffers (alias) take no memory of their own.
-        v = max(0, (m.get(key) or 0) - ((m.get("alias") or 0) if key == "output" else 0))
+    for key, name, v in bar_parts(m):
         spans.append(
             f'<span class="jpm-mem-{key}" style="left:{100 * left / scale:.3f}%;width:{100 * v / scale:.3f}%" '
             f'title="{esc(name)}: {esc(format_bytes(v))} per device"></span>'
@@ -65,7 +76,7 @@ def _memory_html(m: dict[str, Any]) -> str:
             f'title="device memory: {esc(format_bytes(cap) + src)}"></span>'
         )
     legend = "".join(
-        f'<span><i class="jpm-mem-{key}"></i>{esc(name)} <b>{esc(format_bytes(m.get(key)))}</b></span>' for key, name in _PARTS
+        f'<span><i class="jpm-mem-{key}"></i>{esc(name)} <b>{esc(format_bytes(v))}</b></span>' for key, name, v in bar_parts(m)
     )
     legend += f'<span>total <b>{esc(format_bytes(total))}</b></span>'
     if m.get("alias"):
@@ -175,6 +186,14 @@ def _where(c: dict[str, Any]) -> str:
     return text + (f" (called from {line})" if line else "")
 
 
+SLICED = ("XLA:CPU makes an all-reduce that each device then slices; XLA:TPU and XLA:GPU make it this "
+          "reduce-scatter, which the plan shows and costs")
+
+
+def sliced_note(c: dict[str, Any]) -> str:
+    return SLICED if c.get("sliced_from") else ""
+
+
 def _collectives(state: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
     colls = list(state.get("collectives") or [])
     return colls[:MAX_COLLECTIVES], int(state.get("collectives_omitted") or 0) + max(0, len(colls) - MAX_COLLECTIVES)
@@ -195,14 +214,17 @@ def _collectives_html(state: dict[str, Any]) -> str:
     )
     for c in colls:
         groups = c.get("groups_text") or ", ".join(str(a) for a in c.get("axes") or [])
+        op = op_words(c) + (" *" if c.get("sliced_from") else "")
         out.append(
-            f'<tr><td class="jpm-op">{esc(str(c.get("op")))}</td><td class="jpm-mono">{esc(str(c.get("shape")))}</td>'
+            f'<tr><td class="jpm-op" title="{esc(sliced_note(c))}">{esc(op)}</td><td class="jpm-mono">{esc(str(c.get("shape")))}</td>'
             f'<td class="jpm-num">{esc(format_bytes(c.get("bytes")))}</td><td>{esc(str(groups))}</td>'
             f'<td class="jpm-mono jpm-srccell" title="{esc(_where(c))}">{esc(_where(c) or "—")}</td>'
             + (f'<td class="jpm-num" title="{esc(str(c.get("bound") or ""))}-bound">{esc(format_seconds(c.get("seconds")))}</td>' if timed else "")
             + "</tr>"
         )
     out.append("</tbody></table></div>")
+    if any(c.get("sliced_from") for c in colls):
+        out.append(f'<div class="jpm-note">* {esc(SLICED)}</div>')
     if omitted:
         out.append(f'<div class="jpm-note">… {omitted} more collectives not listed</div>')
     out.append("</div>")
@@ -255,7 +277,8 @@ def _row_cells(row: dict[str, Any]) -> dict[str, str]:
     mesh = " × ".join(f"{a['name']}={a['size']}" for a in row.get("axes") or [])
     fit = "" if row.get("fits") is None else ("fits" if row["fits"] else "DOES NOT FIT")
     memory = format_bytes(row.get("memory")) + (f" of {format_bytes(row['capacity'])}" if row.get("capacity") else "")
-    cells = {"mesh": mesh, "memory": memory, "fit": fit, "collective bytes": format_bytes(row.get("collective_bytes"))}
+    cells = {"mesh": mesh, "memory": memory, "fit": fit, "collective bytes": format_bytes(row.get("collective_bytes")),
+             "largest buffer": largest_text(row.get("largest"))}
     if row.get("estimate_s") is not None:
         cells.update({"compute": format_seconds(row.get("compute_s")), "memory time": format_seconds(row.get("memory_s")),
                       "collectives": format_seconds(row.get("collective_s")),
@@ -264,8 +287,19 @@ def _row_cells(row: dict[str, Any]) -> dict[str, str]:
     return cells
 
 
-COMPARE_COLUMNS = ("mesh", "memory", "fit", "collective bytes", "compute", "memory time", "collectives", "estimate",
-                   "bound")
+COMPARE_COLUMNS = ("mesh", "memory", "fit", "largest buffer", "collective bytes", "compute", "memory time",
+                   "collectives", "estimate", "bound")
+
+
+def largest_text(b: dict | None) -> str:
+    """A row's largest buffer at the peak: `4.0 MiB temporary from dot_general, line 2` (the twin of
+    `largestText` in js/plan.js)."""
+    if not b:
+        return ""
+    where = f", line {b['line']}" if b.get("line") is not None else ""
+    if b.get("origin"):
+        where = f", line {b['origin'].get('line')} of {b['origin'].get('cell')}"
+    return f"{format_bytes(b.get('bytes'))} {what_text(b)}{where}"
 
 
 def compare_text(state: dict[str, Any]) -> str:
@@ -281,8 +315,10 @@ def compare_text(state: dict[str, Any]) -> str:
         est = (f"estimate {cells['estimate']} ({cells['bound']}-bound) · " if "estimate" in cells else "")
         times = (f" · compute {cells['compute']}, memory {cells['memory time']}, collectives {cells['collectives']}"
                  if "estimate" in cells else "")
+        largest = f" · largest buffer {cells['largest buffer']}" if cells.get("largest buffer") else ""
         lines.append(f"{row.get('label')!s:<{width}}  {est}{cells['memory']} per device{', ' + cells['fit'] if cells['fit'] else ''}"
-                     f" · collectives move {cells['collective bytes']}{times} · {cells['mesh']}")
+                     f"{largest} · collectives move {cells['collective bytes']}{times} · {cells['mesh']}")
+    lines += [f"Every layout {c}." for c in state.get("compilers") or []]
     if any(r.get("estimate_s") is not None for r in rows):
         lines.append("Estimates: communication overlapped with compute – none overlapped; best first, layouts that "
                      "do not fit after those that do.")
@@ -302,6 +338,7 @@ def compare_html(state: dict[str, Any]) -> str:
     out = [style_block(), '<div class="jpm-view jpm-plan" data-kind="compare"><div class="jpm-head">'
            f'<span class="jpm-title jpm-mono">{esc(str(state.get("title") or "compare"))}</span>'
            '<span class="jpm-badge">planned, not run</span></div>',
+           "".join(f'<div class="jpm-compiler"><b>{esc(str(c))}</b></div>' for c in state.get("compilers") or []),
            '<div class="jpm-scroll"><table class="jpm-table jpm-plan-table"><thead><tr><th>layout</th>'
            + "".join(f"<th>{esc(c)}</th>" for c in columns) + "</tr></thead><tbody>"]
     for row in rows:
@@ -312,7 +349,7 @@ def compare_html(state: dict[str, Any]) -> str:
             continue
         bad = ' class="jpm-bad"' if row.get("fits") is False else ""
         out.append(f"<tr{bad}>{label}" + "".join(
-            f'<td class="{"jpm-num" if c not in ("mesh", "bound", "fit") else "jpm-mono"}">{esc(cells.get(c, ""))}</td>'
+            f'<td class="{"jpm-num" if c not in ("mesh", "bound", "fit", "largest buffer") else "jpm-mono"}">{esc(cells.get(c, ""))}</td>'
             for c in columns) + "</tr>")
     out.append("</tbody></table></div>")
     note = ("estimate: communication overlapped with compute – none overlapped; best first"
@@ -336,8 +373,13 @@ def to_html(state: dict[str, Any]) -> str:
         + (chip("compiled in", format_ms(state["compile_ms"])) if state.get("compile_ms") is not None else "")
     )
     out = [style_block(), f'<div class="jpm-view jpm-plan"><div class="jpm-head">{head}</div>']
+    if state.get("compiler"):
+        c = state["compiler"]
+        out.append(f'<div class="jpm-compiler"><b>{esc(str(c.get("text")))}</b></div>')
     if state.get("memory"):
         out.append(_memory_html(state["memory"]))
+    if state.get("peak"):
+        out.append(memory_section_html(memory_state(state)))
     cost = state.get("cost") or {}
     out.append(
         '<div class="jpm-section jpm-report">'
@@ -351,9 +393,25 @@ def to_html(state: dict[str, Any]) -> str:
         out.append(f'<div class="jpm-note">{esc(NO_HARDWARE)}</div>')
     out.append(_collectives_html(state))
     out.append(_outputs_html(state))
+    if state.get("left_alone"):
+        out.append(f'<div class="jpm-note jpm-left-alone">{esc(left_alone_sentence(state["left_alone"]))}</div>')
     out.append(caveats_html(state.get("caveats") or []))
     out.append("</div>")
     return "".join(out)
+
+
+def memory_state(state: dict[str, Any]) -> dict[str, Any]:
+    """The memory view's state inside a plan's (views/memory.py)."""
+    return {"compiler": (state.get("compiler") or {}).get("name") or "XLA:CPU",
+            "capacity": (state.get("memory") or {}).get("capacity"), "peak": state.get("peak")}
+
+
+def left_alone_sentence(names: list) -> str:
+    """The twin of `leftAloneSentence` in js/plan.js."""
+    listed = ", ".join(str(n) for n in names)
+    first = str(names[0])
+    return (f"Not bound, because they hold concrete values a plan must not replace: {listed}. Their planned "
+            f"versions are on the plan: `_plan.abstract[{first!r}]`.")
 
 
 def memory_ascii(m: dict[str, Any], width: int = 48) -> str:
@@ -363,8 +421,7 @@ def memory_ascii(m: dict[str, Any], width: int = 48) -> str:
     total = m.get("total") or 0
     scale = max(1, total, cap or 0)
     cells = []
-    for sym, key in (("#", "argument"), ("=", "output"), ("~", "temp")):
-        own = max(0, (m.get(key) or 0) - ((m.get("alias") or 0) if key == "output" else 0))
+    for sym, (_, _, own) in zip("#=~", bar_parts(m)):
         cells += [sym] * round(width * own / scale)
     cells = (cells + [" "] * width)[:width]
     if cap is not None:
@@ -380,6 +437,8 @@ def to_text(state: dict[str, Any]) -> str:
     if state.get("kind") == "compare":
         return compare_text(state)
     lines = [str(state.get("title") or "plan")]
+    if state.get("compiler"):
+        lines.append("  " + str(state["compiler"].get("text")))
     facts = []
     if state.get("total_devices"):
         facts.append(f"{state['total_devices']} devices")
@@ -392,7 +451,7 @@ def to_text(state: dict[str, Any]) -> str:
     lines.append("  " + " · ".join(facts))
     m = state.get("memory")
     if m:
-        parts = " + ".join(f"{name} {format_bytes(m.get(key))}" for key, name in _PARTS)
+        parts = " + ".join(f"{name} {format_bytes(v)}" for _, name, v in bar_parts(m))
         lines.append(f"Memory per device: {parts} = {format_bytes(m.get('total'))}")
         lines.append(f"  {memory_ascii(m)}  # arguments, = outputs, ~ temporaries, | device memory")
         verdict = memory_sentence(m)
@@ -401,6 +460,8 @@ def to_text(state: dict[str, Any]) -> str:
         lines.append("  " + verdict)
         if m.get("note"):
             lines.append("  " + str(m["note"]))
+    if state.get("peak"):
+        lines += memory_section_text(memory_state(state))
     cost = state.get("cost") or {}
     lines.append(f"Per device: FLOPs {format_si(cost.get('flops'))} · bytes accessed {format_bytes(cost.get('bytes_accessed'))}")
     r = state.get("roofline")
@@ -422,7 +483,8 @@ def to_text(state: dict[str, Any]) -> str:
     lines.append(f"Collectives the compiler inserted ({len(colls) + omitted})" + (": none" if not colls else ":"))
     for c in colls[:TEXT_COLLECTIVES]:
         groups = c.get("groups_text") or ", ".join(str(a) for a in c.get("axes") or [])
-        parts = [str(c.get("op")), str(c.get("shape")), f"{format_bytes(c.get('bytes'))}/device", str(groups)]
+        op = op_words(c) + (" (XLA:CPU: all-reduce + slice)" if c.get("sliced_from") else "")
+        parts = [op, str(c.get("shape")), f"{format_bytes(c.get('bytes'))}/device", str(groups)]
         if c.get("seconds") is not None:
             parts.append(format_seconds(c["seconds"]) + (f" ({c['bound']}-bound)" if c.get("bound") else ""))
         lines.append("  " + " · ".join(parts))
@@ -439,6 +501,8 @@ def to_text(state: dict[str, Any]) -> str:
             lines.append(f"  {o.get('name')}: {format_shape(str(o.get('dtype')), o.get('shape') or [])}{spec}")
         if len(shown) < len(outs):
             lines.append(f"  … and {len(outs) - len(shown)} more (`%sharding NAME` shows one)")
+    if state.get("left_alone"):
+        lines.append(left_alone_sentence(state["left_alone"]))
     caveats = state.get("caveats") or []
     if caveats:
         lines.append("How far to trust these figures:")

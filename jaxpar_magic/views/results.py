@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_coords, format_ids, format_ms, format_shape, format_si, swatch_style
+from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_coords, format_ids, format_ms, format_shape, format_si, op_words, swatch_style
 
 GROUPS_MAX = 16
 GROUP_CELLS_MAX = 64
@@ -204,7 +204,7 @@ def to_text(state: dict[str, Any]) -> str:
     colls = state.get("collectives") or []
     lines.append(f"Collectives ({len(colls)})" + (": none" if not colls else ":"))
     for c in colls:
-        parts = [str(c.get("op")) + (f" ({c['reduction']})" if c.get("reduction") else "")]
+        parts = [op_words(c)]
         if c.get("shape"):
             parts.append(str(c["shape"]))
         if c.get("bytes") is not None:

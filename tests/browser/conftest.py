@@ -22,10 +22,11 @@ HARNESS = Path(__file__).with_name("harness.html")
 
 
 def _view_classes() -> dict[str, Any]:
-    from jaxpar_magic.views import CollectivesView, DevicesView, MeshView, PlanView, ResultView, ShardingView, TreeView
+    from jaxpar_magic.views import (CollectivesView, DevicesView, MemoryView, MeshView, PlanView, ResultView, ShardingView,
+                                    TreeView)
 
     return {"devices": DevicesView, "results": ResultView, "mesh": MeshView, "sharding": ShardingView,
-            "collectives": CollectivesView, "plan": PlanView, "tree": TreeView}
+            "collectives": CollectivesView, "plan": PlanView, "tree": TreeView, "memory": MemoryView}
 
 
 @pytest.fixture(scope="session")

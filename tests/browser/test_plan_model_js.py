@@ -75,3 +75,11 @@ def test_the_comparison_table_matches_its_python_twin(view_page: Any) -> None:
     assert host.locator("img").count() == 0 and view_page.page.evaluate("window.__xss") is None
     assert host.locator("details.jpm-caveats").get_attribute("open") is not None  # two notes: open
     view_page.shot(host, "plan-compare")
+
+
+def test_a_collective_row_names_its_reduction_as_the_python_twin_does(view_page: Any) -> None:
+    state = plan_state()
+    state["collectives"][0].update(op="all-reduce", reduction="max", sliced_from=None)
+    host = view_page.mount("plan", state)
+    assert host.locator("td.jpm-op").first.inner_text() == "all-reduce (max)"
+    assert ">all-reduce (max)</td>" in plan.to_html(state) and "all-reduce (max) · " in plan.to_text(state)

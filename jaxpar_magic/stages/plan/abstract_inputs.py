@@ -40,11 +40,14 @@ def abstract_inputs(args, mesh, names=None, leaf_labels=None) -> tuple[list, lis
             if isinstance(leaf, jax.ShapeDtypeStruct):
                 if leaf.sharding is None:
                     return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated, weak_type=leaf.weak_type)
-                return leaf
+                moved = on_this_mesh(leaf.sharding, mesh, mesh_devices)
+                if moved is leaf.sharding:
+                    return leaf
+                return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=moved or replicated, weak_type=leaf.weak_type)
             if isinstance(leaf, jax.Array):
                 concrete.append((label, int(leaf.nbytes)))
-                on_mesh = set(leaf.sharding.device_set) == mesh_devices
-                return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding if on_mesh else replicated)
+                moved = on_this_mesh(leaf.sharding, mesh, mesh_devices)
+                return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=moved or replicated)
             if isinstance(leaf, (np.ndarray, np.generic)):
                 concrete.append((label, int(leaf.nbytes)))
                 return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated)
@@ -59,6 +62,22 @@ def abstract_inputs(args, mesh, names=None, leaf_labels=None) -> tuple[list, lis
 
         abstract.append(jax.tree_util.tree_map_with_path(convert, arg))
     return abstract, concrete
+
+
+def on_this_mesh(sharding, mesh, mesh_devices=None):
+    """`sharding` as it lays a value out on `mesh`: itself when it lives on the mesh's devices; the same
+    PartitionSpec on `mesh` when it is a NamedSharding over a mesh of the same axes elsewhere (the
+    simulated CPU mesh of a plan compiled for TPU devices); None otherwise (the caller replicates)."""
+    from jax.sharding import Mesh, NamedSharding
+
+    other = getattr(sharding, "mesh", None)
+    same_axes = isinstance(sharding, NamedSharding) and other is not None and dict(other.shape) == dict(mesh.shape)
+    if isinstance(sharding, NamedSharding) and not isinstance(other, Mesh):  # over an AbstractMesh: no devices
+        return NamedSharding(mesh, sharding.spec) if same_axes else None
+    devices = mesh_devices if mesh_devices is not None else set(mesh.devices.flat)
+    if set(sharding.device_set) == devices:
+        return sharding
+    return NamedSharding(mesh, sharding.spec) if same_axes else None
 
 
 # --- scale -------------------------------------------------------------------------------------

@@ -32,10 +32,12 @@ class Row:
             return {"label": self.label, "error": self.error}
         p, r = self.plan, self.plan.roofline
         moved = sum(c.bytes * (c.count or 1) for c in p.collectives if c.group_size > 1)
+        largest = p.peak.largest if p.peak is not None else None
         return {
             "label": self.label, "error": None,
             "axes": [{"name": n, "size": s} for n, s in p.axes.items()],
-            "memory": p.total_bytes, "capacity": p.capacity, "fits": p.fits,
+            "memory": p.total_bytes, "peak": p.total_bytes, "capacity": p.capacity, "fits": p.fits,
+            "largest": largest.state() if largest is not None else None, "compiler": p.compiler,
             "collective_bytes": moved, "collectives": sum(1 for c in p.collectives if c.group_size > 1),
             "flops": p.flops,
             "compute_s": r.compute_s if r else None, "memory_s": r.memory_s if r else None,
@@ -64,7 +66,8 @@ def read_layouts(name: str, namespace: dict) -> dict:
                          f"first, e.g. `{EXAMPLE}`.")
     value = namespace[name]
     if not isinstance(value, dict) or not value:
-        raise UsageError(f"--compare {name}: {name!r} is a {type(value).__name__}{' (empty)' if value == {} else ''}; "
+        empty = " (empty)" if isinstance(value, dict) else ""  # never `value == {}`: an array compares elementwise
+        raise UsageError(f"--compare {name}: {name!r} is a {type(value).__name__}{empty}; "
                          f"expected a dict mapping each label to a layout, e.g. `{EXAMPLE}`.")
     layouts = {}
     for label, layout in value.items():
@@ -148,8 +151,9 @@ def comparison_state(title: str, rows: list[Row], hardware) -> dict:
         if row.plan is not None:
             caveats = list(row.plan.caveats)
             break
+    compilers = sorted({row.plan.target.describe() for row in rows if row.plan is not None and row.plan.target})
     return {"kind": "compare", "title": title, "hardware": hardware.state() if hardware is not None else None,
-            "rows": [row.state() for row in rows], "caveats": caveats}
+            "rows": [row.state() for row in rows], "caveats": caveats, "compilers": compilers}
 
 
 # --- --search: the standard candidates ------------------------------------------------------------
@@ -229,16 +233,23 @@ def search_note(devices: int) -> str:
 
 def devices_of(mesh, namespace: dict) -> int:
     """Devices a --search spans: the line's mesh if it names one, else every device."""
+    import jax
+
     from ...engines.shard import is_mesh
 
+    if isinstance(mesh, str):
+        mesh = namespace.get(mesh, mesh)
+    elif mesh is None:
+        mesh = namespace.get("mesh")
+    if isinstance(mesh, jax.sharding.AbstractMesh):
+        layout = ", ".join(f"{n}={s}" for n, s in mesh.shape.items())
+        raise UsageError(
+            f"--search: the mesh ({layout}) is an AbstractMesh, which has no devices to lay the candidate layouts "
+            f"onto. Simulate the devices (`%devices --simulate {math.prod(mesh.axis_sizes)}` in a fresh kernel) and "
+            f"give a Mesh (`%mesh {' '.join(f'{n}={s}' for n, s in mesh.shape.items())}`), or let --search use all "
+            f"devices: drop --mesh.")
     if is_mesh(mesh):
         return int(math.prod(mesh.devices.shape))
     if hasattr(mesh, "sizes"):  # --mesh data=4,model=2 on the line
         return int(math.prod(mesh.sizes))
-    if isinstance(mesh, str) and is_mesh(namespace.get(mesh)):
-        return int(namespace[mesh].devices.size)
-    if mesh is None and is_mesh(namespace.get("mesh")):
-        return int(namespace["mesh"].devices.size)
-    import jax
-
     return jax.device_count()

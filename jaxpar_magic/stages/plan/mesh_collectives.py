@@ -133,7 +133,8 @@ def cell_label(file: str) -> str:
     return file if file.startswith("<") else os.path.basename(file)
 
 
-def _origin(frame: tuple | None) -> dict | None:
+def origin_of(frame: tuple | None) -> dict | None:
+    """A user frame (file, line, function) as the views show it: function, line, its text, the cell."""
     if frame is None:
         return None
     file, line, function = frame
@@ -142,9 +143,11 @@ def _origin(frame: tuple | None) -> dict | None:
 
 
 def plan_collectives(found: list[Collective], mesh, line_text: Callable[[int], str] | None = None,
-                     filename: str | None = None) -> list[PlannedCollective]:
+                     filename: str | None = None, rewritten: bool = True) -> list[PlannedCollective]:
     """The compiled program's collectives with their groups mapped to mesh axes and device ids.
-    `found` holds replica-group positions in mesh order (hlo.collectives without device ids)."""
+    `found` holds replica-group positions in mesh order (hlo.collectives without device ids).
+    `rewritten`: the reduce-scatters that cell/scatter.py made of a sliced all-reduce are the
+    target's, not this compiler's (XLA:CPU), and say so."""
     shape = tuple(mesh.devices.shape)
     names = [str(n) for n in mesh.axis_names]
     ids = [d.id for d in mesh.devices.flat]
@@ -168,6 +171,7 @@ def plan_collectives(found: list[Collective], mesh, line_text: Callable[[int], s
             op=c.op, shape=c.shape, bytes=c.bytes, traffic_bytes=traffic, count=c.count, group_size=size,
             groups=[[ids[p] for p in g] for g in groups], axes=axes, groups_text=text, line=c.line,
             source=source or None, upcast_from=c.upcast_from, operand_bytes=c.operand_bytes,
-            origin=_origin(c.origin),
+            origin=origin_of(c.origin), sliced_from=c.sliced_from if rewritten else None,
+            reduction=c.reduction,
         ))
     return planned

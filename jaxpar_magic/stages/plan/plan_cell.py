@@ -19,34 +19,69 @@ def engine_spec(spec):
 def plan_cell(source: str, namespace: dict, *, magic: str = "shard", mesh=None, in_specs=None, out_specs=None,
               axis_name: str = "i", devices=None, broadcast=(), split=(), merge=(), check_vma: bool = True,
               hardware=None, device_memory=None, topology: str | None = None, bind: bool = True,
-              status: bool = False):
+              status: bool = False, compiler: str = "auto"):
     """Compile `source` as `magic`'s cell for its mesh without running it.
 
     `hardware` is a profile name ("tpu-v5e"), "custom:flops=...,hbm=...,bw=...,memory=..." or a
     `hardware.Hardware`; `device_memory` bytes or a size ("16GiB"); `topology` the physical slice
-    ("4x8", see stages/plan/topology.py) the mesh is laid onto, by default as jax.make_mesh would. With `bind`, the names the cell
-    assigns go into `namespace` as ShapeDtypeStructs (plain values as they are), so the next cell
-    can be planned from them. With `status`, a wait over a second shows a status line in the cell
-    (the magics, whose view then takes its place); the plain-Python twin shows none, since nothing
-    it returns would replace the line.
+    ("4x8", see stages/plan/topology.py) the mesh is laid onto, by default as jax.make_mesh would.
+    `compiler`: "auto" compiles with XLA:TPU for compile-only devices of that slice when the profile
+    is a TPU, `topology` is given and libtpu is installed (stages/plan/target.py), else with XLA:CPU;
+    "tpu" or "cpu" insist. With `bind`, the names the cell assigns go into `namespace` as
+    ShapeDtypeStructs (plain values as they are), so the next cell can be planned from them, except
+    names that hold concrete values (`bindable`): a plan never replaces data. Every assigned name is
+    on the plan's `abstract`, the ones not bound on its `left_alone`. With `status`, a wait over a
+    second shows a status line in the cell (the magics, whose view then takes its place); the
+    plain-Python twin shows none, since nothing it returns would replace the line.
     """
     import contextlib
 
     from ...views.progress import disabled
 
     with contextlib.nullcontext() if status else disabled():
-        return _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, devices, broadcast, split,
-                          merge, check_vma, hardware, device_memory, topology, bind)
+        plan = _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, devices, broadcast, split,
+                          merge, check_vma, hardware, device_memory, topology, compiler)
+    plan.bindings, plan.left_alone = bindable(plan.abstract, namespace)
+    if bind:
+        namespace.update(plan.bindings)  # one step
+    return plan
+
+
+def is_abstract(value) -> bool:
+    """A value a plan may replace: it holds no data (only ShapeDtypeStructs, functions, or nothing)."""
+    import jax
+
+    leaves = jax.tree_util.tree_leaves(value)
+    return all(isinstance(leaf, jax.ShapeDtypeStruct) or callable(leaf) for leaf in leaves)
+
+
+def bindable(planned: dict, namespace: dict) -> tuple[dict, tuple[str, ...]]:
+    """(what a plan binds, the names it leaves alone). A name is bound when it is new or what it holds
+    is abstract (is_abstract: a plan's earlier output, a helper function); a name holding data (arrays,
+    a model, numbers) keeps it, never replaced by a stand-in."""
+    bound, left = {}, []
+    for name, value in planned.items():
+        if name not in namespace or is_abstract(namespace[name]):
+            bound[name] = value
+        else:
+            left.append(name)
+    return bound, tuple(sorted(left))
 
 
 def _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, devices, broadcast, split, merge,
-               check_vma, hardware, device_memory, topology, bind):
-    from .hardware import parse_hardware, parse_memory_size
+               check_vma, hardware, device_memory, topology, compiler):
+    from .hardware import Hardware, parse_hardware, parse_memory_size
+    from .target import choose
     from .topology import with_topology
     from ...cell.programs import analyse_cached
 
     if isinstance(hardware, str):
         hardware = parse_hardware(hardware)
+    elif hardware is not None and not isinstance(hardware, Hardware):
+        raise UsageError(
+            f"plan_cell(hardware={hardware!r}): expected a profile name such as \"tpu-v5e\" or \"h100\", a custom "
+            f"profile (\"custom:flops=1e15,hbm=3.3e12,bw=4.5e11,memory=80GiB\"), or a Hardware from "
+            f"jaxpar_magic.stages.plan.hardware.PROFILES.")
     if topology is not None:
         hardware = with_topology(hardware, topology)
     if isinstance(device_memory, str):
@@ -59,8 +94,9 @@ def _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, d
     if magic == "pmap":
         from ...engines.pmap import mesh_for
 
-        plan = plan_block(cell, namespace, mesh_for(axis_name, devices, mesh), broadcast=tuple(broadcast),
-                          split=tuple(split), merge=tuple(merge), hardware=hardware, device_memory=device_memory)
+        target = choose(mesh_for(axis_name, devices, mesh), hardware, compiler)
+        plan = plan_block(cell, namespace, target.mesh, broadcast=tuple(broadcast), split=tuple(split),
+                          merge=tuple(merge), hardware=hardware, device_memory=device_memory, target=target)
     elif magic in ("shard", "shard_map"):
         from ...engines.shard import is_mesh, resolve_mesh
 
@@ -68,19 +104,19 @@ def _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, d
         out_specs = {n: engine_spec(s) for n, s in (out_specs or {}).items()}
         if not is_mesh(mesh):
             mesh = resolve_mesh(mesh, namespace, [in_specs, out_specs])
+        target = choose(mesh, hardware, compiler)
         if magic == "shard":
-            plan = plan_shard(cell, namespace, mesh, in_specs, out_specs, hardware, device_memory)
+            plan = plan_shard(cell, namespace, target.mesh, in_specs, out_specs, hardware, device_memory, target)
         else:
-            plan = plan_shard_map(cell, namespace, mesh, in_specs, out_specs, check_vma, hardware, device_memory)
+            plan = plan_shard_map(cell, namespace, target.mesh, in_specs, out_specs, check_vma, hardware,
+                                  device_memory, target)
     else:
         raise UsageError(f"plan_cell(magic={magic!r}): plan a 'shard', 'pmap' or 'shard_map' cell.")
-    if bind:
-        namespace.update(plan.bindings)  # one step
     return plan
 
 
 def plan_block(cell, namespace: dict, mesh, *, broadcast=(), split=(), merge=(), hardware=None,
-               device_memory=None):
+               device_memory=None, target=None):
     """The --plan stage of a block-mode cell: its program compiled over abstract inputs (each mapped
     input one slice per device, as a global array split over the mesh), never run."""
     import jax
@@ -105,7 +141,7 @@ def plan_block(cell, namespace: dict, mesh, *, broadcast=(), split=(), merge=(),
         return jax.ShapeDtypeStruct((rows,) + tuple(leaf.shape[k + 1:]), leaf.dtype, sharding=merged)
 
     return plan_program(prepared, hardware=hardware, device_memory=device_memory, set_mesh=False,
-                        reshape=merge_output)
+                        reshape=merge_output, target=target)
 
 
 def _product(sizes) -> int:
@@ -116,18 +152,18 @@ def _product(sizes) -> int:
 
 
 def plan_shard(cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, hardware=None,
-               device_memory=None):
+               device_memory=None, target=None):
     """The --plan stage: the same program, compiled over abstract inputs laid out by --in, never run.
     Inputs named in --in are described by their spec, not placed: nothing is allocated."""
     from .plan_program import plan_program
     from ...engines.shard import prepare
 
     prepared = prepare(cell, namespace, mesh, in_specs, out_specs, describe=True)
-    return plan_program(prepared, hardware=hardware, device_memory=device_memory, set_mesh=False)
+    return plan_program(prepared, hardware=hardware, device_memory=device_memory, set_mesh=False, target=target)
 
 
 def plan_shard_map(cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True,
-                   hardware=None, device_memory=None):
+                   hardware=None, device_memory=None, target=None):
     """The --plan stage: the same jit(shard_map), compiled over abstract inputs, never run."""
     from ...errors import explaining
     from .plan_program import plan_program
@@ -137,4 +173,4 @@ def plan_shard_map(cell, namespace: dict, mesh, in_specs: dict, out_specs: dict,
     with explaining(cell.filename, mesh.axis_names):  # discovering the outputs traces the cell
         program = prepared.program()
     prepared.compile = lambda record=None: program
-    return plan_program(prepared, hardware=hardware, device_memory=device_memory, set_mesh=False)
+    return plan_program(prepared, hardware=hardware, device_memory=device_memory, set_mesh=False, target=target)

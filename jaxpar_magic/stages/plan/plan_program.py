@@ -20,15 +20,21 @@ import os
 import time
 from collections.abc import Callable
 
-from ...cell.hlo import collectives, program_facts, upcasts
+from ...cell.hlo import Upcasts, collectives, program_facts, runs_outside_loops, upcasts
+from ...cell.hlo_text import entry_name, instructions
 from ...cell.meshes import on_cell_mesh
 from ...cell.programs import TRACE
+from ...cell.scatter import reduce_scatters
 from ...errors import UsageError, explain_trace_error, user_line
 from .abstract_inputs import CPU_DEVICE_CEILING, abstract_inputs, check_scale, device_capacity, smaller_slice, warn_concrete
+from .compiled_plans import compile_plan_program, key_of, same_operations
 from .costs import estimate
 from .hardware import Hardware, parse_hardware
 from .mesh_collectives import is_user_file, plan_collectives
-from .plan import CAVEATS, GPU_CAVEAT, LOOP_CAVEAT, MAX_COLLECTIVES, ROOFLINE_CAVEAT, UPCAST_CAVEAT, Plan, PlannedCollective, PlanWarning, format_bytes
+from .peak import memory_peak
+from .plan import (CAVEATS, GPU_CAVEAT, LOOP_CAVEAT, MAX_COLLECTIVES, REMAT, RESERVED_CPU, RESERVED_TPU, ROOFLINE_CAVEAT,
+                   SCATTER_CAVEAT, TPU_CAVEATS, UPCAST_CAVEAT, Plan, PlannedCollective, PlanWarning, format_bytes,
+                   remat_caveat)
 from .topology import topology_for
 
 __all__ = [  # the names this module has always offered, wherever they now live
@@ -71,14 +77,6 @@ def _no_values_error(exc: BaseException, filename: str | None) -> UsageError:
     )
 
 
-def _cost(compiled) -> dict:
-    try:
-        cost = compiled.cost_analysis() or {}
-    except Exception:  # not every backend implements cost analysis
-        return {}
-    return cost[0] if isinstance(cost, (list, tuple)) and cost else cost if isinstance(cost, dict) else {}
-
-
 def _figure(cost: dict, key: str) -> float | None:
     value = cost.get(key)
     return float(value) if value is not None and value >= 0 else None
@@ -97,35 +95,45 @@ def output_structs(compiled):
 
 def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = None,
                  line_text: Callable[[int], str] | None = None, hardware: Hardware | str | None = None,
-                 device_memory=None, set_mesh: bool = True, topology: str | None = None, leaf_labels=None) -> Plan:
+                 device_memory=None, set_mesh: bool = True, topology: str | None = None, leaf_labels=None,
+                 compiler: str = "auto", target=None, output_labels=None) -> Plan:
     """Compile `fn(*abstract_args)` for `mesh` without running it, and say what it costs per device.
 
     `fn`: a `jax.jit`-ed function (anything with `.lower`), or a function to jit. `abstract_args`:
     pytrees of ShapeDtypeStructs or arrays (which stand in by shape and sharding; unsharded ones are
     replicated). `names`: one label per argument, for messages. `filename`: the file (or cell
-    filename) whose lines name the collectives, by default `fn`'s own; `line_text(n)` gives line n's
-    text (default: linecache). `hardware`: a profile or its name, for the step time and the memory;
-    `device_memory` (bytes or "16GiB") overrides the memory; `topology` ("4x8") the physical slice the
-    mesh is laid onto (default: as jax.make_mesh would lay it). With `set_mesh`, traces under
-    `jax.set_mesh(mesh)`, as the %%shard engine runs.
+    filename) whose lines name the collectives and buffers, by default `fn`'s own; `line_text(n)`
+    gives line n's text (default: linecache). `hardware`: a profile or its name, for the step time and
+    the memory; `device_memory` (bytes or "16GiB") overrides the memory; `topology` ("4x8") the
+    physical slice the mesh is laid onto (default: as jax.make_mesh would lay it). With `set_mesh`,
+    traces under `jax.set_mesh(mesh)`, as the %%shard engine runs.
+
+    `compiler`: "auto" compiles with XLA:TPU for compile-only devices of the `topology` slice when the
+    profile is a TPU and libtpu is installed (stages/plan/target.py), else with XLA:CPU; "tpu" insists
+    on XLA:TPU, "cpu" on XLA:CPU. `target` (a `target.Target`) gives the choice already made.
     """
     import jax
 
+    from .target import choose
+    from .topology import with_topology
+
+    if isinstance(hardware, str):
+        hardware = parse_hardware(hardware)
+    if topology is not None:
+        hardware = with_topology(hardware, topology)
+    if target is None:
+        target = choose(mesh, hardware, compiler)
+    mesh = target.mesh
     check_scale(mesh)
     if not isinstance(mesh, jax.sharding.Mesh):
         raise UsageError(
             "A plan compiles for devices, so it needs a Mesh of devices, not an AbstractMesh: simulate them "
             "first (`%devices --simulate 512`, or jax.config.update('jax_num_cpu_devices', 512) before JAX "
-            "starts) and build the mesh over them (`%mesh data=64 model=8`, or jaxpar_magic.make_mesh)."
+            "starts) and build the mesh over them (`%mesh data=64 model=8`, or jaxpar_magic.make_mesh); or "
+            "compile for a TPU slice with XLA:TPU (`--hardware tpu-v5e --topology 16x16`, with libtpu installed)."
         )
-    if isinstance(hardware, str):
-        hardware = parse_hardware(hardware)
-    if topology is not None and hardware is None:
-        raise UsageError(f"--topology {topology}: a topology belongs to a device profile; add --hardware "
-                         f"(e.g. `--hardware tpu-v5e --topology {topology}`).")
     sizes = {str(n): int(s) for n, s in mesh.shape.items()}
-    topology = topology if topology is not None else getattr(hardware, "topology", None)
-    laid_out = topology_for(hardware, sizes, topology) if hardware is not None else None  # before compiling
+    laid_out = topology_for(hardware, sizes, hardware.topology) if hardware is not None else None  # before compiling
     capacity, capacity_source = device_capacity(mesh, hardware, device_memory)
     memory_note = None
     if hardware is not None and hardware.preallocate and device_memory is None and capacity:
@@ -145,7 +153,8 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         # The engines' programs enter their mesh while traced; a mesh set globally is set aside (on_cell_mesh).
         with jax.set_mesh(mesh) if set_mesh else on_cell_mesh(mesh):
             lowered = jitted.lower(*args)
-            compiled = lowered.compile()
+        program = lowered.as_text(dialect="hlo", debug_info=True)  # the program's own dtypes, before XLA's passes
+        made, kept = compile_plan_program(lowered, key_of(program, mesh, filename))
     except UsageError:
         raise
     except Exception as exc:
@@ -154,22 +163,28 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         explained = explain_trace_error(exc, filename or "", tuple(str(n) for n in mesh.axis_names))
         if explained is not None:
             raise explained from None
+        if target.is_tpu and isinstance(exc, jax.errors.JaxRuntimeError):
+            raise tpu_compile_error(exc, target) from None
         raise
     compile_ms = (time.perf_counter() - start) * 1e3
-
-    memory = compiled.memory_analysis()
-    cost = _cost(compiled)
-    text = compiled.as_text()
-    program = lowered.as_text(dialect="hlo", debug_info=True)  # the program's own dtypes, before XLA:CPU's passes
+    memory, cost, text = made.memory, made.cost, made.text
     types, matmuls = program_facts(program)
-    upcast = upcasts(text, types)
-    planned = plan_collectives(collectives(text, None, filename, upcast.shadows, is_user_file), mesh, line_text,
-                               filename)
-    flops, cpu_bytes = _figure(cost, "flops"), _figure(cost, "bytes accessed")
-    bytes_accessed = max(0.0, cpu_bytes - upcast.traffic_bytes) if cpu_bytes is not None else None
-    caveats = list(CAVEATS)
+    read = instructions(text)  # the compiled program's instructions, read once for the three readers below
+    read, types = same_operations(read, types, filename)  # a kept compile has its first plan's callers
+    upcast = upcasts(text, types, read) if not target.is_tpu else Upcasts({}, set(), 0.0)  # XLA:TPU keeps bf16
+    found = reduce_scatters(text, collectives(text, None, filename, upcast.shadows, is_user_file), read)
+    planned = plan_collectives(found, mesh, line_text, filename, rewritten=not target.is_tpu)
+    flops, target_bytes = _figure(cost, "flops"), _figure(cost, "bytes accessed")
+    bytes_accessed = max(0.0, target_bytes - upcast.traffic_bytes) if target_bytes is not None else None
+    caveats = list(TPU_CAVEATS if target.is_tpu else CAVEATS)
+    if target.note:
+        caveats.insert(0, target.note)
+    if not target.is_tpu and runs_outside_loops(program, REMAT):  # in a loop's body XLA:CPU keeps it
+        caveats.insert(0, remat_caveat(hardware))
     if upcast.shadows:
         caveats.append(UPCAST_CAVEAT)
+    if any(c.sliced_from for c in found) and not target.is_tpu:
+        caveats.append(SCATTER_CAVEAT)
     if " while(" in text:
         caveats.append(LOOP_CAVEAT)
     times = None
@@ -178,7 +193,8 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         caveats.append(ROOFLINE_CAVEAT)
         if hardware.kind == "gpu":
             caveats.append(GPU_CAVEAT)
-    return Plan(
+    outputs = output_structs(made.compiled)
+    plan = Plan(
         mesh=mesh,
         argument_bytes=int(memory.argument_size_in_bytes),
         output_bytes=int(memory.output_size_in_bytes),
@@ -188,22 +204,58 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         bytes_accessed=bytes_accessed,
         compile_ms=compile_ms,
         collectives=planned,
-        outputs=output_structs(compiled),
+        outputs=outputs,
         hardware=hardware,
         capacity=capacity,
         capacity_source=capacity_source,
         roofline=times,
         topology=laid_out,
-        cpu_bytes_accessed=cpu_bytes,
+        cpu_bytes_accessed=target_bytes,
         memory_note=memory_note,
         caveats=tuple(caveats),
-        compiled=compiled,
+        compiled=made.compiled,
+        target=target,
+        peak_bytes=_reported_peak(memory) if target.is_tpu else None,
+        reused=kept,
     )
+    plan.peak = memory_peak(made.dump, read, entry_name(text), plan.total_bytes,
+                            leaf_labels=leaf_labels, output_labels=_labels(output_labels, outputs),
+                            filename=filename, line_text=line_text,
+                            rest_note=RESERVED_TPU if target.is_tpu else RESERVED_CPU)
+    return plan
+
+
+def tpu_compile_error(exc: BaseException, target) -> UsageError:
+    """XLA:TPU refusing a slice (measured: a v5e 2x16 fails in its DMA routing), said as a UsageError."""
+    said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return UsageError(
+        f"XLA:TPU could not compile this cell for {target.where}: {said[:300]}. Plan a slice shape Google Cloud "
+        f"offers (v5e and v6e: 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16; v4 and v5p: 2x2x1, 2x2x2, 2x2x4, 2x4x4, "
+        f"4x4x4 and larger multiples of 4), or plan with XLA:CPU: drop --topology (or plan_cell(..., compiler=\"cpu\"))."
+    )
+
+
+def _reported_peak(memory) -> int | None:
+    """XLA:TPU's own peak (`peak_memory_in_bytes`): it counts what TPU programs hold beyond their
+    arguments, outputs and temporaries (measured: collectives' scratch), and 0 where not reported."""
+    peak = int(getattr(memory, "peak_memory_in_bytes", 0) or 0)
+    return peak if peak > 0 else None
+
+
+def _labels(given, outputs) -> list[str]:
+    """Output labels: `given` (a list, or a function of the outputs), else their paths (`out[1]['w']`)."""
+    import jax
+
+    if callable(given):
+        return given(outputs)
+    if given is not None:
+        return list(given)
+    return ["out" + jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_flatten_with_path(outputs)[0]]
 
 
 # --- a planned cell (the engines' --plan stage) ------------------------------------------------
 
-def plan_program(prepared, *, hardware=None, device_memory=None, set_mesh=True, reshape=None) -> Plan:
+def plan_program(prepared, *, hardware=None, device_memory=None, set_mesh=True, reshape=None, target=None) -> Plan:
     """The --plan stage: compile a prepared cell's program (prepared.PreparedCell) over its abstract
     arguments, never run.
 
@@ -215,11 +267,34 @@ def plan_program(prepared, *, hardware=None, device_memory=None, set_mesh=True, 
     from ...views.progress import Progress
 
     program, cell = prepared.program(), prepared.cell
-    with Progress("planning"):
+    label = f"compiling with {target.compiler} for {target.where}" if target is not None and target.is_tpu else "planning"
+    with Progress(label):
         plan = compile_plan(program.jitted, prepared.arguments, prepared.mesh, names=list(prepared.names),
                             filename=cell.filename, line_text=cell.line, hardware=hardware,
-                            device_memory=device_memory, set_mesh=set_mesh, leaf_labels=prepared.labels())
+                            device_memory=device_memory, set_mesh=set_mesh, leaf_labels=prepared.labels(),
+                            target=target, output_labels=lambda outputs: _cell_output_labels(outputs, reshape))
     trace = plan.outputs[TRACE]  # the CellTrace of the trace just compiled
     plan.bindings = trace.bound_outputs(plan.outputs[0], reshape)
     plan.computed = trace.device_outputs
+    plan.abstract = dict(plan.bindings)
     return plan
+
+
+def _cell_output_labels(outputs, reshape) -> list[str]:
+    """Each leaf of the program's outputs named as the cell's value it belongs to (`grads['w1']`)."""
+    import jax
+
+    named = {}
+    for name, value in outputs[TRACE].outputs_of(outputs[0], reshape).items():
+        leaves = [p for p, leaf in jax.tree_util.tree_flatten_with_path(value)[0] if hasattr(leaf, "shape")]
+        named[name] = [name + jax.tree_util.keystr(p) for p in leaves]
+    labels = []
+    for path, _ in jax.tree_util.tree_flatten_with_path(outputs)[0]:
+        keys = [getattr(k, "key", getattr(k, "idx", None)) for k in path]
+        if len(keys) >= 3 and keys[0] == 0 and keys[1] in named and isinstance(keys[2], int) and keys[2] < len(named[keys[1]]):
+            labels.append(named[keys[1]][keys[2]])
+        elif keys and keys[0] == 1:
+            labels.append("the cell's value")
+        else:
+            labels.append("out" + jax.tree_util.keystr(path))
+    return labels

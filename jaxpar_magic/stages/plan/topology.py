@@ -90,7 +90,7 @@ def _balanced(n: int, limits: tuple[int, ...]) -> tuple[int, ...] | None:
 def _parse_shape(text: str, hardware: Hardware) -> tuple[int, ...]:
     example = "8" if hardware.kind == "gpu" else "x".join(["4"] * max(1, len(hardware.pod)))
     parts = str(text).lower().replace("×", "x").split("x")
-    if not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+    if not all(p.strip().isascii() and p.strip().isdigit() and int(p) > 0 for p in parts):  # "²" is a digit too
         raise UsageError(f"--topology {text}: write the slice's physical shape as sizes joined by x, e.g. "
                          f"`--topology {example}`.")
     return tuple(int(p) for p in parts)

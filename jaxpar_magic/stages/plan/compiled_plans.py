@@ -1,0 +1,100 @@
+"""Compiling a plan, once: the compiled program with XLA's buffer dump, kept for the next plan of the
+same program.
+
+A plan compiles with `compiler_options={"xla_dump_to": ...}` (cell/xla_dump.py), which JAX's own
+compilation cache keys on, and a fresh folder each time: so re-planning an unchanged cell would
+compile again (XLA:TPU takes 13-27 s for a train step on 2 cores). Plans are therefore kept here,
+keyed by the lowered program's text and the devices it was compiled for, like any cell's compiled
+program: re-running a plan cell, or planning the same layout in a `--compare`, compiles nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from ...cell.xla_dump import BufferDump, compile_with_dump
+
+KEEP = 8  # compiled plans kept (an XLA:TPU executable for compile-only devices is a few MB)
+
+
+@dataclass
+class CompiledPlan:
+    compiled: object  # jax.stages.Compiled
+    memory: object  # compiled.memory_analysis()
+    cost: dict  # compiled.cost_analysis(), or {} where the backend has none
+    text: str  # compiled.as_text()
+    dump: BufferDump
+    compile_s: float  # how long the compile took when it ran
+
+
+_kept: OrderedDict = OrderedDict()
+
+
+def _cost(compiled) -> dict:
+    try:
+        cost = compiled.cost_analysis() or {}
+    except Exception:  # not every backend implements cost analysis
+        return {}
+    return cost[0] if isinstance(cost, (list, tuple)) and cost else cost if isinstance(cost, dict) else {}
+
+
+_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+
+
+def within(chain, filename: str | None) -> tuple:
+    """A source-frame chain (innermost first) up to the cell's (or function's) own file: its callers cut
+    off. A kept compile carries the callers of the plan that made it, and a re-run has new ones."""
+    upto = next((i for i, f in enumerate(chain) if f[0] == filename), None)
+    return tuple(chain) if upto is None else tuple(chain[:upto + 1])
+
+
+def same_operations(instructions: list, types: dict, filename: str | None) -> tuple[list, dict]:
+    """The compiled program's instructions and the lowered program's types keyed alike, by op name and
+    frames `within` the file, so that a kept compile matches a new lowering operation by operation."""
+    from dataclasses import replace
+
+    def trim(key):
+        return (key[0], within(key[1], filename)) if key else key
+
+    return [replace(i, key=trim(i.key)) for i in instructions], {trim(k): v for k, v in types.items()}
+
+
+def key_of(program_text: str, mesh, filename: str | None = None) -> str:
+    """The lowered program and the devices it compiles for (platform and ids in mesh order).
+
+    The program's source frames count only up to the cell's (or function's) own file: what calls it
+    (IPython runs each magic from a new `<ipython-input-N-...>`) does not change the program, while
+    the lines inside it, which name the collectives and buffers, do."""
+    from ...cell.hlo_text import frames
+
+    body = "\n".join(line for line in program_text.split("\n\n") if line.split("\n", 1)[0].strip() not in _TABLES)
+    inner = {}
+    for frame, chain in frames(program_text).items():
+        if filename is None or any(f[0] == filename for f in chain):  # frames outside the cell name nothing
+            inner[frame] = within(chain, filename)
+    devices = [(d.platform, d.id) for d in mesh.devices.flat]
+    digest = hashlib.sha256(body.encode())
+    digest.update(repr((sorted(inner.items()), devices, tuple(mesh.axis_names))).encode())
+    return digest.hexdigest()
+
+
+def compile_plan_program(lowered, key: str) -> tuple[CompiledPlan, bool]:
+    """(the compiled plan, whether it was kept from before)."""
+    if key in _kept:
+        _kept.move_to_end(key)
+        return _kept[key], True
+    start = time.perf_counter()
+    compiled, dump = compile_with_dump(lowered)
+    found = CompiledPlan(compiled, compiled.memory_analysis(), _cost(compiled), compiled.as_text(), dump,
+                         time.perf_counter() - start)
+    _kept[key] = found
+    while len(_kept) > KEEP:
+        _kept.popitem(last=False)
+    return found, False
+
+
+def forget() -> None:
+    """Drop every kept plan (tests; memory)."""
+    _kept.clear()

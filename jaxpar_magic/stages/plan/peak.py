@@ -1,0 +1,326 @@
+"""What fills a device's memory at the peak, and its live bytes over the program's schedule.
+
+From XLA's own buffer assignment and live ranges for the compile (cell/xla_dump.py) and the
+compiled program's text (its instructions, their JAX op names and source frames):
+
+- each value in the allocations compiled.memory_analysis() counts as arguments, outputs and
+  temporaries, in any memory space (XLA:TPU also places temporaries in the space its reports call
+  "vmem", and counts them in its peak) becomes a buffer:
+  values at the same place in the same allocation whose live ranges touch are one buffer (XLA's
+  in-place updates and aliases), so no byte is counted twice;
+- the timeline is the bytes of the buffers live at each step of the schedule, and the peak is its
+  busiest step;
+- every buffer live there is one row: its size, dtype and shape, what it is (an argument with its
+  input's name and leaf path, an output with its name, or a temporary with the operation that makes
+  it) and the user's line that made it. The smallest are grouped as "other", and what the plan reports
+  beyond the live buffers (the compiler's reserve: outputs written later, free space in the
+  temporary arena, XLA:TPU's scratch space) is one last row, so the rows add up to the reported peak.
+
+Plain Python; no JAX.
+"""
+from __future__ import annotations
+
+import linecache
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ...cell.hlo_text import ARRAY, Instruction
+from ...cell.xla_dump import BufferDump
+from .mesh_collectives import is_user_file, origin_of
+
+MAX_ROWS = 10  # buffers named one by one; the rest are "other"
+MIN_SHARE = 0.005  # ... and each of those at least this share of the peak
+TIMELINE_POINTS = 120  # the timeline's resolution in the view (each point the busiest step of its stretch)
+_ARG_PATH = re.compile(r"^args\[(\d+)\]\[(\d+)\]$")
+# What moves a value without computing it: the value keeps the name of what computed it.
+_MOVES = ("copy", "copy-start", "copy-done", "bitcast", "get-tuple-element", "async-start", "async-done",
+          "async-update")
+
+
+@dataclass(frozen=True)
+class PeakBuffer:
+    bytes: int
+    dtype: str
+    shape: tuple[int, ...]
+    kind: str  # "argument" | "output" | "temporary"
+    name: str | None  # an argument's or output's label (`params['w1']`)
+    op: str | None  # a temporary's operation: the JAX op (`dot_general`), else XLA's (`fusion`)
+    instruction: str  # XLA's name for the value (`fusion.4`)
+    line: int | None = None  # the cell's line
+    source: str | None = None
+    origin: dict | None = None  # the line inside a function the cell calls (as collectives carry it)
+    space: str | None = None  # the memory space, where the program uses more than one ("vmem" on XLA:TPU)
+
+    def state(self) -> dict:
+        return {"bytes": self.bytes, "dtype": self.dtype, "shape": list(self.shape), "kind": self.kind,
+                "name": self.name, "op": self.op, "instruction": self.instruction, "line": self.line,
+                "source": self.source, "origin": self.origin, "space": self.space}
+
+
+@dataclass
+class MemoryPeak:
+    """One device's memory at the peak (every device runs the same program on its own shards)."""
+
+    reported: int  # the peak the plan reports; the rows below add up to it
+    live: int  # bytes of the buffers live at the busiest step
+    step: int  # that step
+    steps: int  # steps in the schedule
+    buffers: list[PeakBuffer]  # the largest live buffers, largest first
+    other_bytes: int = 0  # the smaller live buffers, grouped
+    other_count: int = 0
+    reserved_bytes: int = 0  # reported - live: what the compiler holds beyond the live buffers
+    reserve: list = field(default_factory=list)  # [(bytes, what)]: that, in parts (they add up to reserved_bytes)
+    at: dict | None = None  # the operation the peak step runs: {"op", "instruction", "line", "source", "origin"}
+    timeline: list[dict] = field(default_factory=list)  # [{"step", "bytes", "at"}]: "at" indexes `places`
+    places: list[dict] = field(default_factory=list)  # [{"op", "instruction", "line", "source", "origin"}], once each
+
+    @property
+    def largest(self) -> PeakBuffer | None:
+        return self.buffers[0] if self.buffers else None
+
+    def state(self) -> dict:
+        return {"reported": self.reported, "live": self.live, "step": self.step, "steps": self.steps,
+                "buffers": [b.state() for b in self.buffers], "other_bytes": self.other_bytes,
+                "other_count": self.other_count, "reserved_bytes": self.reserved_bytes,
+                "reserve": [{"bytes": n, "note": note} for n, note in self.reserve], "at": self.at,
+                "timeline": self.timeline, "places": self.places}
+
+
+@dataclass
+class _Buffer:
+    allocation: int
+    size: int
+    first: int
+    last: int
+    values: list  # (first step, Value)
+
+
+def _buffers(dump: BufferDump) -> list[_Buffer]:
+    """Device-memory values grouped into buffers: same allocation, offset and size, live ranges touching."""
+    places: dict[tuple, list] = {}
+    for v in dump.values:
+        allocation = dump.allocations.get(v.allocation)
+        span = dump.ranges.get(v.key)
+        if allocation is None or not allocation.counted or span is None or v.size <= 0:
+            continue
+        places.setdefault((v.allocation, v.offset, v.size), []).append((span, v))
+    found = []
+    for (allocation, _, size), entries in places.items():
+        entries.sort(key=lambda e: e[0])
+        current = None
+        for (first, last), value in entries:
+            if current is not None and first <= current.last:
+                current.last = max(current.last, last)
+                current.values.append((first, value))
+            else:
+                current = _Buffer(allocation, size, first, last, [(first, value)])
+                found.append(current)
+    return found
+
+
+def _timeline(buffers: list[_Buffer], steps: int) -> list[int]:
+    delta = [0] * (steps + 2)
+    for b in buffers:
+        delta[max(0, b.first)] += b.size
+        delta[min(steps, b.last) + 1] -= b.size
+    live, total = [], 0
+    for d in delta[:steps + 1]:
+        total += d
+        live.append(total)
+    return live
+
+
+def _array(type_text: str) -> tuple[str, tuple[int, ...]]:
+    found = ARRAY.findall(type_text)
+    if not found:
+        return "tuple", ()
+    dtype, dims = found[0]
+    return dtype, tuple(int(d) for d in dims.split(",") if d)
+
+
+class _Sources:
+    """An instruction's JAX op and the user's line, from the compiled program's metadata; a fusion
+    without metadata of its own takes its fused computation's root's."""
+
+    def __init__(self, program: list[Instruction], filename: str | None, line_text, parameters=None):
+        self.parameters = parameters or {}  # parameter instruction -> its argument's label
+        self.by_name = {i.name: i for i in program}
+        self.roots = {i.computation: i for i in program if i.root}
+        self.filename = filename
+        self.line_text = line_text
+
+    def keyed(self, name: str) -> Instruction | None:
+        ins = self.by_name.get(name)
+        seen = 0
+        while ins is not None and ins.key is None and ins.callee and seen < 8:
+            ins = self.roots.get(ins.callee)
+            seen += 1
+        return ins if ins is not None and ins.key is not None else None
+
+    def producer(self, name: str) -> str:
+        """The instruction that computed a value, through the copies, async moves and tuple
+        elements XLA adds around it (XLA:TPU moves buffers between memory spaces)."""
+        seen = 0
+        ins = self.by_name.get(name)
+        while ins is not None and ins.op in _MOVES and ins.operands and seen < 16:
+            ins = self.by_name.get(ins.operands[0]) or ins
+            seen += 1
+        return ins.name if ins is not None else name
+
+    def describe(self, name: str) -> dict:
+        own = self.by_name.get(name)
+        keyed = self.keyed(name)
+        op = short_op(keyed.op_name) if keyed is not None else None
+        if own is not None and own.op == "parameter":
+            op = self.parameters.get(name, "parameter")
+        if op is None and own is not None:
+            op = own.op
+        line, source, origin = None, None, None
+        chain = keyed.frames if keyed is not None else ()
+        if self.filename:
+            line = next((n for f, n, _ in chain if f == self.filename), None)
+        inner = next((f for f in chain if f[0] and is_user_file(f[0])), None)
+        if inner is not None and inner[0] != self.filename:
+            origin = origin_of(inner)
+        if line is not None:
+            text = self.line_text(line) if self.line_text is not None else linecache.getline(self.filename, line)
+            source = text.strip() or None
+        elif inner is not None and origin is None:
+            line, source = inner[1], None
+        if origin is not None and line is None and self.filename is None:
+            line, source, origin = origin["line"], origin["source"], None  # a plain function: its own file's line
+        return {"op": op, "instruction": name, "line": line, "source": source, "origin": origin}
+
+
+def short_op(op_name: str | None) -> str | None:
+    """JAX's op name without its path: `jit(step)/transpose(jvp())/dot_general` -> `dot_general`,
+    `jit(f)/transpose(jvp(reduce_sum))` -> `reduce_sum`."""
+    if not op_name:
+        return None
+    depth, last = 0, 0
+    for i, ch in enumerate(op_name):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "/" and depth == 0:
+            last = i + 1
+    found = re.search(r"([A-Za-z_][\w.\-]*)\)*$", op_name[last:])
+    return found.group(1) if found else op_name[last:] or None
+
+
+def _parameter_names(program: list[Instruction], entry: str | None) -> dict[int, str]:
+    names = {}
+    for ins in program:
+        if ins.op == "parameter" and ins.computation == entry and ins.op_name:
+            number = re.search(r"parameter\((\d+)\)", ins.line)
+            if number:
+                names[int(number.group(1))] = ins.op_name
+    return names
+
+
+def _output_names(program: list[Instruction], entry: str | None) -> dict[str, int]:
+    """Value name -> the index of the program's output it is (the entry's ROOT tuple's operands)."""
+    root = next((i for i in program if i.root and i.computation == entry), None)
+    if root is None:
+        return {}
+    if root.op == "tuple":
+        return {operand: k for k, operand in enumerate(root.operands)}
+    return {root.name: 0}
+
+
+def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None, reported: int, *,
+                leaf_labels=None, output_labels: list[str] | None = None, filename: str | None = None,
+                line_text: Callable[[int], str] | None = None, rest_note: str = "") -> MemoryPeak:
+    """The peak of one compile. `program`: hlo_text.instructions of compiled.as_text(); `entry` its
+    ENTRY computation; `reported` the peak the plan reports. `leaf_labels[i][j]` names leaf j of
+    input i (the engines' arguments `args[i][j]`); `output_labels[k]` output k. What the plan
+    reports beyond the buffers live at the peak is the output buffers not yet written there, and
+    the rest, which `rest_note` says what it is."""
+    buffers = _buffers(dump)
+    live = _timeline(buffers, dump.steps)
+    step = max(range(len(live)), key=live.__getitem__) if live else 0
+    peak_live = live[step] if live else 0
+    parameters = _parameter_names(program, entry)
+    by_number = {int(re.search(r"parameter\((\d+)\)", i.line).group(1)): i.name for i in program
+                 if i.op == "parameter" and i.computation == entry}
+    labels = {by_number[n]: _argument_label(parameters.get(n), leaf_labels, _Param(n)) for n in by_number}
+    sources = _Sources(program, filename, line_text, labels)
+    outputs = _output_names(program, entry)
+    rows, live_allocations = [], set()
+    for b in buffers:
+        if not b.first <= step <= b.last:
+            continue
+        live_allocations.add(b.allocation)
+        _, value = max((e for e in b.values if e[0] <= step), key=lambda e: e[0])
+        allocation = dump.allocations[b.allocation]
+        dtype, shape = _array(value.type)
+        described = sources.describe(sources.producer(value.name))
+        if allocation.kind == "parameter":
+            kind, name = "argument", _argument_label(parameters.get(allocation.parameter), leaf_labels, allocation)
+            described.update(op=None, line=None, source=None, origin=None)
+        elif value.name in outputs and value.index == "{}":
+            k = outputs[value.name]
+            kind = "output"
+            name = output_labels[k] if output_labels is not None and k < len(output_labels) else f"output {k}"
+        else:
+            kind, name = "temporary", None
+        space = dump.spaces.get(allocation.color) if allocation.color else None
+        rows.append(PeakBuffer(b.size, dtype, shape, kind, name, described["op"], value.name, described["line"],
+                               described["source"], described["origin"], space))
+    rows.sort(key=lambda r: -r.bytes)
+    named = [r for r in rows[:MAX_ROWS] if r.bytes >= MIN_SHARE * max(reported, 1)] or rows[:1]
+    other = rows[len(named):]
+    at_name = dump.sequence[step] if step < len(dump.sequence) else None
+    later = [a for a in dump.allocations.values() if a.kind == "output" and a.index not in live_allocations]
+    written_later = min(sum(a.size for a in later), max(0, reported - peak_live))
+    reserve = []
+    if written_later:
+        reserve.append((written_later, f"outputs written after this step ({len(later)} buffer{'s' if len(later) != 1 else ''})"))
+    if reported - peak_live - written_later > 0:
+        reserve.append((reported - peak_live - written_later, rest_note or "held by the compiler beyond these buffers"))
+    peak = MemoryPeak(
+        reported=reported, live=peak_live, step=step, steps=len(live), buffers=named,
+        other_bytes=sum(r.bytes for r in other), other_count=len(other),
+        reserved_bytes=reported - peak_live, reserve=reserve,
+        at=sources.describe(at_name) if at_name else None,
+    )
+    peak.timeline, peak.places = _sampled(live, dump.sequence, sources)
+    return peak
+
+
+@dataclass(frozen=True)
+class _Param:
+    parameter: int
+    shape_index: str = "{}"
+
+
+def _argument_label(op_name: str | None, leaf_labels, allocation) -> str:
+    """An argument's name: the input's label and leaf path (`params['w1']`), from JAX's op name for
+    the parameter (`args[0][1]` in the engines' programs, the argument's own path in a function)."""
+    if op_name is None:
+        return f"argument {allocation.parameter}"
+    m = _ARG_PATH.match(op_name)
+    if m and leaf_labels is not None:
+        i, j = int(m.group(1)), int(m.group(2))
+        if i < len(leaf_labels) and j < len(leaf_labels[i]):
+            return leaf_labels[i][j]
+    return op_name + ("" if allocation.shape_index == "{}" else allocation.shape_index)
+
+
+def _sampled(live: list[int], sequence: list[str], sources: _Sources) -> tuple[list[dict], list[dict]]:
+    """At most TIMELINE_POINTS points, each the busiest step of its stretch of the schedule, and the
+    places (operation and line) they name, each place once: a step is `{"step", "bytes", "at"}`."""
+    if not live:
+        return [], []
+    stretch = max(1, -(-len(live) // TIMELINE_POINTS))
+    points, places, index = [], [], {}
+    for start in range(0, len(live), stretch):
+        step = max(range(start, min(len(live), start + stretch)), key=live.__getitem__)
+        name = sequence[step] if step < len(sequence) else None
+        place = sources.describe(name) if name is not None else {"op": "end of the program", "instruction": "",
+                                                                   "line": None, "source": None, "origin": None}
+        key = (place["op"], place["line"], place["source"], repr(place["origin"]))
+        if key not in index:
+            index[key] = len(places)
+            places.append(place)
+        points.append({"step": step, "bytes": live[step], "at": index[key]})
+    return points, places
