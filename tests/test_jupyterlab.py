@@ -415,21 +415,16 @@ def check_ecosystem_chapter(page, shots: Path) -> None:
     shot_in_viewport(page, split.first, shots.with_name(shots.name + ".png"))
 
 
-def check_memory_chapter(page, shots: Path) -> None:
-    plans = live_view(page, "plan")
-    assert plans.count() == 2, f"the memory chapter shows {plans.count()} live plan views, not 2 (the step, ZeRO-3 on v5p)"
-    # Both exercises ship unsolved: each check says "not yet" in one line.
-    unsolved = output_with(page, "✗ not yet:")
-    assert unsolved.count() == 2, f"{unsolved.count()} of the memory chapter's 2 unsolved checks say 'not yet'"
-    shot_in_viewport(page, plans.first, shots.with_name(shots.name + ".png"))
-
-
-def check_model_parallel_chapter(page, shots: Path) -> None:
-    plans = live_view(page, "plan")
-    assert plans.count() == 2, f"the model-parallel chapter shows {plans.count()} live plan views, not 2 (overlap, crossover)"
-    unsolved = output_with(page, "✗ not yet:")
-    assert unsolved.count() == 2, f"{unsolved.count()} of the model-parallel chapter's 2 unsolved checks say 'not yet'"
-    shot_in_viewport(page, plans.last, shots.with_name(shots.name + ".png"))
+def plans_and_unsolved_checks(chapter: str, plans_shown: str):
+    """A topic chapter's check: its two live plan views (`plans_shown` says which), and its two
+    exercises shipped unsolved, each check saying "not yet" in one line."""
+    def check(page, shots: Path) -> None:
+        plans = live_view(page, "plan")
+        assert plans.count() == 2, f"the {chapter} chapter shows {plans.count()} live plan views, not 2 ({plans_shown})"
+        unsolved = output_with(page, "✗ not yet:")
+        assert unsolved.count() == 2, f"{unsolved.count()} of the {chapter} chapter's 2 unsolved checks say 'not yet'"
+        shot_in_viewport(page, plans.last, shots.with_name(shots.name + ".png"))
+    return check
 
 
 CHECKS: dict[str, Callable] = {
@@ -442,8 +437,8 @@ CHECKS: dict[str, Callable] = {
     "collectives_chapter.ipynb": check_collectives_chapter,
     "planning_chapter.ipynb": check_planning_chapter,
     "cluster_chapter.ipynb": check_cluster_chapter,
-    "memory_chapter.ipynb": check_memory_chapter,
-    "model_parallel_chapter.ipynb": check_model_parallel_chapter,
+    "memory_chapter.ipynb": plans_and_unsolved_checks("memory", "the step, ZeRO-3 on v5p"),
+    "model_parallel_chapter.ipynb": plans_and_unsolved_checks("model-parallel", "overlap, crossover"),
 }
 MIN_VIEW = (150, 40)  # px; every live view at least this wide and tall
 STATUS_BAR_PX = 40
