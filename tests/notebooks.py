@@ -155,7 +155,7 @@ def executed_source(sources: list[str]) -> list:
     with tempfile.NamedTemporaryFile(suffix=".ipynb", mode="w", delete=False) as f:
         nbformat.write(nb, f)
     try:
-        return list(copy.deepcopy(_executed.__wrapped__(Path(f.name))).cells)
+        return list(copy.deepcopy(_executed.__wrapped__(Path(f.name))[0]).cells)
     finally:
         Path(f.name).unlink()
 

@@ -174,5 +174,5 @@ def test_the_context_mesh_is_left_as_it_was(jx, global_mesh, m4):
 def test_plan_on_a_mesh_of_another_size(jx, global_mesh, m4, magic, line):
     jx.push({"x": np.arange(4.0, dtype=np.float32)})
     _, captured = cell(jx, magic, line + " --plan --no-show", "y = x * 2")
-    assert captured.stdout.startswith("planned:")
+    assert captured.stdout.startswith("planned")
     assert isinstance(jx.user_ns["y"], jax.ShapeDtypeStruct) and jx.user_ns["y"].shape == (4,)

@@ -25,7 +25,7 @@ ROWS, WIDE = 1024, 16384  # per device: h is f32[1024, 16384], 64 MiB
 
 @pytest.fixture(scope="module")
 def flat():
-    return make_mesh("data=8")
+    return make_mesh("data=8", axis_types="auto")
 
 
 @pytest.fixture(scope="module")

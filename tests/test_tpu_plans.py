@@ -28,7 +28,7 @@ def libtpu():
 
 @pytest.fixture(scope="module")
 def grid():
-    return make_mesh("data=4 model=2")
+    return make_mesh("data=4 model=2", axis_types="auto")
 
 
 def step(params, x):
