@@ -48,6 +48,9 @@ STEPS = int(os.environ.get("JPM_DIFFERENTIAL_STEPS", "10"))
 RANDOM = os.environ.get("JPM_DIFFERENTIAL_RANDOM") == "1"
 
 IMPORTS = "import functools\nimport jax\nimport jax.numpy as jnp\nimport numpy as np\nfrom jax import lax\n"
+# The cells' mesh has Auto axes: the oracle runs without layouts, and on Explicit axes (what
+# jax.make_mesh gives by default) a cell slicing its sharded `x` needs an out_sharding, in plain JAX too.
+MESH = 'mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))\n'
 
 SHAPES = [(8,), (16,), (8, 2)]  # few, so that a shape comes back after another
 DTYPES = ["float32", "int32"]
@@ -81,9 +84,10 @@ GLOBAL_CELLS = [  # %%shard and %%pmap block mode
     ("q = (x * 1.0 + 1) / sg", ("q",)),
     ("h(x * 1.0).sum()", ()),
 ]
-BLOCK_CELLS = [  # %%shard_map --in x=data --out y=data: outputs assembled by blocks, finals plain
-    ("rows = x.size\ny = h(x * 1.0)\nrows * 2", ("rows", "y")),
-    ("y = h(x * 1.0) + 1\nt = sg", ("y", "t")),
+BLOCK_CELLS = [  # %%shard_map --in x=data --out y=data: y assembled by blocks, the final plain;
+    # with --out only the names listed are bound (rows and t are the body's temporaries)
+    ("rows = x.size\ny = h(x * 1.0)\nrows * 2", ("y",)),
+    ("y = h(x * 1.0) + 1\nt = sg", ("y",)),
 ]
 FUNCTION_CELL = "def step(v):\n    return h(v * 1.0) + sg\n"
 
@@ -179,7 +183,7 @@ class Notebook(RuleBasedStateMachine):
         self.ns = self.shell.user_ns
         self.ns.clear()
         self.ns.update(self.baseline)
-        self.history: list[str] = [IMPORTS]  # every plain step, in order: the oracle runs them again
+        self.history: list[str] = [IMPORTS + MESH]  # every plain step, in order: the oracle runs them again
         self.session: list[str] = []  # every cell run so far, magics included: a failure prints them
         self.helper = None
         self.defined_step = False
@@ -187,7 +191,7 @@ class Notebook(RuleBasedStateMachine):
         # Each session's cells are its own (a comment line): the magics' caches do not carry a
         # program from one sequence to the next, so a failure replays, and shrinks, the same way.
         self.tag = f"# session {Found.sequences}\n"
-        self.play(IMPORTS)
+        self.play(IMPORTS + MESH)
 
     # --- the plain steps --------------------------------------------------------------------
 
@@ -231,7 +235,7 @@ class Notebook(RuleBasedStateMachine):
 
     @rule(cell=st.sampled_from(GLOBAL_CELLS), place=st.booleans(), show=st.booleans())
     def shard(self, cell, place, show):
-        line = "--mesh data=8" + (" --in x=data" if place else "") + ("" if show else " --no-show")
+        line = "--mesh mesh" + (" --in x=data" if place else "") + ("" if show else " --no-show")
         self.check("shard", line, cell, self.oracle_whole)
 
     @rule(cell=st.sampled_from(GLOBAL_CELLS), show=st.booleans())
@@ -240,7 +244,7 @@ class Notebook(RuleBasedStateMachine):
 
     @rule(cell=st.sampled_from(BLOCK_CELLS), show=st.booleans())
     def shard_map(self, cell, show):
-        line = "--mesh data=8 --in x=data --out y=data" + ("" if show else " --no-show")
+        line = "--mesh mesh --in x=data --out y=data" + ("" if show else " --no-show")
         self.check("shard_map", line, cell, self.oracle_per_block)
 
     @precondition(lambda self: self.last is not None)

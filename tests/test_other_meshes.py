@@ -123,3 +123,19 @@ def test_other_devices_are_a_usage_error_naming_both_meshes(jx, magic, line):
     assert "this cell runs on mesh" in message and "on devices 0-3" in message
     assert "jax.device_put(x, NamedSharding(mesh, P()))" in message
     assert "args[" not in message and "<locals>" not in message and "blocks[" not in message
+
+
+def test_a_pmap_function_takes_an_argument_from_an_explicit_mesh_of_other_names(jx):
+    """Found by tests/test_differential.py: `x` placed by `%%shard --mesh data=8 --in x=data`
+    (Explicit axes, what jax.make_mesh gives), then a `%%pmap`-defined function called on it, raised
+    JAX's KeyError: 'data' from shard_map's staging. It is laid out again, as a cell's input is."""
+    explicit = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+    x = jax.device_put(jnp.arange(8.0), NamedSharding(explicit, P("data")))
+    jx.push({"x": x})
+    run(jx, "pmap", "--no-show", "def double(v):\n    return v * 2\n")
+    for _ in range(2):  # the first call compiles, the second finds the program
+        with capture_output() as captured:
+            out = jx.user_ns["double"](x)
+        np.testing.assert_array_equal(out, 2 * np.arange(8.0))
+        assert "laid out on another mesh data=8 (Explicit axes) on devices 0-7" in captured.stdout
+    assert jx.user_ns["x"] is x and x.sharding.mesh == explicit  # the user's array is unchanged

@@ -12,7 +12,7 @@ from collections import OrderedDict
 
 from ...cell.fingerprints import fingerprint, traced_callables
 from ...cell.jax_traces import forget_traces
-from ...cell.meshes import on_cell_mesh
+from ...cell.meshes import describe_mesh, on_cell_mesh, on_other_mesh, spec_on
 from ...cell.programs import CACHE_SIZE
 from ...errors import UsageError, explaining
 from .program import ProgramFacts, block_on_cpu_collectives, compile_progress, has_collectives_on_cpu, program_facts
@@ -217,18 +217,46 @@ class ParallelFunction:
             import jax
 
             with compile_progress():
-                out = self._explained(jitted, dynamic)
+                out, dynamic = self._explained(jitted, dynamic)
                 jax.block_until_ready(out)
         else:
-            out = self._explained(jitted, dynamic)
+            out, dynamic = self._explained(jitted, dynamic)
         if slot[1] is None:  # once per configuration: does this program need the CPU guard?
             slot[1] = has_collectives_on_cpu(self.mesh, jitted, dynamic)
         block_on_cpu_collectives(out, slot[1])
         return rebuilt(out) if slot[3][0] else out
 
     def _explained(self, jitted, dynamic):
+        """The call's result, and the arguments it ran on (laid out again when from another mesh)."""
         with explaining(self.__wrapped__.__code__.co_filename, self.axis_names), on_cell_mesh(self.mesh):
-            return jitted(*dynamic)
+            try:
+                return jitted(*dynamic), dynamic
+            except Exception:
+                # An argument laid out on another mesh of these devices (Explicit axes of other names):
+                # shard_map cannot take it as it is. Checked only on failure, so calls pay nothing.
+                moved = self._laid_out_again(dynamic)
+                if moved is None:
+                    raise
+                return jitted(*moved), moved
+
+    def _laid_out_again(self, dynamic):
+        """`dynamic` with each leaf from another mesh put on this function's mesh, as
+        `jax.device_put` does (its own spec where this mesh has its axes, else replicated), with a
+        note; None when no leaf is on another mesh."""
+        import jax
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        leaves, treedef = jax.tree.flatten(dynamic)
+        others = [leaf for leaf in leaves if on_other_mesh(leaf, self.mesh)]
+        if not others:
+            return None
+        print(f"jaxpar_magic: {len(others)} argument array(s) of `{self.__wrapped__.__name__}` are laid out on "
+              f"another {describe_mesh(others[0].sharding.mesh)}; it runs on {describe_mesh(self.mesh)}, so they "
+              f"were laid out again here as jax.device_put does. To skip the move, put them on the function's "
+              f"mesh once (`jax.device_put(x, NamedSharding({self.__wrapped__.__name__}.mesh, P()))`).")
+        return jax.tree.unflatten(treedef, [
+            jax.device_put(leaf, NamedSharding(self.mesh, P(*spec_on(leaf, self.mesh))))
+            if on_other_mesh(leaf, self.mesh) else leaf for leaf in leaves])
 
     def _recorded_call(self, args):
         """The first call after `%%pmap --collectives`: run a recording program once, show its cards."""
@@ -250,7 +278,7 @@ class ParallelFunction:
         recording = record_collectives(self.__wrapped__, self.axis_names, label_input=argument,
                                        label_output=lambda path: "returned" + jax.tree_util.keystr(tuple(path)))
         jitted, statics_out = self._build(statics, self._effective_in_axes(args), recording)
-        out, records = self._explained(jitted, dynamic)
+        (out, records), dynamic = self._explained(jitted, dynamic)
         jax.block_until_ready(out)
         filename = self.__wrapped__.__code__.co_filename
         with on_cell_mesh(self.mesh):
