@@ -45,7 +45,7 @@ SAYS = {
     "shard_map_chapter.ipynb": [
         "8 cpu devices",  # the device view
         "each device's block", "c[2:4, 0:4]", "float32[1, 4]",  # result views: blocks and their slices
-        "P('x', 'y')", "P()",  # sharding views of the assembled outputs
+        "P('x', 'y')", "P(None, None)",  # sharding views of the assembled outputs (replicated, Explicit axes)
         "all_gather", "psum_scatter", "f32[2,4] → f32[16,4]",  # the collective cards
         "compile",  # the --report figures
     ],
@@ -64,6 +64,18 @@ SAYS = {
     "training_chapter.ipynb": [
         "8 cpu devices",  # the device view
         "%%shard program", "%%shard_map program", "reduce-scatter", "collective-permute",  # the --report views
+    ],
+    "memory_chapter.ipynb": [
+        "8 cpu devices",  # the device view
+        "%%shard --plan over 8 devices", "%%shard_map --plan over 8 devices",  # the step's plan, ZeRO-3's
+        "stage=4 × data=2",  # the pipeline's mesh
+        "%%shard_map program", "reduce-scatter", "collective-permute",  # ZeRO-2's and the pipeline's reports
+    ],
+    "model_parallel_chapter.ipynb": [
+        "8 cpu devices",  # the device view
+        "%%shard_map --plan over 8 devices", "%%shard --plan over 8 devices",  # overlap, the crossover
+        "model=8",  # the tensor-parallel mesh
+        "%%shard_map program", "all-gather", "reduce-scatter", "collective-permute",  # the reports
     ],
     "cluster_chapter.ipynb": [
         "2 processes", "process 1", "cpu:2048",  # the device view, grouped by process
