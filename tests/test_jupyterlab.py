@@ -255,7 +255,8 @@ def check_sharding_chapter(page, shots: Path) -> None:
     for i in range(reports.count()):
         assert "compile" in reports.nth(i).text_content(), reports.nth(i).text_content()
     # The Explicit-axes cell (tagged raises-exception) explains itself, and Run All went past it.
-    explained = page.locator(".jp-OutputArea-output").filter(has_text="Explicit axes")
+    # (The mesh and sharding views name their axis types too: match the explanation's own words.)
+    explained = page.locator(".jp-OutputArea-output").filter(has_text="every operation must say how its result is sharded")
     assert explained.count() == 1, "the Explicit-axes cell does not show its explanation"
     # The two big ones: a 16 x 16 x 16 abstract mesh and a 4,096-block layout.
     for name, view in [("pod", live_view(page, "mesh", "pod").first), ("big", live_view(page, "sharding", "4096").first)]:
