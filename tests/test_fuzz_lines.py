@@ -207,6 +207,8 @@ def run_through_shell(ip, magic: str, line: str):
         allowed = {parse_line("mesh", line).name}  # %mesh binds the name it is given
     else:
         allowed = {"pmap": {"y"}, "shard": {"y", "x"}, "shard_map": {"y"}, "sharding": set(), "devices": set()}[magic]
+    if "--plan" in line.split():
+        allowed = allowed | {"_plan"}  # a plan binds itself as `_plan` (README, "--plan")
     assert changed <= allowed | {"_", "__", "___"}, changed
     return True
 
