@@ -152,7 +152,9 @@ def test_planning_64_gib_of_inputs_on_64_devices_allocates_none_of_it():
     assert facts["total"] >= 64 * 2**30
     assert facts["argument"] == facts["total"] // 64
     assert facts["output"] == facts["total"] // 2 // 64
-    assert facts["rss"] < 2 * 2**30, f"peak RSS {facts['rss'] / 2**30:.2f} GiB"
+    # Far below the 64 GiB planned: the peak is JAX, XLA's compile and the parsed buffer assignment
+    # (2.07 GiB measured once under CI load), never the arrays.
+    assert facts["rss"] < 3 * 2**30, f"peak RSS {facts['rss'] / 2**30:.2f} GiB"
 
 
 # --- the roofline -----------------------------------------------------------------------------------

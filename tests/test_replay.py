@@ -306,4 +306,8 @@ def test_a_plan_after_runs_of_other_shapes_binds_its_own_trace(jx):
     jx.push({"x": jax.ShapeDtypeStruct((8,), jnp.float32)})
     with capture_output():
         jx.run_cell_magic("shard", "--plan --no-show", "rows = x.shape[0]\ny = x * 2")
-    assert jx.user_ns["rows"] == 8 and jx.user_ns["y"].shape == (8,)
+    # A plan binds only new or abstract names (issue 22, item 8): rows and y hold the 16-row run's
+    # concrete values and are left alone; the plan's own trace, for 8 rows, is on `_plan`.
+    assert jx.user_ns["rows"] == 16 and jx.user_ns["y"].shape == (16,)
+    planned = jx.user_ns["_plan"].abstract
+    assert planned["rows"] == 8 and planned["y"].shape == (8,)
