@@ -247,7 +247,8 @@ class ParallelFunction:
         from jax.sharding import NamedSharding, PartitionSpec as P
 
         leaves, treedef = jax.tree.flatten(dynamic)
-        others = [leaf for leaf in leaves if on_other_mesh(leaf, self.mesh)]
+        elsewhere = [on_other_mesh(leaf, self.mesh) for leaf in leaves]
+        others = [leaf for leaf, moved in zip(leaves, elsewhere) if moved]
         if not others:
             return None
         print(f"jaxpar_magic: {len(others)} argument array(s) of `{self.__wrapped__.__name__}` are laid out on "
@@ -256,7 +257,7 @@ class ParallelFunction:
               f"mesh once (`jax.device_put(x, NamedSharding({self.__wrapped__.__name__}.mesh, P()))`).")
         return jax.tree.unflatten(treedef, [
             jax.device_put(leaf, NamedSharding(self.mesh, P(*spec_on(leaf, self.mesh))))
-            if on_other_mesh(leaf, self.mesh) else leaf for leaf in leaves])
+            if moved else leaf for leaf, moved in zip(leaves, elsewhere)])
 
     def _recorded_call(self, args):
         """The first call after `%%pmap --collectives`: run a recording program once, show its cards."""
