@@ -16,6 +16,7 @@ import numpy as np
 from .hlo_text import ARRAY as _ARRAY, DTYPE_BYTES as _DTYPE_BYTES, FRAME as _FRAME, Instruction as _Instruction
 from .hlo_text import array_bytes as _array_bytes, frames as _frames, instructions as _instructions, ints as _ints
 from .hlo_text import OPERATION as _OPERATION, computation_name, type_bytes as _type_bytes
+from .loops import Program, calls
 
 OPS = ("all-reduce", "all-gather", "collective-permute", "reduce-scatter", "all-to-all")
 _INSTRUCTION = re.compile(
@@ -23,7 +24,6 @@ _INSTRUCTION = re.compile(
 )
 _EXPLICIT_GROUPS = re.compile(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}")
 _IOTA_GROUPS = re.compile(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
-_CHANNEL = re.compile(r"\bchannel_id=(\d+)")
 _PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
 _MESH_GROUPS = re.compile(
     r"replica_groups=mesh\[(?P<axes>[^\]]*)\]"
@@ -33,10 +33,6 @@ _MESH_GROUPS = re.compile(
 _MESH_AXIS = re.compile(r"'?([^'=,\s]+)'?\s*=\s*(\d+)")
 _AXIS_REF = re.compile(r"'?([^':,\s]+)'?(?::\((\d+)\)(\d+))?")
 _IOTA_IDS = re.compile(r"^\[([\d,]+)\](?:T\(([\d,]+)\))?$")
-_CALLEE = re.compile(
-    r"\b(body|calls|to_apply|true_computation|false_computation|branch_computations)=(\{[^}]*\}|%?[\w.\-]+)"
-)
-_TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _DEFINITION = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>.+?)\s+[\w\-]+\(")
 
 
@@ -179,47 +175,19 @@ def _operand_bytes(line: str, start: int, types: dict[str, str]) -> int | None:
     return total
 
 
-def _computation_counts(text: str) -> tuple[list[str | None], dict[str, int | None]]:
+def _computation_counts(text: str, read: list | None = None) -> tuple[list[str | None], dict[str, int | None]]:
     """The computation each line belongs to, and how many times one run of the program enters each
-    computation: a while loop's body runs its known trip count times, nested loops multiply, and
-    None stands for a loop whose length XLA does not know."""
+    computation (cell/loops.py: trip counts of the loops around it, multiplied; None: unknown)."""
     owner: list[str | None] = []
-    calls: dict[str, list[tuple[str, int | None]]] = {}
-    entry, current = None, None
+    current = None
     for line in text.splitlines():
-        if line and not line[0].isspace() and line.rstrip().endswith("{") and not line.startswith("HloModule"):
-            words = line.split()
-            is_entry = words[0] == "ENTRY"
-            current = (words[1] if is_entry else words[0]).lstrip("%")
-            calls.setdefault(current, [])
-            if is_entry:
-                entry = current
+        opened = computation_name(line)
+        if opened is not None:
+            current = opened
         elif line.startswith("}"):
             current = None
         owner.append(current)
-        if current is None:
-            continue
-        for kind, target in _CALLEE.findall(line):
-            trips: int | None = 1
-            if kind == "body":
-                trip = _TRIP_COUNT.search(line)
-                trips = int(trip.group(1)) if trip else None
-            for name in re.findall(r"[\w.\-]+", target):
-                calls[current].append((name, trips))
-    counts: dict[str, int | None] = {}
-    if entry is None:
-        return owner, counts
-    counts[entry] = 1
-    pending = [entry]
-    while pending:  # computations form a DAG; a callee reached twice keeps its largest count
-        parent = pending.pop()
-        for child, trips in calls.get(parent, []):
-            count = None if counts[parent] is None or trips is None else counts[parent] * trips
-            known = counts.get(child, 0)
-            if child not in counts or (known is not None and (count is None or count > known)):
-                counts[child] = count
-                pending.append(child)
-    return owner, counts
+    return owner, calls(Program(text, read))
 
 
 def runs_outside_loops(text: str, pattern: re.Pattern) -> bool:
@@ -263,7 +231,7 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
 
     frames = _frames(text) if filename else {}
     types = counts = roots = None  # read only when a program has collectives (roots: with reductions)
-    found, channels = [], set()
+    found = []
     for index, line in enumerate(text.splitlines()):
         m = _INSTRUCTION.match(line)
         if not m:
@@ -272,7 +240,7 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
             types = _types(text)
             owner, counts = _computation_counts(text)
             callers = _caller_frames(text)
-            entry = _entry(text)
+            continued = async_continuations(text)
         arrays = _ARRAY.findall(m.group("type"))
         if m.group("start"):
             # Async starts return (operands, results[, u32[] context buffers]): keep the results.
@@ -282,13 +250,8 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
                 arrays = arrays[len(arrays) // 2:]
         shape = ", ".join(f"{d}[{s}]" for d, s in arrays)
         size = sum(_array_bytes(d, s) for d, s in arrays)
-        channel = _CHANNEL.search(line)
-        if channel and owner[index] not in entry:
-            # XLA:TPU prints one async collective in its start, middle and done fusions (XLA:CPU may
-            # give a loop body's collectives one channel: a ring's K and V permutes, told by shape)
-            if (m.group("op"), channel.group(1), shape) in channels:
-                continue
-            channels.add((m.group("op"), channel.group(1), shape))
+        if owner[index] in continued:
+            continue  # XLA:TPU prints one async collective again in its middle and done fusions
         groups = [[to_device(i) for i in g] for g in parse_replica_groups(line)]
         pairs_m = _PAIRS.search(line)
         pairs = []
@@ -321,6 +284,32 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
         found.append(Collective(m.group("op"), shape, size, groups, pairs, user_line, operands, count, low, origin,
                                 reduction, name=defined.group("name") if defined else None, frames=tuple(chain)))
     return found
+
+
+_ASYNC_DONE = re.compile(r'custom_call_target="AsyncCollectiveDone"')
+
+
+def async_continuations(text: str) -> set[str]:
+    """The computations that only continue an async collective begun in another one.
+
+    XLA:TPU runs an async collective as a chain of fusions: one whose root is the custom-call
+    `AsyncCollectiveStart`, then `async_collective_fusion`s that overlap it with compute (inside a
+    loop, too, when the collective spans it), then one ending in `AsyncCollectiveDone`; each prints
+    the same collective instruction again, and only the start's is the collective. Every other
+    collective instruction is a collective of its own, however alike (XLA:CPU gives them all
+    channel_id=1): the forward and the backward gathers of one weight are two."""
+    if "AsyncCollective" not in text and "async_collective_fusion" not in text:
+        return set()
+    continued, current = set(), None
+    for line in text.splitlines():
+        opened = computation_name(line)
+        if opened is not None:
+            current = opened
+            if opened.startswith("async_collective_fusion"):
+                continued.add(opened)
+        elif current is not None and _ASYNC_DONE.search(line):
+            continued.add(current)
+    return continued
 
 
 def _caller_frames(text: str) -> dict[str, int]:

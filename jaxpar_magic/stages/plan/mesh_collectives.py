@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable
 
 from ...cell.hlo import Collective
+from ...cell.loops import calls_text
 from ...errors import PACKAGE_DIR
 from .plan import PlannedCollective
 
@@ -160,10 +161,7 @@ def plan_collectives(found: list[Collective], mesh, line_text: Callable[[int], s
             groups = c.groups or [list(range(total))]
             axes, size, text = _describe_groups(groups, shape, names)
         traffic = RING_FACTORS[c.op](size) * _ring_array_bytes(c, size) if size > 1 else 0.0
-        if c.count is None:
-            text += ", in a loop of unknown length (counted once)"
-        elif c.count > 1:
-            text += f", {c.count:,} times (in a loop)"
+        text += calls_text(c.count)
         source = None
         if c.line is not None:
             source = line_text(c.line) if line_text is not None else linecache.getline(filename or "", c.line).strip()

@@ -63,8 +63,13 @@ GPU_CAVEAT = (
     "450 GB/s (gpus.md): small collectives take longer than shown."
 )
 LOOP_CAVEAT = (
-    "The program has loops (scan, fori_loop, while): XLA's cost analysis counts a loop body once, so "
-    "FLOPs and bytes accessed cover one iteration of each loop; collectives are counted per iteration."
+    "The program has loops (scan, fori_loop, while): XLA's cost analysis counts a loop body once, so the "
+    "plan adds every other trip, counted from the program's own operations as XLA counts them (bytes "
+    "accessed as each unfused operation's operands and result); collectives are counted on every trip."
+)
+UNKNOWN_LOOP_CAVEAT = (
+    "A loop's length is not a constant XLA can read (a while_loop on a computed condition): its FLOPs, "
+    "bytes and collectives are counted for one trip."
 )
 
 

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from ...cell.hlo import Upcasts, collectives, program_facts, runs_outside_loops, upcasts
 from ...cell.hlo_text import entry_name, instructions
+from ...cell.work import loop_work
 from ...cell.meshes import on_cell_mesh
 from ...cell.programs import TRACE
 from ...cell.scatter import reduce_scatters
@@ -33,7 +34,7 @@ from .hardware import Hardware, parse_hardware
 from .mesh_collectives import is_user_file, plan_collectives
 from .peak import memory_peak
 from .plan import (CAVEATS, GPU_CAVEAT, LOOP_CAVEAT, MAX_COLLECTIVES, REMAT, RESERVED_CPU, RESERVED_TPU, ROOFLINE_CAVEAT,
-                   SCATTER_CAVEAT, TPU_CAVEATS, UPCAST_CAVEAT, Plan, PlannedCollective, PlanWarning, format_bytes,
+                   SCATTER_CAVEAT, TPU_CAVEATS, UNKNOWN_LOOP_CAVEAT, UPCAST_CAVEAT, Plan, PlannedCollective, PlanWarning, format_bytes,
                    remat_caveat)
 from .topology import topology_for
 
@@ -174,7 +175,10 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
     upcast = upcasts(text, types, read) if not target.is_tpu else Upcasts({}, set(), 0.0)  # XLA:TPU keeps bf16
     found = reduce_scatters(text, collectives(text, None, filename, upcast.shadows, is_user_file), read)
     planned = plan_collectives(found, mesh, line_text, filename, rewritten=not target.is_tpu)
+    trips = loop_work(text, read)  # the loop trips after the first, which cost_analysis leaves out
     flops, target_bytes = _figure(cost, "flops"), _figure(cost, "bytes accessed")
+    flops = flops + trips.flops if flops is not None else None
+    target_bytes = target_bytes + trips.bytes if target_bytes is not None else None
     bytes_accessed = max(0.0, target_bytes - upcast.traffic_bytes) if target_bytes is not None else None
     caveats = list(TPU_CAVEATS if target.is_tpu else CAVEATS)
     if target.note:
@@ -187,6 +191,8 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         caveats.append(SCATTER_CAVEAT)
     if " while(" in text:
         caveats.append(LOOP_CAVEAT)
+    if trips.unknown or any(c.count is None for c in found):
+        caveats.append(UNKNOWN_LOOP_CAVEAT)
     times = None
     if hardware is not None:
         times, planned = estimate(flops, bytes_accessed, planned, hardware, laid_out, matmuls)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from ...cell import analysis as cells
 from ...cell.bindings import bind_results
 from ...cell.hlo import Collective, collectives
+from ...cell.work import loop_work
 from ...cell.meshes import DEFAULT_MESH, InputOnOtherMesh, default_mesh, on_cell_mesh
 from ...cell.programs import TRACE, BoundedCache, CellProgram, Rerun, shape_signature
 from ...errors import UsageError, explain_trace_error
@@ -87,11 +88,14 @@ def program_facts(jitted, args, device_ids, filename=None, compile_ms=None) -> P
         cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     except Exception:  # not every backend implements cost analysis
         cost = {}
+    text = compiled.as_text()
+    trips = loop_work(text)  # the loop trips after the first, which cost_analysis leaves out
+    flops, moved = cost.get("flops"), cost.get("bytes accessed")
     return ProgramFacts(
-        collectives(compiled.as_text(), device_ids, filename),
+        collectives(text, device_ids, filename),
         compile_ms,
-        cost.get("flops"),
-        cost.get("bytes accessed"),
+        flops + trips.flops if flops is not None else None,
+        moved + trips.bytes if moved is not None else None,
     )
 
 
