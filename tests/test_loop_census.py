@@ -165,3 +165,26 @@ def test_the_plan_counts_every_trip_and_says_so():
     assert abs(looped.flops - unrolled.flops) <= 8 * 8
     assert looped.bytes_accessed > unrolled.bytes_accessed / 2
     assert LOOP_CAVEAT in looped.caveats and "adds every other trip" in LOOP_CAVEAT
+
+
+def test_an_all_reduce_the_compiler_left_whole_stays_one_on_xla_tpu():
+    """XLA:CPU's program sums the whole gradient and slices it: an XLA:CPU plan shows the target's
+    reduce-scatter (marked as rewritten); XLA:TPU's program, read with own_only, keeps what XLA:TPU
+    made: only all-reduces inside its own `all-reduce-scatter` fusions become reduce-scatters (those,
+    tests/test_tpu_plans.py's FSDP step shows)."""
+    from jaxpar_magic.cell.scatter import reduce_scatters
+
+    mesh = make_mesh("data=8")
+
+    def mine(g):
+        whole = lax.psum(g, "data")
+        return lax.dynamic_slice_in_dim(whole, lax.axis_index("data") * 16, 16)
+
+    fn = jax.jit(jax.shard_map(mine, mesh=mesh, in_specs=P(), out_specs=P("data"), check_vma=False))
+    text = fn.lower(jax.ShapeDtypeStruct((128, 64), jnp.float32)).compile().as_text()
+    found = collectives(text)
+    assert [c.op for c in found] == ["all-reduce"]
+    (target,) = reduce_scatters(text, found)
+    assert target.op == "reduce-scatter" and target.sliced_from == "all-reduce" and target.shape == "f32[16,64]"
+    (own,) = reduce_scatters(text, found, own_only=True)
+    assert own.op == "all-reduce" and own.shape == "f32[128,64]"

@@ -52,6 +52,9 @@ class Collective:
     name: str | None = None  # the instruction's name in the compiled program
     sliced_from: str | None = None  # "all-reduce": an all-reduce each device only slices (cell/scatter.py)
     frames: tuple = ()  # (file, line, function) of the Python frames that issued it, innermost first, when read
+    windowed: str | None = None  # a permute of XLA:TPU's windowed einsum: what it does ("all-gather", "reduce-scatter")
+    windowed_calls: int | None = None  # the permutes per step of that windowed einsum, all its instructions together
+    over_dcn: bool = False  # a Megascale transfer: the cross-slice (DCN) stage of a collective; groups left empty
 
 
 def _iota(dims: list[int], perm: list[int] | None, shape: list[int]) -> np.ndarray:
@@ -231,14 +234,18 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
 
     frames = _frames(text) if filename else {}
     types = counts = roots = None  # read only when a program has collectives (roots: with reductions)
-    found = []
+    found, windowed = [], []
     for index, line in enumerate(text.splitlines()):
         m = _INSTRUCTION.match(line)
         if not m:
+            dcn = _MEGASCALE_SEND.match(line) if "megascale" in line else None
+            if dcn is not None:
+                owner, counts = _computation_counts(text) if counts is None else (owner, counts)
+                found.append(_dcn_stage(dcn, line, counts.get(owner[index], 1) if owner[index] is not None else 1))
             continue
         if types is None:
             types = _types(text)
-            owner, counts = _computation_counts(text)
+            owner, counts = _computation_counts(text) if counts is None else (owner, counts)
             callers = _caller_frames(text)
             continued = async_continuations(text)
         arrays = _ARRAY.findall(m.group("type"))
@@ -283,7 +290,50 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
         reduction = _REDUCTION_WORDS.get((roots or {}).get(applied.group(1), "")) if applied else None
         found.append(Collective(m.group("op"), shape, size, groups, pairs, user_line, operands, count, low, origin,
                                 reduction, name=defined.group("name") if defined else None, frames=tuple(chain)))
+        einsum = _OP_NAME.search(line) if m.group("op") == "collective-permute" else None
+        if einsum and einsum.group(1).endswith("dot_general"):  # the partitioner's, not the user's
+            windowed.append((found[-1], (einsum.group(1), frame_id), _WINDOWED.search(owner[index] or "")))
+    _name_windowed_einsums(windowed)
     return found
+
+
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+# XLA:TPU's cross-slice stage: host-transfer sends to the Megascale runtime (the recv is the same transfer).
+_MEGASCALE_SEND = re.compile(r"^\s*%?(?P<name>[\w.\-]+)\s*=\s*(?P<type>.+?)\s+send\(.*"
+                             r'_xla_megascale_transfer_type="(?P<kind>\w+)"')
+_MEGASCALE_REDUCTION = re.compile(r'_xla_megascale_reduce_operation="(\w+)"')
+
+
+def _dcn_stage(m: re.Match, line: str, count: int | None) -> Collective:
+    """A Megascale send: the part of a collective that crosses slices, over DCN. Its data is the send's
+    first tuple element (the rest: a context and a token)."""
+    arrays = _ARRAY.findall(m.group("type"))[:1]
+    shape = ", ".join(f"{d}[{s}]" for d, s in arrays)
+    size = sum(_array_bytes(d, s) for d, s in arrays)
+    op = m.group("kind").lower().replace("_", "-")
+    reduced = _MEGASCALE_REDUCTION.search(line)
+    reduction = {"SUM": "sum", "MAX": "max", "MIN": "min", "PRODUCT": "product"}.get(reduced.group(1)) if reduced else None
+    return Collective(op if op in OPS else "all-reduce", shape, size, operand_bytes=size, reduction=reduction,
+                      name=m.group("name"), over_dcn=True, count=count)
+_WINDOWED = re.compile(r"windowed_dot_general_body\w*?_(ag|rs)(?![a-z])")
+
+
+def _name_windowed_einsums(permutes: list) -> None:
+    """Mark the permutes of each of XLA:TPU's windowed einsums (the SPMD partitioner's loops named
+    `windowed_dot_general_body_ag` / `_rs`, plus the steps it peels off them) with what they implement:
+    the all-gather of a matmul's operand or the reduce-scatter of its result, N permutes a step."""
+    by_matmul: dict[tuple, list] = {}
+    for collective, key, loop in permutes:
+        by_matmul.setdefault(key, []).append((collective, loop))
+    for members in by_matmul.values():
+        kinds = {loop.group(1) for _, loop in members if loop}
+        if len(kinds) != 1:
+            continue
+        kind = {"ag": "all-gather", "rs": "reduce-scatter"}[kinds.pop()]
+        counts = [c.count for c, _ in members]
+        total = None if None in counts else sum(counts)
+        for collective, _ in members:
+            collective.windowed, collective.windowed_calls = kind, total
 
 
 _ASYNC_DONE = re.compile(r'custom_call_target="AsyncCollectiveDone"')
@@ -476,9 +526,11 @@ def program_facts(lowered_text: str) -> tuple[dict[tuple, str], dict[str, float]
 
 def matmul_flops(lowered_text: str, instructions: list | None = None) -> dict[str, float]:
     """FLOPs of the program's matmuls by the rate class they run at: "bf16" (and f16), "f32" at
-    JAX's default precision, "f32-high", "f32-highest", "int8" (and fp8); global, before partitioning."""
+    JAX's default precision, "f32-high", "f32-highest", "int8" (and fp8); global, before partitioning;
+    every loop trip counted."""
     instructions = instructions if instructions is not None else _instructions(lowered_text)
     types = {i.name: i.type for i in instructions}
+    runs = calls(Program(lowered_text, instructions)) if " while(" in lowered_text else {}
     flops: dict[str, float] = {}
     for ins in instructions:
         if ins.op != "dot" or len(ins.operands) < 2:
@@ -491,7 +543,7 @@ def matmul_flops(lowered_text: str, instructions: list | None = None) -> dict[st
         dims = _ints(lhs[0][1])
         contracting = _DOT_DIMS.search(line)
         k = int(np.prod([dims[i] for i in _ints(contracting.group(1))])) if contracting else 1
-        count = 2.0 * float(np.prod(_ints(result[0][1]) or [1])) * k
+        count = 2.0 * float(np.prod(_ints(result[0][1]) or [1])) * k * (runs.get(ins.computation) or 1)  # every trip
         dtype = lhs[0][0]
         if dtype in ("bf16", "f16"):
             cls = "bf16"

@@ -103,20 +103,25 @@ def _group_size(line: str, partitions: int) -> int:
     return len(groups[0]) if groups and groups[0] else partitions
 
 
-def reduce_scatters(text: str, found: list[Collective], read: list | None = None) -> list[Collective]:
+def reduce_scatters(text: str, found: list[Collective], read: list | None = None,
+                    own_only: bool = False) -> list[Collective]:
     """`found` (hlo.collectives of `text`) with each sliced all-reduce, or the sliced elements of a
     combined one, turned into the reduce-scatter the target's compiler makes; the rest of a
     combined all-reduce stays an all-reduce. Each turned one has `sliced_from="all-reduce"`. `read`:
-    hlo_text.instructions(text), when already read."""
+    hlo_text.instructions(text), when already read. `own_only` (XLA:TPU's program): only the ones
+    the compiler made itself, inside its `all-reduce-scatter` fusions; an all-reduce XLA:TPU left
+    whole stays one, whatever slices it."""
     candidates = [c for c in found if c.op == "all-reduce" and c.name]
     if not candidates:
         return found
     graph = _Graph(text, read)
+    own = {c.name for c in candidates if c.name in graph.by_name
+           and graph.by_name[c.name].computation.startswith("all-reduce-scatter")}
     partitions = _PARTITIONS.search(text)
     total = int(partitions.group(1)) if partitions else 1
     out = []
     for c in found:
-        ins = graph.by_name.get(c.name) if c.op == "all-reduce" and c.name else None
+        ins = graph.by_name.get(c.name) if c.op == "all-reduce" and c.name and (not own_only or c.name in own) else None
         n = _group_size(ins.line, total) if ins is not None else 1
         flags = graph.sliced(ins, n) if ins is not None and n > 1 else []
         if not any(flags):

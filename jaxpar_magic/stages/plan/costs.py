@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from .hardware import Hardware
-from .topology import Topology, collective_time
+from .topology import Topology, collective_time, dcn_stage_time
 
 TERMS = ("compute", "memory", "ici", "dcn", "latency")
 
@@ -77,7 +77,10 @@ def time_collectives(planned: list, topology: Topology) -> list:
         if c.group_size <= 1:
             timed.append(replace(c, seconds=0.0, bound=None))
             continue
-        t = collective_time(topology, c.op, c.axes, c.bytes, ring_array_bytes(c), c.group_size)
+        if c.over_dcn:
+            t = dcn_stage_time(topology, c.op, c.bytes, c.group_size)
+        else:
+            t = collective_time(topology, c.op, c.axes, c.bytes, ring_array_bytes(c), c.group_size)
         calls = c.count or 1
         timed.append(replace(c, seconds=t.seconds * calls, bound=t.bound,
                              parts={kind: s * calls for kind, s in t.split.items()}))

@@ -84,6 +84,19 @@ def _describe_pairs(pairs, shape, names) -> tuple[tuple[str, ...], int, list[lis
     return tuple(axes), size, groups, text
 
 
+def _across_slices(mesh, shape, names) -> tuple[tuple[str, ...], int, list[list[int]], str]:
+    """(axes, group size, groups, text) of a Megascale transfer: each device with the devices at its
+    place in the other slices (XLA:TPU has reduced within each slice over ICI first)."""
+    slices: dict[int, list[int]] = {}
+    for position, device in enumerate(mesh.devices.flat):
+        slices.setdefault(int(getattr(device, "slice_index", 0) or 0), []).append(position)
+    members = list(slices.values())
+    groups = [list(g) for g in zip(*members)] if len({len(m) for m in members}) == 1 else [sum(members, [])]
+    axes, size, _ = _describe_groups(groups, shape, names)
+    text = f"the cross-slice stage: {len(members)} slices over DCN (Megascale), {len(groups)} groups of {size}"
+    return axes, size, groups, text
+
+
 def _ring_array_bytes(c: Collective, size: int) -> int:
     """The array a ring algorithm passes around: a reduce-scatter's input (`size` blocks), else the result."""
     if c.op != "reduce-scatter":
@@ -155,13 +168,19 @@ def plan_collectives(found: list[Collective], mesh, line_text: Callable[[int], s
     total = len(ids)
     planned = []
     for c in found:
-        if c.op == "collective-permute":
+        if c.over_dcn:
+            axes, size, groups, text = _across_slices(mesh, shape, names)
+        elif c.op == "collective-permute":
             axes, size, groups, text = _describe_pairs(c.pairs, shape, names)
         else:
             groups = c.groups or [list(range(total))]
             axes, size, text = _describe_groups(groups, shape, names)
         traffic = RING_FACTORS[c.op](size) * _ring_array_bytes(c, size) if size > 1 else 0.0
         text += calls_text(c.count)
+        if c.windowed:
+            of = "an operand of the matmul" if c.windowed == "all-gather" else "the matmul's result"
+            calls = f"{c.windowed_calls:,} permutes" if c.windowed_calls is not None else "permutes"
+            text += f"; XLA:TPU's windowed einsum: the {c.windowed} of {of} at this line, done as {calls} a step"
         source = None
         if c.line is not None:
             source = line_text(c.line) if line_text is not None else linecache.getline(filename or "", c.line).strip()
@@ -170,6 +189,6 @@ def plan_collectives(found: list[Collective], mesh, line_text: Callable[[int], s
             groups=[[ids[p] for p in g] for g in groups], axes=axes, groups_text=text, line=c.line,
             source=source or None, upcast_from=c.upcast_from, operand_bytes=c.operand_bytes,
             origin=origin_of(c.origin), sliced_from=c.sliced_from if rewritten else None,
-            reduction=c.reduction,
+            reduction=c.reduction, over_dcn=c.over_dcn,
         ))
     return planned

@@ -100,6 +100,7 @@ class PlannedCollective:
     # "all-reduce": XLA:CPU's all-reduce + dynamic-slice, shown and costed as the target's reduce-scatter
     sliced_from: str | None = None
     reduction: str | None = None  # what an all-reduce or reduce-scatter combines with: "sum", "max", ...
+    over_dcn: bool = False  # XLA:TPU's Megascale transfer: the cross-slice stage of a collective, over DCN
 
     def state(self) -> dict:
         return {

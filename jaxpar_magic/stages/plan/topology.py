@@ -257,6 +257,17 @@ def collective_time(topology: Topology, op: str, axes, result_bytes: float, arra
     return _torus(op, hardware, result_bytes, array_bytes, near_spans, near, far)
 
 
+def dcn_stage_time(topology: Topology, op: str, chunk_bytes: float, slices: int) -> CollectiveTime:
+    """XLA:TPU's cross-slice stage, as its program holds it (Megascale sends and receives): each device
+    sends its `chunk_bytes` (what the ICI stage left it) over DCN to its peers in the other `slices`,
+    a ring over the slices at the device's share of its host's DCN bandwidth (as the DCN term of
+    `collective_time`)."""
+    rate = _far_per_device(topology.hardware)
+    times = 2 if op == "all-reduce" else 1  # reduce-scatter + all-gather over the slices
+    dcn = times * (slices - 1) / slices * chunk_bytes / rate if slices > 1 and rate else 0.0
+    return _done(0.0, dcn, 0.0, f"{op} over {slices} slices, over DCN")
+
+
 def _far_per_device(hardware: Hardware) -> float:
     """One device's share of its host's DCN (TPU) or its node's network (GPU) bandwidth."""
     return (hardware.dcn_bandwidth or 0.0) / (hardware.host_chips or 1)
