@@ -52,7 +52,7 @@ def test_memory_chapter_shows_what_it_says():
     assert 45 < kept["no remat"] < 55 and kept["inputs"] < 3 and kept["inputs"] < kept["matmuls"] < kept["no remat"]
     plans = stdout(cell_with(cells, "remat_plans = {}"))
     temps = numbers(r"temporaries\s+([\d.]+) MiB", plans)
-    flops = numbers(r"loops (\d+) M", plans)
+    flops = numbers(r"FLOPs per step (\d+) M", plans)
     assert temps[2] < temps[0] / 5, plans  # "cuts the temporaries about ninefold"
     assert 1.1 < flops[2] / flops[0] < 1.25 and abs(flops[1] / flops[0] - 1) < 0.03, plans  # "about 17% more"
 
@@ -76,6 +76,12 @@ def test_memory_chapter_shows_what_it_says():
     assert sent("z1_params = jax.tree.map(gather_blocks") == ["all-gather", "all-reduce"]
     assert sent("z2_params = jax.tree.map(gather_blocks") == ["all-gather", "reduce-scatter"]
     assert sent("mean_over_devices(jax.grad(") == ["all-gather", "reduce-scatter"]
+    # ZeRO-3 "gathers again in the backward pass": 4 gathers and 2 reduce-scatters, every one 8 times a step.
+    zero3 = " ".join(plain(cell_with(cells, "mean_over_devices(jax.grad(")).split())
+    listed = re.findall(r"(all-gather|reduce-scatter \(sum\)) · f32\[[\d,]+\] · result buffer [\d.]+ KiB · 1 group of 8"
+                        r"(, in the backward pass)?, 8 times \(in a loop\)", zero3)
+    assert sorted(listed) == [("all-gather", "")] * 2 + [("all-gather", ", in the backward pass")] * 2 + [
+        ("reduce-scatter (sum)", ", in the backward pass")] * 2, zero3
     table = stdout(cell_with(cells, 'steps = {"DP"'))
     assert all(gap < 1e-6 for gap in numbers(r"from DP ([\d.e+-]+)", table)), table
     assert re.search(r"ZeRO-1\s+parameters\s+4.00 MiB\s+velocity\s+0.50 MiB", table)

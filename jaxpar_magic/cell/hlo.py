@@ -55,6 +55,7 @@ class Collective:
     windowed: str | None = None  # a permute of XLA:TPU's windowed einsum: what it does ("all-gather", "reduce-scatter")
     windowed_calls: int | None = None  # the permutes per step of that windowed einsum, all its instructions together
     over_dcn: bool = False  # a Megascale transfer: the cross-slice (DCN) stage of a collective; groups left empty
+    backward: bool = False  # issued by the backward pass (JAX names its operations `transpose(jvp(...))`)
 
 
 def _iota(dims: list[int], perm: list[int] | None, shape: list[int]) -> np.ndarray:
@@ -290,7 +291,9 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
         reduction = _REDUCTION_WORDS.get((roots or {}).get(applied.group(1), "")) if applied else None
         found.append(Collective(m.group("op"), shape, size, groups, pairs, user_line, operands, count, low, origin,
                                 reduction, name=defined.group("name") if defined else None, frames=tuple(chain)))
-        einsum = _OP_NAME.search(line) if m.group("op") == "collective-permute" else None
+        named = _OP_NAME.search(line)
+        found[-1].backward = bool(named and "transpose(" in named.group(1))
+        einsum = named if m.group("op") == "collective-permute" else None
         if einsum and einsum.group(1).endswith("dot_general"):  # the partitioner's, not the user's
             windowed.append((found[-1], (einsum.group(1), frame_id), _WINDOWED.search(owner[index] or "")))
     _name_windowed_einsums(windowed)

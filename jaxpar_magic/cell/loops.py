@@ -200,10 +200,11 @@ def _callers_first(edges: dict[str, list], entry: str | None) -> list[str]:
     return order[::-1]
 
 
-def calls_text(count: int | None) -> str:
-    """How a collective's calls per run read after its groups ("" for once)."""
+def calls_text(count: int | None, backward: bool = False) -> str:
+    """How a collective's calls per run (and its pass) read after its groups ("" for once, forward)."""
+    where = ", in the backward pass" if backward else ""
     if count is None:
-        return ", in a loop whose length XLA cannot know (counted once)"
+        return where + ", in a loop whose length XLA cannot know (counted once)"
     if count == 0:
-        return ", in a loop of no trips (never runs)"
-    return f", {count:,} times (in a loop)" if count > 1 else ""
+        return where + ", in a loop of no trips (never runs)"
+    return where + (f", {count:,} times (in a loop)" if count > 1 else "")

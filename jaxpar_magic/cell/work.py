@@ -1,14 +1,16 @@
 """FLOPs and bytes accessed of every loop trip, which XLA's cost analysis counts once.
 
 `compiled.cost_analysis()` (XLA's HloCostAnalysis) walks a while loop's body once, whatever its trip
-count, so a `lax.scan` over 8 layers reports one layer's FLOPs. `loop_work(program)` counts what
-the analysis left out: for each computation a loop runs more often than the analysis walked it
-(cell/loops.py's calls, against the same walk with every trip count 1), its own work times the
-difference. Its own work is counted as HloCostAnalysis counts it: a dot or convolution 2 FLOPs per
-multiply-add, an elementwise operation one per element (transcendentals none: XLA counts those apart),
-a reduction one per element folded; bytes are each unfused instruction's operands and result.
-Adding it to the analysis' figures gives the figures of the loop unrolled (tests/test_loop_work.py
-checks them against the same program written as a Python for-loop).
+count, so a `lax.scan` over 8 layers reports one layer's FLOPs. `loop_work(program)` reads the
+program's work twice, as it runs (every loop its trip count times, cell/loops.py) and as the
+analysis walks it (every loop once), and returns the difference: what the analysis left out. Work is
+counted as HloCostAnalysis counts it: a dot or convolution 2 FLOPs per multiply-add (a convolution's
+taps on padding left out), an elementwise operation one per element (transcendentals none: XLA
+counts those apart), a reduction one per element folded, an all-reduce one per element, a conditional
+its largest branch (XLA's hlo_cost_analysis.cc, read for these rules); bytes
+are each unfused instruction's operands and result. Added to the analysis' figures, it gives the
+figures of the loop unrolled (tests/test_loop_census.py checks them against the same program written
+as a Python for-loop).
 
 Plain Python over the program text.
 """
@@ -19,7 +21,7 @@ import re
 from dataclasses import dataclass
 
 from .hlo_text import ARRAY, ints, type_bytes
-from .loops import Program, calls
+from .loops import Program, trip_count
 
 _ELEMENTWISE = {
     "add", "subtract", "multiply", "divide", "maximum", "minimum", "compare", "select", "and", "or", "xor",
@@ -33,6 +35,8 @@ _CONTRACTING = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
 _CONV_LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
 _WINDOW = re.compile(r"\bwindow=\{([^}]*)\}")
 _TO_APPLY = re.compile(r"\bto_apply=%?([\w.\-]+)")
+_BODY = re.compile(r"\bbody=%?([\w.\-]+)")
+_CONDITION = re.compile(r"\bcondition=%?([\w.\-]+)")
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,11 @@ def _flops(ins, program: Program) -> float:
         return 2.0 * out * k
     if ins.op == "convolution" and len(ins.operands) > 1:
         return _convolution_flops(ins, operand, program.by_name.get(ins.operands[1]))
+    if ins.op in ("all-reduce", "all-reduce-start"):  # HloCostAnalysis: one FLOP per element of its result
+        return float(out)
+    if ins.op == "sort" and operand is not None:
+        n = _elements(operand.type)
+        return float(n * math.ceil(math.log2(n))) if n > 1 else 0.0
     if ins.op in ("reduce", "reduce-window") and operand is not None:
         folded = _elements(operand.type) - out if ins.op == "reduce" else out
         return float(max(folded, 0))
@@ -112,27 +121,67 @@ def _bytes(ins, program: Program) -> float:
 
 
 def loop_work(text: str, read: list | None = None, program: Program | None = None) -> LoopWork:
-    """The FLOPs and bytes of the loop trips cost_analysis does not count (zero without loops)."""
+    """The FLOPs and bytes of the loop trips cost_analysis does not count (zero without loops).
+
+    Both figures are read as HloCostAnalysis reads the program, recursively: a fusion or call adds its
+    computation's work, a conditional the largest of its branches', a while loop its body's and its
+    condition's, once as the analysis walks it and trip-count times as the program runs."""
     if " while(" not in text:
         return LoopWork(0.0, 0.0, False)
     program = program or Program(text, read)
-    runs = calls(program)
-    walked = calls(program, as_walked=True)
-    reducers = {m.group(1) for ins in program.read if ins.op != "call" for m in [_TO_APPLY.search(ins.line)] if m}
-    fused = {ins.callee for ins in program.read if ins.op == "fusion" and ins.callee}
-    flops = moved = 0.0
-    unknown = False
-    for computation, body in program.bodies.items():
-        if computation in reducers or computation not in runs:
-            continue
-        count, once = runs[computation], walked.get(computation) or 0
-        if count is None:
-            unknown = True
-            continue
-        extra = count - once  # negative for a loop of no trips, which the analysis counted once
-        if not extra:
-            continue
-        flops += extra * sum(_flops(ins, program) for ins in body)
-        if computation not in fused:  # a fusion's traffic is its caller's operands and result
-            moved += extra * sum(_bytes(ins, program) for ins in body)
-    return LoopWork(flops, moved, unknown)
+    if program.entry is None:
+        return LoopWork(0.0, 0.0, False)
+    unknown: list[bool] = []
+    runs = _Work(program, walked=False, unknown=unknown).of(program.entry)
+    walked = _Work(program, walked=True, unknown=[]).of(program.entry)
+    return LoopWork(runs[0] - walked[0], runs[1] - walked[1], bool(unknown))
+
+
+class _Work:
+    """(FLOPs, bytes) of a computation and everything it runs, each computation read once."""
+
+    def __init__(self, program: Program, walked: bool, unknown: list):
+        self.program, self.walked, self.unknown = program, walked, unknown
+        self.done: dict[str, tuple[float, float]] = {}
+
+    def of(self, computation: str, fused: bool = False) -> tuple[float, float]:
+        key = computation + ("/fused" if fused else "")
+        if key not in self.done:
+            self.done[key] = (0.0, 0.0)  # a cycle cannot occur in HLO; this only guards the recursion
+            self.done[key] = self._read(computation, fused)
+        return self.done[key]
+
+    def _read(self, computation: str, fused: bool) -> tuple[float, float]:
+        program = self.program
+        flops = moved = 0.0
+        for ins in program.bodies.get(computation, []):
+            flops += _flops(ins, program)
+            if not fused:  # a fusion's traffic is its caller's operands and result
+                moved += _bytes(ins, program)
+            if ins.op == "fusion" and ins.callee:
+                inner = self.of(ins.callee, fused=True)
+                flops += inner[0]
+            elif ins.op == "call" and (callee := _TO_APPLY.search(ins.line)):
+                inner = self.of(callee.group(1), fused)
+                flops, moved = flops + inner[0], moved + inner[1]
+            elif ins.op == "conditional":
+                branches = [self.of(name, fused) for name in _branches(ins.line)]
+                if branches:
+                    flops += max(b[0] for b in branches)
+                    moved += max(b[1] for b in branches)
+            elif ins.op == "while":
+                trips = 1 if self.walked else trip_count(ins, program)
+                if trips is None:
+                    self.unknown.append(ins.name)
+                    trips = 1
+                parts = [self.of(m.group(1), fused) for m in (_BODY.search(ins.line), _CONDITION.search(ins.line)) if m]
+                flops += trips * sum(p[0] for p in parts)
+                moved += trips * sum(p[1] for p in parts)
+        return flops, moved
+
+
+def _branches(line: str) -> list[str]:
+    listed = re.search(r"\bbranch_computations=\{([^}]*)\}", line)
+    if listed:
+        return [name.strip().lstrip("%") for name in listed.group(1).split(",") if name.strip()]
+    return re.findall(r"\b(?:true|false)_computation=%?([\w.\-]+)", line)

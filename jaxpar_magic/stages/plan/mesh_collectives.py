@@ -176,7 +176,7 @@ def plan_collectives(found: list[Collective], mesh, line_text: Callable[[int], s
             groups = c.groups or [list(range(total))]
             axes, size, text = _describe_groups(groups, shape, names)
         traffic = RING_FACTORS[c.op](size) * _ring_array_bytes(c, size) if size > 1 else 0.0
-        text += calls_text(c.count)
+        text += calls_text(c.count, c.backward)
         if c.windowed:
             of = "an operand of the matmul" if c.windowed == "all-gather" else "the matmul's result"
             calls = f"{c.windowed_calls:,} permutes" if c.windowed_calls is not None else "permutes"
