@@ -308,15 +308,16 @@ _MEGASCALE_REDUCTION = re.compile(r'_xla_megascale_reduce_operation="(\w+)"')
 
 
 def _dcn_stage(m: re.Match, line: str, count: int | None) -> Collective:
-    """A Megascale send: the part of a collective that crosses slices, over DCN. Its data is the send's
-    first tuple element (the rest: a context and a token)."""
+    """A Megascale send: the part of a collective that crosses slices, over DCN, of the kind its transfer
+    type names (ALL_REDUCE -> all-reduce; a kind the plan does not know is one send). Its data is the
+    send's first tuple element (the rest: a context and a token)."""
     arrays = _ARRAY.findall(m.group("type"))[:1]
     shape = ", ".join(f"{d}[{s}]" for d, s in arrays)
     size = sum(_array_bytes(d, s) for d, s in arrays)
     op = m.group("kind").lower().replace("_", "-")
     reduced = _MEGASCALE_REDUCTION.search(line)
     reduction = {"SUM": "sum", "MAX": "max", "MIN": "min", "PRODUCT": "product"}.get(reduced.group(1)) if reduced else None
-    return Collective(op if op in OPS else "all-reduce", shape, size, operand_bytes=size, reduction=reduction,
+    return Collective(op if op in OPS else "collective-permute", shape, size, operand_bytes=size, reduction=reduction,
                       name=m.group("name"), over_dcn=True, count=count)
 _WINDOWED = re.compile(r"windowed_dot_general_body\w*?_(ag|rs)(?![a-z])")
 
