@@ -115,7 +115,8 @@ def _names_used(item) -> set[str]:
     module = getattr(item, "module", None)
     scope = vars(module) if module is not None else {}
     functions = [getattr(item, "function", None)]
-    functions += [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
+    fixtures = getattr(item, "_fixtureinfo", None)  # absent on items that are not test functions
+    functions += [d.func for defs in (fixtures.name2fixturedefs.values() if fixtures else ()) for d in defs]
     codes = [f.__code__ for f in map(inspect.unwrap, functions) if hasattr(f, "__code__")]
     seen = set()
     while codes:
