@@ -18,6 +18,12 @@ from traitlets.config import Config  # noqa: E402
 
 from shell_helpers import COMPILE_EVENT  # noqa: E402
 
+# What marks a test `chapter` or `cluster` (see pytest_collection_modifyitems): a name it uses, itself,
+# through its fixtures, or through its module's helper functions.
+CHAPTER_NAMES = {"executed", "exercise_probes", "executed_source", "executed_tour"}  # tests/notebooks.py's kernel runs
+CLUSTER_NAMES = {"Cluster", "healthy"}  # a real ipyparallel cluster (lifecycle.Cluster), or test_cluster_faults' fixture
+CLUSTER_FILES = {"test_two_hosts.py", "test_cluster_magics.py", "test_cluster_faults.py"}  # engines started by scripts, `%cluster start` or a child kernel
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _stop_chromium_at_the_end():
@@ -25,6 +31,17 @@ def _stop_chromium_at_the_end():
     from chromium import stop_shared_browser
 
     stop_shared_browser()
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory):
+    """One JupyterLab server for the run, shared by tests/test_jupyterlab.py and
+    test_jupyterlab_static.py: each test shuts its kernels down and opens notebooks of its own name,
+    so none needs a fresh server (a start and stop costs ~20 s on 2 loaded cores)."""
+    from test_jupyterlab import jupyter_server
+
+    with jupyter_server(tmp_path_factory.mktemp("lab"), "jupyterlab") as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
@@ -87,3 +104,72 @@ def compiles():
     jax.monitoring.register_event_duration_secs_listener(counter)
     yield counter
     jax.monitoring.unregister_event_duration_listener(counter)
+
+
+def _names_used(item) -> set[str]:
+    """The global names a test reaches: its own code, its fixtures' and the module functions they
+    call (transitively), with nested functions and lambdas; plus its fixture names."""
+    import inspect
+
+    names = set(item.fixturenames)
+    module = getattr(item, "module", None)
+    scope = vars(module) if module is not None else {}
+    functions = [getattr(item, "function", None)]
+    fixtures = getattr(item, "_fixtureinfo", None)  # absent on items that are not test functions
+    functions += [d.func for defs in (fixtures.name2fixturedefs.values() if fixtures else ()) for d in defs]
+    codes = [f.__code__ for f in map(inspect.unwrap, functions) if hasattr(f, "__code__")]
+    seen = set()
+    while codes:
+        code = codes.pop()
+        if code in seen:
+            continue
+        seen.add(code)
+        names.update(code.co_names)
+        codes += [c for c in code.co_consts if inspect.iscode(c)]
+        codes += [scope[n].__code__ for n in code.co_names if inspect.isfunction(scope.get(n))]
+    return names
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark what `bash scripts/test --quick` leaves out: tests that run an example chapter in a
+    kernel (`chapter`) and tests that start a real cluster (`cluster`)."""
+    for item in items:
+        names = _names_used(item)
+        if names & CHAPTER_NAMES:
+            item.add_marker(pytest.mark.chapter)
+        if names & CLUSTER_NAMES or item.path.name in CLUSTER_FILES:
+            item.add_marker(pytest.mark.cluster)
+
+
+_deselected: list = []
+
+
+def pytest_deselected(items):
+    _deselected.extend(items)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The notebooks run in a kernel (each example chapter once per run), and what `-m` left out
+    (e.g. `scripts/test --quick`), by marker, so a quick run is not mistaken for the whole suite."""
+    import collections
+    import sys
+
+    notebooks = sys.modules.get("notebooks")  # imported only by the tests that run notebooks
+    runs = getattr(notebooks, "RUNS", [])
+    if runs:
+        total = sum(seconds for _, seconds in runs)
+        terminalreporter.write_sep("-", f"notebooks run in a kernel: {len(runs)}, {total:.0f} s in all")
+        terminalreporter.write_line(", ".join(f"{name} {seconds:.0f} s" for name, seconds in runs))
+        counted = collections.Counter(name for name, _ in runs if name.endswith(".ipynb"))
+        again = sorted(name for name, count in counted.items() if count > 1)
+        if again:
+            terminalreporter.write_line(f"run more than once (share tests/notebooks.py's executed()): {again}")
+    if not _deselected:
+        return
+    kinds = ("browser", "cluster", "chapter", "slow")
+    counts = {kind: sum(1 for item in _deselected if item.get_closest_marker(kind)) for kind in kinds}
+    files = sorted({item.path.name for item in _deselected})
+    said = ", ".join(f"{count} {kind}" for kind, count in counts.items() if count)
+    marked = f" ({said}; a test may have several marks)" if said else ""
+    terminalreporter.write_sep("-", f"not run here (deselected by -m or -k): {len(_deselected)} tests{marked}")
+    terminalreporter.write_line(f"from {len(files)} files: {' '.join(files)}")

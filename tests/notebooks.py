@@ -13,6 +13,7 @@ import copy
 import functools
 import re
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,11 @@ EXAMPLES = ROOT / "examples"
 CELL_TIMEOUT_S = 600  # a plan compiled by XLA:TPU for 256 chips (the planning chapter) takes minutes on 2 cores
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+# Every notebook run in a kernel this session, (name, seconds), in order; tests/conftest.py prints it at
+# the end. Each example chapter must appear once: every test that reads a chapter shares `_executed`.
+RUNS: list[tuple[str, float]] = []
 
 
 def example_notebooks() -> list[Path]:
@@ -102,6 +108,7 @@ def _executed(path: Path) -> tuple[nbformat.NotebookNode, dict[int, list[Probe]]
     probes: dict[int, list[Probe]] = {}
     # No kernel folders: only the native kernel of the interpreter running the tests.
     km = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="jpm-kernel-") as cwd:
         client = NotebookClient(
             nb,
@@ -121,6 +128,7 @@ def _executed(path: Path) -> tuple[nbformat.NotebookNode, dict[int, list[Probe]]
                     probes[checks[index].index] = _probe(client, nb, checks[index], probes_for(path.name, checks[index]))
             client.set_widgets_metadata()
         del nb.cells[chapter:]  # the probes' cells (see _probe)
+    RUNS.append((path.name if path.parent == EXAMPLES else "a test's own cells", time.monotonic() - started))
     return nb, probes
 
 

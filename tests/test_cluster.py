@@ -359,6 +359,27 @@ def test_interrupting_a_plain_cell_keeps_the_cluster(cluster, ip, tmp_path):
     assert gather(["marker"])["marker"] == [str(marker)] * 2
 
 
+def test_an_interrupt_while_the_cell_is_sent_stops_it_everywhere(cluster, ip, monkeypatch):
+    """Kernel -> Interrupt while the kernel is still sending the cell (on a loaded machine an engine can
+    start it before the kernel has sent it to every process): the cell is stopped in every process and
+    rolled back, as for an interrupt during the wait. It used to escape from ipyparallel's send with the
+    cell still running, so the next request waited behind it into its timeout."""
+    send = cluster._submit_execute
+
+    def send_then_interrupt(ranks, code):
+        requests = send(ranks, code)
+        _thread.interrupt_main()  # the user's interrupt, before the kernel waits on what it sent
+        return requests
+
+    monkeypatch.setattr(cluster, "_submit_execute", send_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        run(ip, "sent_half = 1\nimport time\ntime.sleep(60)")
+    monkeypatch.undo()
+    assert cluster.status().state == "running"
+    with pytest.raises(UsageError, match="'sent_half' is not defined on the cluster"):
+        current().gather(["sent_half"], timeout=10)  # a cell still sleeping would make this time out
+
+
 def test_a_slow_plain_cell_past_its_timeout_keeps_the_cluster(cluster, ip):
     from jaxpar_magic.cluster.status import ClusterError
 

@@ -122,12 +122,6 @@ def jupyter_server(tmp_path: Path, app: str) -> Iterator[Lab]:
 
 
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
-    with jupyter_server(tmp_path_factory.mktemp("lab"), "jupyterlab") as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def artifacts() -> Path:
     return artifacts_dir()
 

@@ -23,13 +23,14 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nbformat
 import pytest
 from chromium import browser, collect_errors
 from playwright.sync_api import expect
-from test_jupyterlab import STATUS_BAR_PX, lab, shut_down_kernels  # noqa: F401  (lab: a fixture)
+from test_jupyterlab import STATUS_BAR_PX, shut_down_kernels
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -86,14 +87,16 @@ def executed_tour() -> nbformat.NotebookNode:
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
-    from notebooks import CELL_TIMEOUT_S
+    from notebooks import CELL_TIMEOUT_S, RUNS
 
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in TOUR])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     km = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="jpm-tour-") as cwd:
         NotebookClient(nb, km=km, timeout=CELL_TIMEOUT_S, startup_timeout=120, resources={"metadata": {"path": cwd}},
                        store_widget_state=True).execute()
+    RUNS.append(("the JupyterLab tour", time.monotonic() - started))
     return nb
 
 

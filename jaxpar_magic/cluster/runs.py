@@ -14,7 +14,7 @@ import uuid
 from ..errors import UsageError
 from . import engine as cluster_engine, hang_doctor, trees
 from .status import SUBCOMMAND_HINT, ClusterError, processes_text, remote_error
-from .waits import WatchedEngines, stream_text
+from .waits import HeldInterrupt, WatchedEngines, stream_text
 
 DEFAULT_TIMEOUT = 120.0  # a cell's limit when the caller gives none (%config JaxparMagics.cluster_timeout)
 CLEANUP_TIMEOUT = 10.0  # commit/discard/restore after a cell
@@ -36,15 +36,16 @@ class ClusterRuns(WatchedEngines):
         """
         ranks = self._ranks(targets)
         timeout = DEFAULT_TIMEOUT if timeout is None else timeout
-        self._submit(ranks, cluster_engine.snapshot)  # runs before the cell: engines keep the order
-        runs = self._submit_execute(ranks, code)
-        relay = OutputRelay(runs)
-        try:
-            outcome, notes = self._wait(runs, timeout, "the cell", relay=relay)
-        except (KeyboardInterrupt, ClusterError):
-            if self.state == "running":  # interrupted, or timed out, in plain Python: roll back
-                self._settle(ranks, cluster_engine.restore)
-            raise
+        with HeldInterrupt() as held:  # an interrupt while the requests go out is handled by the wait
+            self._submit(ranks, cluster_engine.snapshot)  # runs before the cell: engines keep the order
+            runs = self._submit_execute(ranks, code)
+            relay = OutputRelay(runs)
+            try:
+                outcome, notes = self._wait(runs, timeout, "the cell", relay=relay, held=held)
+            except (KeyboardInterrupt, ClusterError):
+                if self.state == "running":  # interrupted, or timed out, in plain Python: roll back
+                    self._settle(ranks, cluster_engine.restore)
+                raise
         errors = {rank: value for rank, (kind, value) in outcome.items() if kind == "error"}
         if errors:
             if self.state == "running":
@@ -69,14 +70,15 @@ class ClusterRuns(WatchedEngines):
         timeout = DEFAULT_TIMEOUT if timeout is None else timeout
         token = uuid.uuid4().hex
         ranks = list(args_by_rank)
-        ars = self._submit(ranks, cluster_engine.run_phase,
-                           per_rank=lambda rank: (token, func_path, *args_by_rank[rank]))
-        try:
-            outcome, notes = self._wait(ars, timeout, "the cluster call", relay=OutputRelay(ars))
-        except (KeyboardInterrupt, ClusterError):
-            if self.state == "running":
-                self._settle(ranks, cluster_engine.discard, token)
-            raise
+        with HeldInterrupt() as held:  # as in execute
+            ars = self._submit(ranks, cluster_engine.run_phase,
+                               per_rank=lambda rank: (token, func_path, *args_by_rank[rank]))
+            try:
+                outcome, notes = self._wait(ars, timeout, "the cluster call", relay=OutputRelay(ars), held=held)
+            except (KeyboardInterrupt, ClusterError):
+                if self.state == "running":
+                    self._settle(ranks, cluster_engine.discard, token)
+                raise
         errors = {rank: value for rank, (kind, value) in outcome.items() if kind == "error"}
         pending = [rank for rank, (kind, value) in outcome.items() if kind == "ok" and value["pending"]]
         if errors:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 import time
 
 from . import engine as cluster_engine, hang_doctor
@@ -23,6 +24,45 @@ PROBE_TIMEOUT_S = 4.0  # the health check after an interrupt
 HEARTBEAT_S = 10  # jax.distributed: a lost peer is noticed in seconds, not JAX's default minutes
 SILENT_S = 3.0  # after a death on a cluster over several hosts: how long the other hosts get to answer
 DOCTOR_S = 2.0  # how long a stuck process gets to say where it waits
+ABORT_ACK_S = 1.0  # after an interrupt: how long the engines get to acknowledge that queued requests are dropped
+
+
+class HeldInterrupt:
+    """Holds a Ctrl-C (SIGINT, or JupyterLab's Kernel -> Interrupt) that arrives while requests go out.
+
+    A KeyboardInterrupt raised inside ipyparallel's send, before the watched wait begins, escaped with
+    the cell still running on the engines: never interrupted, never rolled back, and the next request
+    waited behind it until its timeout. On a loaded machine the send takes long enough for an engine
+    to start the cell first. Held here, the interrupt is raised by `release()`, which `_wait` calls
+    inside its own handling. Only the main thread receives signals; elsewhere nothing is held.
+    """
+
+    def __init__(self):
+        self.arrived = False
+        self._previous = None
+
+    def __enter__(self) -> "HeldInterrupt":
+        previous = signal.getsignal(signal.SIGINT)
+        if callable(previous) and threading.current_thread() is threading.main_thread():
+            self._previous = previous
+            signal.signal(signal.SIGINT, self._hold)
+        return self
+
+    def _hold(self, signum, frame) -> None:
+        self.arrived = True
+
+    def release(self) -> None:
+        """Stop holding; raise KeyboardInterrupt if one arrived meanwhile."""
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+            if self.arrived:
+                raise KeyboardInterrupt
+
+    def __exit__(self, *error) -> None:
+        if self._previous is not None:  # the wait was never reached (the send failed): restore only
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
 
 
 class WatchedEngines:
@@ -81,14 +121,16 @@ class WatchedEngines:
             self._break("an engine is gone from the ipyparallel controller")
             raise ClusterError(f"the cluster is broken: {self.why}. {self._recovery()}") from None
 
-    def _wait(self, ars: dict, timeout: float, what: str, relay=None) -> tuple[dict, tuple]:
+    def _wait(self, ars: dict, timeout: float, what: str, relay=None, held: HeldInterrupt | None = None
+              ) -> tuple[dict, tuple]:
         """Every rank's outcome, ("ok", value) or ("error", RemoteError), within `timeout` seconds.
 
         Raises ClusterError (and marks the cluster broken) when a process dies or the time runs out;
         on KeyboardInterrupt interrupts the engines, checks the cluster, and re-raises. Once a process
         has failed, the others get FAIL_GRACE_S more before they are interrupted: they are most
         likely waiting in a collective the failed one never reached. Returns (outcome, notes).
-        `relay` (a `runs.OutputRelay`) prints the engines' output while it arrives.
+        `relay` (a `runs.OutputRelay`) prints the engines' output while it arrives. `held`: the
+        interrupt held while `ars` were sent, raised (and handled) here.
         """
         deadline = time.monotonic() + timeout
         outcome: dict[int, tuple] = {}
@@ -96,6 +138,8 @@ class WatchedEngines:
         failed_at = None
         pending = list(ars)
         try:
+            if held is not None:
+                held.release()
             while True:
                 for rank in pending:
                     if ars[rank].ready():
@@ -124,12 +168,14 @@ class WatchedEngines:
         return outcome, tuple(notes)
 
     def _outcome(self, rank: int, ar) -> tuple:
-        from ipyparallel.error import EngineError, RemoteError
+        from ipyparallel.error import EngineError, RemoteError, TaskAborted
 
         try:
             return "ok", ar.get(0)
         except RemoteError as error:
             return "error", error
+        except TaskAborted as error:  # dropped unrun after an interrupt (`_drop_unstarted`)
+            return "aborted", error
         except EngineError:
             self._check_alive()  # names the death with its cause where the engine is local
             self._dies(rank, "stopped answering (ipyparallel lost the engine)")
@@ -288,6 +334,7 @@ class WatchedEngines:
         """The kernel was interrupted mid-wait: interrupt the engines, then keep or break the cluster."""
         if not pending or self.state != "running":
             return
+        self._drop_unstarted(pending, ars)
         self._interrupt(pending)
         try:
             silent = self._settled_after_interrupt(pending, ars, {})
@@ -300,6 +347,21 @@ class WatchedEngines:
             self._break(f"an interrupt cut {processes_text(pending)} in the middle of a collective")
             print(f"interrupted {processes_text(pending)} in the middle of a collective: the cluster is broken. "
                   f"{self._recovery()}", file=sys.stderr)
+
+    def _drop_unstarted(self, pending, ars) -> None:
+        """Abort the requests that have not started yet (an interrupt that came while they were sent):
+        the engine drops them unrun (ipyparallel's abort_request, answered by its control thread even
+        while the cell runs). Waiting for the acknowledgement means that a request not dropped has
+        started before the SIGINT that follows, so the SIGINT finds it running, never an idle engine
+        (which ignores SIGINT)."""
+        if self._client is None:
+            return
+        try:
+            acknowledged = self._client.abort(jobs=[ars[rank] for rank in pending],
+                                              targets=[self._engine_ids[rank] for rank in pending], block=False)
+            acknowledged.result(ABORT_ACK_S)
+        except Exception:  # an engine gone or silent: the SIGINT and the checks after it name what happened
+            pass
 
 
 def stream_text(ar, stream: str) -> str:
