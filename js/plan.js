@@ -100,6 +100,7 @@ function memoryBar(m) {
     legend,
     h("div", { class: m.fits === false ? "jpm-fit jpm-bad" : m.fits === true ? "jpm-fit jpm-ok" : "jpm-fit", text: memorySentence(m) }),
     m.note ? h("div", { class: "jpm-note", text: m.note }) : null,
+    ...(m.notes || []).map((/** @type {string} */ n) => h("div", { class: "jpm-note", text: n })),
   );
 }
 

@@ -17,8 +17,12 @@ KEY_STEPS = 6  # the steps that raise live memory most, listed in the static tab
 MAX_BARS = 240  # the engines send at most 120 timeline points
 
 
-def _clip(text: str, width: int = TEXT_WIDTH) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
+def _fit(text: str) -> list[str]:
+    """One line as lines within TEXT_WIDTH columns, wrapped at spaces under its own indent: a
+    buffer's source line is what a reader acts on, so it is never cut."""
+    from .textwidth import fit_line
+
+    return fit_line(text, TEXT_WIDTH)
 
 
 def shape_text(b: dict) -> str:
@@ -183,18 +187,16 @@ def sparkline(points: list[dict], width: int = 60) -> str:
 def section_text(state: dict) -> list[str]:
     peak = state.get("peak") or {}
     compiler = state.get("compiler") or "the compiler"
-    lines = [_clip(f"Live memory per device over {compiler}'s schedule ({peak.get('steps')} steps):"),
-             "  " + sparkline(peak.get("timeline") or []),
-             "  " + _clip(peak_sentence(state), TEXT_WIDTH - 2),
-             "  " + _clip(capacity_sentence(state), TEXT_WIDTH - 2),
-             "  steps that raise memory most:"]
+    lines = (_fit(f"Live memory per device over {compiler}'s schedule ({peak.get('steps')} steps):")
+             + ["  " + sparkline(peak.get("timeline") or [])]
+             + _fit("  " + peak_sentence(state)) + _fit("  " + capacity_sentence(state))
+             + ["  steps that raise memory most:"])
     for p in key_steps(peak):
-        lines.append("    " + _clip(f"step {p['step']}: +{format_bytes(p['rise'])} to {format_bytes(p['bytes'])}, "
-                                     f"{step_text(p)}", TEXT_WIDTH - 4))
-    lines.append(_clip(f"What fills memory at the peak ({format_bytes(peak.get('reported'))} per device):"))
+        lines += _fit(f"    step {p['step']}: +{format_bytes(p['rise'])} to {format_bytes(p['bytes'])}, {step_text(p)}")
+    lines += _fit(f"What fills memory at the peak ({format_bytes(peak.get('reported'))} per device):")
     for n, what, shape, where in rows(peak):
         words = ", ".join(w for w in (what + (f" {shape}" if shape else ""), where) if w)
-        lines.append(_clip(f"  {format_bytes(n):>10}  {words}"))
+        lines += _fit(f"  {format_bytes(n):>10}  {words}")
     return lines
 
 

@@ -88,6 +88,7 @@ def _memory_html(m: dict[str, Any]) -> str:
         + "".join(spans)
         + f'</div><div class="jpm-mem-legend">{legend}</div><div class="{fit_cls}">{esc(memory_sentence(m))}</div>'
         + (f'<div class="jpm-note">{esc(str(m["note"]))}</div>' if m.get("note") else "")
+        + "".join(f'<div class="jpm-note">{esc(str(n))}</div>' for n in m.get("notes") or [])
         + "</div>"
     )
 
@@ -458,8 +459,8 @@ def to_text(state: dict[str, Any]) -> str:
         if m.get("fits") is False:  # shouted: the one line a reader must not miss
             verdict = "DOES NOT FIT" + verdict[len("does not fit") :]
         lines.append("  " + verdict)
-        if m.get("note"):
-            lines.append("  " + str(m["note"]))
+        for note in ([m["note"]] if m.get("note") else []) + list(m.get("notes") or []):
+            lines.append("  " + str(note))
     if state.get("peak"):
         lines += memory_section_text(memory_state(state))
     cost = state.get("cost") or {}

@@ -137,6 +137,8 @@ class Plan:
     peak: object = field(default=None, repr=False)  # peak.MemoryPeak: what fills memory at the peak, the timeline
     abstract: dict = field(default_factory=dict, repr=False)  # every name the cell assigns, as planned
     left_alone: tuple[str, ...] = ()  # names the plan did not bind: they hold concrete values
+    donated: tuple[str, ...] = ()  # --donate: inputs given to the program, compiled with their aliasing
+    notes: list = field(default_factory=list)  # more sentences about the memory figures (memory_notes adds these)
 
     @property
     def total_bytes(self) -> int:
@@ -160,6 +162,19 @@ class Plan:
     @property
     def axes(self) -> dict[str, int]:
         return {str(n): int(s) for n, s in self.mesh.shape.items()}
+
+    def memory_notes(self) -> list[str]:
+        """Sentences the memory figures need beside them: what --donate gave the program, and `notes`."""
+        said = []
+        if self.donated:
+            names = ", ".join(self.donated)
+            if self.alias_bytes:
+                said.append(f"donated: {names} (as jax.jit's donate_argnums): {format_bytes(self.alias_bytes)} of "
+                            f"outputs are written into their buffers, counted once.")
+            else:
+                said.append(f"donated: {names} (as jax.jit's donate_argnums), but no output has the shape, dtype and "
+                            f"layout of their buffers, so XLA reuses none of them.")
+        return said + list(self.notes)
 
     def summary(self) -> str:
         """One line: `planned: 2.1 GiB per device (fits in 16.0 GiB) · 6 collectives · estimate 1.2 ms, bound by
@@ -190,6 +205,7 @@ class Plan:
                 "alias": self.alias_bytes, "total": self.total_bytes, "capacity": self.capacity,
                 "capacity_source": self.capacity_source, "fits": self.fits, "overshoot": self.overshoot,
                 "note": self.memory_note, "reported_peak": self.peak_bytes is not None,
+                "donated": list(self.donated), "notes": self.memory_notes(),
             },
             "compiler": self.target.state() if self.target is not None else None,
             "peak": self.peak.state() if self.peak is not None else None,

@@ -1,0 +1,80 @@
+"""A plan's memory is the program a training loop runs: `--donate` compiled with its aliasing, as
+`jax.jit(donate_argnums=...)` compiles it, and said in the view; the rows at the peak add up to the
+peak; a step that does not fit still gets its buffers. The oracle is a hand compile of the same
+function: `jax.jit(f, donate_argnums=...).lower(...).compile().memory_analysis()`."""
+from __future__ import annotations
+
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import pytest
+from IPython.utils.capture import capture_output
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import jaxpar_magic
+from jaxpar_magic.views import plan as plan_view
+from shell_helpers import shown_widgets
+
+UPDATE = """
+def update(params, opt, batch):
+    grads = jax.grad(lambda p: jnp.mean((jnp.tanh(batch @ p["w1"]) @ p["w2"]) ** 2))(params)
+    opt = jax.tree.map(lambda m, g: 0.9 * m + g, opt, grads)
+    params = jax.tree.map(lambda w, m: w - 0.01 * m, params, opt)
+    return params, opt
+"""
+
+
+def plan_views(ip, line: str, source: str) -> list[dict]:
+    with capture_output() as captured:
+        ip.run_cell_magic("shard", line, textwrap.dedent(source))
+    return [w.state for w in shown_widgets(captured) if type(w).__name__ == "PlanView"]
+
+
+@pytest.fixture
+def mlp(jx):
+    with capture_output():
+        jx.run_line_magic("mesh", "data=4 model=2 --axis-types auto --no-show")
+    mesh = jx.user_ns["mesh"]
+    w = NamedSharding(mesh, P(None, "model"))
+    params = {"w1": jax.ShapeDtypeStruct((1024, 2048), jnp.float32, sharding=w),
+              "w2": jax.ShapeDtypeStruct((2048, 1024), jnp.float32, sharding=NamedSharding(mesh, P("model", None)))}
+    jx.push({"jaxpar_magic": jaxpar_magic, "params": params, "opt": dict(params),
+             "batch": jax.ShapeDtypeStruct((256, 1024), jnp.float32, sharding=NamedSharding(mesh, P("data", None)))})
+    jx.run_cell(UPDATE, store_history=False).raise_error()
+    return jx
+
+
+def hand_compile(ns, donate):
+    """The oracle: the user's own function, jitted by hand with the same inputs and donation."""
+    mesh = ns["mesh"]
+    with jax.set_mesh(mesh):
+        lowered = jax.jit(ns["update"], donate_argnums=donate).lower(ns["params"], ns["opt"], ns["batch"])
+    return lowered.compile().memory_analysis()
+
+
+def test_donate_plans_the_aliasing_jit_compiles(mlp):
+    donated = jaxpar_magic.plan_cell("params, opt = update(params, opt, batch)", mlp.user_ns, mesh=mlp.user_ns["mesh"],
+                                     donate=("params", "opt"), bind=False)
+    kept = jaxpar_magic.plan_cell("params, opt = update(params, opt, batch)", mlp.user_ns, mesh=mlp.user_ns["mesh"],
+                                  bind=False)
+    by_hand, without = hand_compile(mlp.user_ns, (0, 1)), hand_compile(mlp.user_ns, ())
+    assert by_hand.alias_size_in_bytes > 0  # the oracle donates: w1, w2 and their moments
+    for plan, oracle in ((donated, by_hand), (kept, without)):
+        assert plan.alias_bytes == oracle.alias_size_in_bytes
+        assert plan.argument_bytes == oracle.argument_size_in_bytes
+        assert plan.output_bytes == oracle.output_size_in_bytes
+        assert plan.total_bytes == (oracle.argument_size_in_bytes + oracle.output_size_in_bytes
+                                    + oracle.temp_size_in_bytes - oracle.alias_size_in_bytes)
+    assert donated.total_bytes < kept.total_bytes
+    assert donated.donated == ("params", "opt") and kept.donated == ()
+
+
+def test_the_view_says_what_was_donated(mlp):
+    (state,) = plan_views(mlp, "--plan --mesh mesh --donate params opt", "params, opt = update(params, opt, batch)")
+    said = " ".join(state["memory"]["notes"])
+    assert state["memory"]["donated"] == ["params", "opt"]
+    assert "donated: params, opt" in said and "counted once" in said
+    text = plan_view.to_text(state)
+    html = plan_view.to_html(state)
+    assert "donated: params, opt" in text and "donated: params, opt" in html
