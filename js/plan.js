@@ -37,6 +37,16 @@ export function formatGiB(n) {
   return `${(n / GIB).toFixed(2)} GiB`;
 }
 
+const COMPILE_WORDS = { compiled: "compiled in", reused: "reused an earlier plan's compile; lowered in", refused: "the compiler refused it after" };
+
+/**
+ * What the time beside it measured (the twin of `compile_words` in views/plan.py).
+ * @param {any} state
+ */
+export function compileWords(state) {
+  return /** @type {any} */ (COMPILE_WORDS)[state.compiled || "compiled"] || "compiled in";
+}
+
 /**
  * The sentence under the memory bar.
  * @param {any} m
@@ -381,7 +391,7 @@ export function draw(state) {
       chips,
       state.total_devices ? h("span", { class: "jpm-sub", text: `${state.total_devices} device${state.total_devices === 1 ? "" : "s"}` }) : null,
       h("span", { class: "jpm-badge", text: "planned, not run", title: "compiled for these devices; nothing was allocated or executed" }),
-      state.compile_ms !== null && state.compile_ms !== undefined ? h("span", { class: "jpm-chip" }, "compiled in ", h("b", { text: formatMs(state.compile_ms) })) : null,
+      state.compile_ms !== null && state.compile_ms !== undefined ? h("span", { class: "jpm-chip" }, `${compileWords(state)} `, h("b", { text: formatMs(state.compile_ms) })) : null,
     ),
   );
   if (state.compiler) root.append(h("div", { class: "jpm-compiler" }, h("b", { text: state.compiler.text })));

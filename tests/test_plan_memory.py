@@ -13,6 +13,7 @@ from IPython.utils.capture import capture_output
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import jaxpar_magic
+from jaxpar_magic.stages.plan.plan import format_bytes
 from jaxpar_magic.views import plan as plan_view
 from shell_helpers import shown_widgets
 
@@ -78,3 +79,15 @@ def test_the_view_says_what_was_donated(mlp):
     text = plan_view.to_text(state)
     html = plan_view.to_html(state)
     assert "donated: params, opt" in text and "donated: params, opt" in html
+
+
+def test_a_cpu_plan_that_does_not_fit_names_its_largest_buffer_and_what_to_do(mlp):
+    plan = jaxpar_magic.plan_cell("params, opt = update(params, opt, batch)", mlp.user_ns, mesh=mlp.user_ns["mesh"],
+                                  hardware="h100", device_memory="1MiB", bind=False)
+    assert plan.fits is False and plan.compiler == "XLA:CPU"
+    largest = plan.peak.largest
+    text = plan_view.to_text(plan.state("too big"))
+    advice = next(n for n in plan.memory_notes() if n.startswith("To make it fit"))
+    assert f"The largest buffer is {format_bytes(largest.bytes)}" in advice
+    assert "jax.checkpoint" in advice and "smaller batch" in advice and "more devices" in advice
+    assert "DOES NOT FIT" in text and "What fills memory at the peak" in text

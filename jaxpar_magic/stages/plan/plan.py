@@ -137,6 +137,7 @@ class Plan:
     peak: object = field(default=None, repr=False)  # peak.MemoryPeak: what fills memory at the peak, the timeline
     abstract: dict = field(default_factory=dict, repr=False)  # every name the cell assigns, as planned
     left_alone: tuple[str, ...] = ()  # names the plan did not bind: they hold concrete values
+    refused: str | None = None  # XLA's words where it refused to compile for memory: the plan is of its buffers
     donated: tuple[str, ...] = ()  # --donate: inputs given to the program, compiled with their aliasing
     notes: list = field(default_factory=list)  # more sentences about the memory figures (memory_notes adds these)
 
@@ -181,6 +182,10 @@ class Plan:
         compute`."""
         fit = "" if self.capacity is None else (f" (fits in {format_bytes(self.capacity)})" if self.fits else
                                                 f" (DOES NOT FIT in {format_bytes(self.capacity)})")
+        if self.refused:
+            return (f"{self.compiler} refused to compile it: does not fit: needs {self.total_bytes / 2**30:.2f} GiB "
+                    f"of {self.capacity / 2**30:.2f} GiB per device" + (f" · largest buffer {format_bytes(self.peak.largest.bytes)}"
+                    if self.peak is not None and self.peak.largest is not None else ""))
         moving = sum(1 for c in self.collectives if c.group_size > 1)
         r = self.roofline
         estimate = f" · estimate {r.estimate_s * 1e3:.3g} ms, bound by {r.bound_text}" if r is not None else ""
@@ -205,7 +210,7 @@ class Plan:
                 "alias": self.alias_bytes, "total": self.total_bytes, "capacity": self.capacity,
                 "capacity_source": self.capacity_source, "fits": self.fits, "overshoot": self.overshoot,
                 "note": self.memory_note, "reported_peak": self.peak_bytes is not None,
-                "donated": list(self.donated), "notes": self.memory_notes(),
+                "donated": list(self.donated), "notes": self.memory_notes(), "refused": self.refused,
             },
             "compiler": self.target.state() if self.target is not None else None,
             "peak": self.peak.state() if self.peak is not None else None,
@@ -217,6 +222,7 @@ class Plan:
             "roofline": self.roofline.state() if self.roofline is not None else None,
             "outputs": output_entries(shown),
             "compile_ms": round(self.compile_ms, 1),
+            "compiled": "refused" if self.refused else "reused" if self.reused else "compiled",
             "caveats": list(self.caveats),
         }
 

@@ -24,6 +24,7 @@ from ...cell.hlo import Upcasts, collectives, program_facts, runs_outside_loops,
 from ...cell.hlo_text import entry_name, instructions
 from ...cell.meshes import on_cell_mesh
 from ...cell.programs import TRACE
+from ...cell.xla_dump import RefusedForMemory
 from ...cell.scatter import reduce_scatters
 from ...errors import UsageError, explain_trace_error, user_line
 from .abstract_inputs import CPU_DEVICE_CEILING, abstract_inputs, check_scale, device_capacity, smaller_slice, warn_concrete
@@ -32,6 +33,7 @@ from .costs import estimate
 from .hardware import Hardware, parse_hardware
 from .mesh_collectives import is_user_file, plan_collectives
 from .peak import memory_peak
+from .refused import advice, available, refused_program
 from .plan import (CAVEATS, GPU_CAVEAT, LOOP_CAVEAT, MAX_COLLECTIVES, REMAT, RESERVED_CPU, RESERVED_TPU, ROOFLINE_CAVEAT,
                    SCATTER_CAVEAT, TPU_CAVEATS, UPCAST_CAVEAT, Plan, PlannedCollective, PlanWarning, format_bytes,
                    remat_caveat)
@@ -83,11 +85,13 @@ def _figure(cost: dict, key: str) -> float | None:
 
 
 def output_structs(compiled):
-    """The compiled program's outputs as plain ShapeDtypeStructs with their shardings."""
+    """The compiled (or, where XLA refused it, lowered) program's outputs as plain ShapeDtypeStructs
+    with their shardings."""
     import jax
 
     def plain(info):
-        return jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=info.sharding,
+        sharding = info.sharding if isinstance(info.sharding, jax.sharding.Sharding) else None
+        return jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=sharding,
                                     weak_type=getattr(info, "weak_type", False))
 
     return jax.tree.map(plain, compiled.out_info)
@@ -154,7 +158,11 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         with jax.set_mesh(mesh) if set_mesh else on_cell_mesh(mesh):
             lowered = jitted.lower(*args)
         program = lowered.as_text(dialect="hlo", debug_info=True)  # the program's own dtypes, before XLA's passes
-        made, kept = compile_plan_program(lowered, key_of(program, mesh, filename))
+        try:
+            made, kept = compile_plan_program(lowered, key_of(program, mesh, filename))
+            refused = None
+        except RefusedForMemory as exc:  # the step that does not fit: planned from what XLA wrote
+            made, kept, refused = refused_program(exc), False, exc
     except UsageError:
         raise
     except Exception as exc:
@@ -188,12 +196,17 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
     if " while(" in text:
         caveats.append(LOOP_CAVEAT)
     times = None
-    if hardware is not None:
+    if hardware is not None and refused is None:  # a refused compile has no FLOPs to time
         times, planned = estimate(flops, bytes_accessed, planned, hardware, laid_out, matmuls)
         caveats.append(ROOFLINE_CAVEAT)
         if hardware.kind == "gpu":
             caveats.append(GPU_CAVEAT)
-    outputs = output_structs(made.compiled)
+    outputs = output_structs(made.compiled if refused is None else lowered)
+    if refused is not None:
+        capacity, capacity_source = _refusing_capacity(refused, target, capacity, capacity_source)
+        caveats.insert(0, f"{target.compiler} refused to compile this step: {refused.said}. Its figures come from the "
+                          f"buffers it had assigned before refusing; with no executable there are no FLOPs or bytes "
+                          f"accessed, so no step time.")
     plan = Plan(
         mesh=mesh,
         argument_bytes=int(memory.argument_size_in_bytes),
@@ -215,14 +228,35 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         caveats=tuple(caveats),
         compiled=made.compiled,
         target=target,
-        peak_bytes=_reported_peak(memory) if target.is_tpu else None,
+        peak_bytes=_reported_peak(memory) if target.is_tpu or refused is not None else None,
         reused=kept,
+        refused=refused.said if refused is not None else None,
     )
     plan.peak = memory_peak(made.dump, read, entry_name(text), plan.total_bytes,
                             leaf_labels=leaf_labels, output_labels=_labels(output_labels, outputs),
                             filename=filename, line_text=line_text,
                             rest_note=RESERVED_TPU if target.is_tpu else RESERVED_CPU)
+    if plan.fits is False:  # name what fills the memory, and what to do about it
+        largest = plan.peak.largest if plan.peak is not None else None
+        named = f"{format_bytes(largest.bytes)} ({largest_words(largest)})" if largest is not None else None
+        plan.notes.append(advice(named))
     return plan
+
+
+def _refusing_capacity(refused, target, capacity, capacity_source):
+    """The memory XLA said the program may use ("exceeds available HBM (15.75G)"), else the profile's."""
+    said, memory = available(refused.said)
+    if said is None:
+        return capacity, capacity_source
+    return said, f"{target.compiler}: {memory} available to the program"
+
+
+def largest_words(buffer) -> str:
+    """`temporary from dot_general, line 3: h = x @ w` / `argument params['w1']`."""
+    what = buffer.name if buffer.kind != "temporary" else f"from {buffer.op or buffer.instruction}"
+    where = f", line {buffer.line}: {buffer.source}" if buffer.line is not None and buffer.source else (
+        f", line {buffer.line}" if buffer.line is not None else "")
+    return f"{buffer.kind} {what}{where}"
 
 
 def tpu_compile_error(exc: BaseException, target) -> UsageError:
