@@ -83,7 +83,9 @@ function buffersTable(peak) {
   }
   body.append(h("tr", {}, h("td", { class: "jpm-num" }, h("b", { text: formatBytes(peak.reported) })), h("td", { colspan: "3", text: "the peak per device" })));
   const head = h("thead", {}, h("tr", {}, ...["size", "what", "array", "source"].map((t) => h("th", { text: t }))));
-  return h("div", { class: "jpm-scroll" }, h("table", { class: "jpm-table jpm-plan-table jpm-peak-table" }, head, body));
+  const table = h("div", { class: "jpm-scroll" }, h("table", { class: "jpm-table jpm-plan-table jpm-peak-table" }, head, body));
+  if (!peak.disagreement) return table;
+  return h("div", {}, table, h("div", { class: "jpm-note jpm-disagreement", text: peak.disagreement }));
 }
 
 /** @param {any} state */

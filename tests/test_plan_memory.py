@@ -91,3 +91,30 @@ def test_a_cpu_plan_that_does_not_fit_names_its_largest_buffer_and_what_to_do(ml
     assert f"The largest buffer is {format_bytes(largest.bytes)}" in advice
     assert "jax.checkpoint" in advice and "smaller batch" in advice and "more devices" in advice
     assert "DOES NOT FIT" in text and "What fills memory at the peak" in text
+
+
+def small_dump():
+    """A hand-made buffer assignment: an HBM temporary arena of 100 bytes holding two values at once
+    at the same offset (70 and 60 bytes: an in-place view), and 40 bytes of VMEM."""
+    from jaxpar_magic.cell.xla_dump import Allocation, BufferDump, Value
+
+    allocations = {0: Allocation(0, 100, "temp"), 1: Allocation(1, 40, "temp", color=1)}
+    values = [Value("a", "{}", 0, 0, 70, "f32[10,7]"), Value("b", "{}", 0, 0, 60, "f32[15]"),
+              Value("v", "{}", 1, 0, 40, "f32[10]")]
+    ranges = {"a{}": (0, 2), "b{}": (1, 2), "v{}": (0, 1)}
+    return BufferDump(allocations, values, ["a", "b", "c"], ranges, 2, {0: "default", 1: "vmem"})
+
+
+def test_rows_never_exceed_the_peak_and_a_disagreement_is_said_with_its_size():
+    from jaxpar_magic.stages.plan.peak import memory_peak
+    from jaxpar_magic.views import memory as memory_view
+
+    peak = memory_peak(small_dump(), [], None, 100)
+    assert peak.live == 130 and peak.reported == 100 and peak.reserved_bytes == 0
+    assert "30 bytes more than the 100 reported" in peak.disagreement
+    assert all(b.space is None for b in peak.buffers) and peak.elsewhere == {"vmem": 40}  # VMEM apart
+    state = {"title": "t", "compiler": "XLA:TPU", "capacity": None, "peak": peak.state()}
+    assert peak.disagreement in " ".join(memory_view.to_text(state).split())  # wrapped, never cut
+    assert "jpm-disagreement" in memory_view.to_html(state)
+    fits = memory_peak(small_dump(), [], None, 140)
+    assert fits.disagreement is None and sum(b.bytes for b in fits.buffers) + fits.other_bytes + fits.reserved_bytes == 140

@@ -127,8 +127,11 @@ def buffers_html(peak: dict) -> str:
         for n, what, shape, where in rows(peak))
     total = (f'<tr><td class="jpm-num"><b>{esc(format_bytes(peak.get("reported")))}</b></td>'
              f'<td colspan="3">the peak per device</td></tr>')
+    said = (f'<div class="jpm-note jpm-disagreement">{esc(peak["disagreement"])}</div>'
+            if peak.get("disagreement") else "")
     return ('<div class="jpm-scroll"><table class="jpm-table jpm-plan-table jpm-peak-table"><thead><tr><th>size</th>'
-            '<th>what</th><th>array</th><th>source</th></tr></thead><tbody>' + body + total + "</tbody></table></div>")
+            '<th>what</th><th>array</th><th>source</th></tr></thead><tbody>' + body + total + "</tbody></table></div>"
+            + said)
 
 
 def timeline_html(state: dict) -> str:
@@ -197,6 +200,8 @@ def section_text(state: dict) -> list[str]:
     for n, what, shape, where in rows(peak):
         words = ", ".join(w for w in (what + (f" {shape}" if shape else ""), where) if w)
         lines += _fit(f"  {format_bytes(n):>10}  {words}")
+    if peak.get("disagreement"):
+        lines += _fit("  " + peak["disagreement"])
     return lines
 
 

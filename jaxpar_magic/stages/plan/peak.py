@@ -4,8 +4,8 @@ From XLA's own buffer assignment and live ranges for the compile (cell/xla_dump.
 compiled program's text (its instructions, their JAX op names and source frames):
 
 - each value in the allocations compiled.memory_analysis() counts as arguments, outputs and
-  temporaries, in any memory space (XLA:TPU also places temporaries in the space its reports call
-  "vmem", and counts them in its peak) becomes a buffer:
+  temporaries, in the device's main memory (HBM; XLA:TPU also places small temporaries in on-chip
+  VMEM, which memory_analysis() does not count and a plan reports apart, as `elsewhere`) becomes a buffer:
   values at the same place in the same allocation whose live ranges touch are one buffer (XLA's
   in-place updates and aliases), so no byte is counted twice;
 - the timeline is the bytes of the buffers live at each step of the schedule, and the peak is its
@@ -13,8 +13,9 @@ compiled program's text (its instructions, their JAX op names and source frames)
 - every buffer live there is one row: its size, dtype and shape, what it is (an argument with its
   input's name and leaf path, an output with its name, or a temporary with the operation that makes
   it) and the user's line that made it. The smallest are grouped as "other", and what the plan reports
-  beyond the live buffers (the compiler's reserve: outputs written later, free space in the
-  temporary arena, XLA:TPU's scratch space) is one last row, so the rows add up to the reported peak.
+  beyond the live buffers (outputs written later, free space in the temporary arena) is one last row,
+  so the rows add up to the reported peak. Where the buffers live at the busiest step add up to more
+  than the reported figure, the rows are not stretched to it: `disagreement` says by how much.
 
 Plain Python; no JAX.
 """
@@ -74,6 +75,8 @@ class MemoryPeak:
     at: dict | None = None  # the operation the peak step runs: {"op", "instruction", "line", "source", "origin"}
     timeline: list[dict] = field(default_factory=list)  # [{"step", "bytes", "at"}]: "at" indexes `places`
     places: list[dict] = field(default_factory=list)  # [{"op", "instruction", "line", "source", "origin"}], once each
+    elsewhere: dict = field(default_factory=dict)  # other memory spaces (XLA:TPU's "vmem"): their busiest live bytes
+    disagreement: str | None = None  # where the live buffers exceed the reported figure: by how much, and why
 
     @property
     def largest(self) -> PeakBuffer | None:
@@ -84,7 +87,8 @@ class MemoryPeak:
                 "buffers": [b.state() for b in self.buffers], "other_bytes": self.other_bytes,
                 "other_count": self.other_count, "reserved_bytes": self.reserved_bytes,
                 "reserve": [{"bytes": n, "note": note} for n, note in self.reserve], "at": self.at,
-                "timeline": self.timeline, "places": self.places}
+                "timeline": self.timeline, "places": self.places, "elsewhere": self.elsewhere,
+                "disagreement": self.disagreement}
 
 
 @dataclass
@@ -96,13 +100,16 @@ class _Buffer:
     values: list  # (first step, Value)
 
 
-def _buffers(dump: BufferDump) -> list[_Buffer]:
-    """Device-memory values grouped into buffers: same allocation, offset and size, live ranges touching."""
+MAIN = 0  # the device's main memory (HBM): XLA's memory space 0, the one memory_analysis() counts
+
+
+def _buffers(dump: BufferDump, color: int = MAIN) -> list[_Buffer]:
+    """Values in one memory space grouped into buffers: same allocation, offset and size, live ranges touching."""
     places: dict[tuple, list] = {}
     for v in dump.values:
         allocation = dump.allocations.get(v.allocation)
         span = dump.ranges.get(v.key)
-        if allocation is None or not allocation.counted or span is None or v.size <= 0:
+        if allocation is None or not allocation.counted or allocation.color != color or span is None or v.size <= 0:
             continue
         places.setdefault((v.allocation, v.offset, v.size), []).append((span, v))
     found = []
@@ -237,6 +244,11 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
     the rest, which `rest_note` says what it is."""
     buffers = _buffers(dump)
     live = _timeline(buffers, dump.steps)
+    elsewhere = {}
+    for color, name in sorted(dump.spaces.items()):
+        busiest = max(_timeline(_buffers(dump, color), dump.steps), default=0) if color != MAIN else 0
+        if busiest:
+            elsewhere[name] = busiest
     step = max(range(len(live)), key=live.__getitem__) if live else 0
     peak_live = live[step] if live else 0
     parameters = _parameter_names(program, entry)
@@ -263,9 +275,8 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
             name = output_labels[k] if output_labels is not None and k < len(output_labels) else f"output {k}"
         else:
             kind, name = "temporary", None
-        space = dump.spaces.get(allocation.color) if allocation.color else None
         rows.append(PeakBuffer(b.size, dtype, shape, kind, name, described["op"], value.name, described["line"],
-                               described["source"], described["origin"], space))
+                               described["source"], described["origin"]))
     rows.sort(key=lambda r: -r.bytes)
     named = [r for r in rows[:MAX_ROWS] if r.bytes >= MIN_SHARE * max(reported, 1)] or rows[:1]
     other = rows[len(named):]
@@ -277,11 +288,16 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
         reserve.append((written_later, f"outputs written after this step ({len(later)} buffer{'s' if len(later) != 1 else ''})"))
     if reported - peak_live - written_later > 0:
         reserve.append((reported - peak_live - written_later, rest_note or "held by the compiler beyond these buffers"))
+    disagreement = None
+    if peak_live > reported:
+        disagreement = (f"the buffers live at this step add up to {peak_live - reported:,} bytes more than the "
+                        f"{reported:,} reported: XLA places some values in the same bytes at once (in-place "
+                        f"updates, aliases) that its buffer assignment lists apart")
     peak = MemoryPeak(
         reported=reported, live=peak_live, step=step, steps=len(live), buffers=named,
         other_bytes=sum(r.bytes for r in other), other_count=len(other),
-        reserved_bytes=reported - peak_live, reserve=reserve,
-        at=sources.describe(at_name) if at_name else None,
+        reserved_bytes=max(0, reported - peak_live), reserve=reserve,
+        at=sources.describe(at_name) if at_name else None, elsewhere=elsewhere, disagreement=disagreement,
     )
     peak.timeline, peak.places = _sampled(live, dump.sequence, sources)
     return peak

@@ -33,7 +33,8 @@ SCATTER_CAVEAT = (
 # a loop's body the name stack starts again: "checkpoint/...", "remat2", "vmap()/remat2").
 REMAT = re.compile(r'op_name="(?:[^"]*/)?(?:checkpoint|remat\d*)[/"]')
 RESERVED_CPU = "free space in XLA's temporary arena (its packing leaves gaps)"
-RESERVED_TPU = "held by XLA:TPU beyond its buffers (its peak_memory_in_bytes): scratch of collectives and fusions"
+RESERVED_TPU = ("free space in XLA:TPU's temporary arena at this step (memory_analysis() counts the whole arena, which "
+                "the runtime allocates for the program)")
 
 
 def remat_caveat(hardware) -> str:
@@ -132,7 +133,8 @@ class Plan:
     bindings: dict = field(default_factory=dict, repr=False)
     computed: tuple[str, ...] = ()
     target: object = None  # target.Target: the compiler that made it, and for which devices
-    peak_bytes: int | None = None  # the compiler's own peak where it reports one (XLA:TPU), else the parts' sum
+    peak_bytes: int | None = None  # a peak to report instead of the parts' sum (none today: HBM's is the sum)
+    xla_peak_bytes: int | None = None  # XLA:TPU's peak_memory_in_bytes: HBM and on-chip VMEM together
     reused: bool = False  # compiled before (the same program for the same devices): nothing compiled now
     peak: object = field(default=None, repr=False)  # peak.MemoryPeak: what fills memory at the peak, the timeline
     abstract: dict = field(default_factory=dict, repr=False)  # every name the cell assigns, as planned
@@ -143,7 +145,8 @@ class Plan:
 
     @property
     def total_bytes(self) -> int:
-        """The peak per device: XLA:TPU's own figure, or arguments + outputs + temporaries - aliased."""
+        """The peak per device in the device's main memory (HBM): arguments + outputs + temporaries - aliased,
+        as memory_analysis() counts them (XLA:TPU's VMEM is apart: `notes`)."""
         if self.peak_bytes is not None:
             return self.peak_bytes
         return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes

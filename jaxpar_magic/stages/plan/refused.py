@@ -29,11 +29,6 @@ class DumpMemory:
     temp_size_in_bytes: int
     alias_size_in_bytes: int
 
-    @property
-    def peak_memory_in_bytes(self) -> int:
-        return (self.argument_size_in_bytes + self.output_size_in_bytes + self.temp_size_in_bytes
-                - self.alias_size_in_bytes)
-
 
 def dump_memory(dump: BufferDump) -> DumpMemory:
     """Arguments (parameter allocations), outputs (output allocations, and parameters reused for an
