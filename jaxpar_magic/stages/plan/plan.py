@@ -22,7 +22,8 @@ CAVEATS = (
 )
 TPU_CAVEATS = (
     "Figures come from XLA:TPU itself (libtpu), compiling for compile-only devices of the slice: nothing ran, "
-    "and no TPU was needed. Memory is XLA:TPU's own peak, tile padding and its fusion decisions included.",
+    "and no TPU was needed. Memory is HBM as XLA:TPU assigns it (memory_analysis()'s figures), tile padding and "
+    "its fusion decisions included; what it keeps in on-chip VMEM is said apart.",
 )
 SCATTER_CAVEAT = (
     "XLA:CPU sums some arrays on every device and then keeps each device's slice (an all-reduce and a "
