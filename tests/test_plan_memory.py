@@ -118,3 +118,35 @@ def test_rows_never_exceed_the_peak_and_a_disagreement_is_said_with_its_size():
     assert "jpm-disagreement" in memory_view.to_html(state)
     fits = memory_peak(small_dump(), [], None, 140)
     assert fits.disagreement is None and sum(b.bytes for b in fits.buffers) + fits.other_bytes + fits.reserved_bytes == 140
+
+
+def test_a_cpu_plan_of_a_bf16_step_says_how_much_of_its_peak_is_f32_copies(jx):
+    """A step held entirely in bf16 (its loss too): every f32 buffer XLA:CPU keeps at the peak is one of
+    its upcast copies, so the oracle is the f32 buffers live at the peak, read from the rows."""
+    from jaxpar_magic.stages.plan import peak as peak_module
+    from jaxpar_magic.stages.plan.plan_program import compile_plan
+
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+
+    def step(w1, w2, x):
+        def loss(w1, w2):
+            return jnp.sum(jnp.tanh(jnp.tanh(x @ w1) @ w2))
+        g1, g2 = jax.grad(loss, argnums=(0, 1))(w1, w2)
+        return w1 - g1, w2 - g2
+
+    def spec(shape, *axes):
+        return jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=NamedSharding(mesh, P(*axes)))
+
+    args = (spec((512, 2048)), spec((2048, 512)), spec((4096, 512), "data"))
+    original = peak_module.MAX_ROWS, peak_module.MIN_SHARE
+    peak_module.MAX_ROWS, peak_module.MIN_SHARE = 10_000, 0.0  # every live buffer a row, for the oracle
+    try:
+        plan = compile_plan(step, args, mesh, hardware="h100")
+    finally:
+        peak_module.MAX_ROWS, peak_module.MIN_SHARE = original
+    f32 = [b for b in plan.peak.buffers if b.dtype == "f32"]
+    assert plan.peak.other_count == 0 and f32
+    assert plan.peak.upcast_bytes == sum(b.bytes for b in f32) and plan.peak.upcast_count == len(f32)
+    note = next(n for n in plan.memory_notes() if "f32 copies" in n)
+    assert note.startswith(f"{format_bytes(plan.peak.upcast_bytes)} of this {format_bytes(plan.total_bytes)} peak")
+    assert "f32 copies" in plan_view.to_text(plan.state("bf16"))

@@ -77,6 +77,8 @@ class MemoryPeak:
     places: list[dict] = field(default_factory=list)  # [{"op", "instruction", "line", "source", "origin"}], once each
     elsewhere: dict = field(default_factory=dict)  # other memory spaces (XLA:TPU's "vmem"): their busiest live bytes
     disagreement: str | None = None  # where the live buffers exceed the reported figure: by how much, and why
+    upcast_bytes: int = 0  # live at the peak: XLA:CPU's f32 copies of arrays the program holds in bf16/f16
+    upcast_count: int = 0
 
     @property
     def largest(self) -> PeakBuffer | None:
@@ -88,7 +90,8 @@ class MemoryPeak:
                 "other_count": self.other_count, "reserved_bytes": self.reserved_bytes,
                 "reserve": [{"bytes": n, "note": note} for n, note in self.reserve], "at": self.at,
                 "timeline": self.timeline, "places": self.places, "elsewhere": self.elsewhere,
-                "disagreement": self.disagreement}
+                "disagreement": self.disagreement, "upcast_bytes": self.upcast_bytes,
+                "upcast_count": self.upcast_count}
 
 
 @dataclass
@@ -236,12 +239,14 @@ def _output_names(program: list[Instruction], entry: str | None) -> dict[str, in
 
 def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None, reported: int, *,
                 leaf_labels=None, output_labels: list[str] | None = None, filename: str | None = None,
-                line_text: Callable[[int], str] | None = None, rest_note: str = "") -> MemoryPeak:
+                line_text: Callable[[int], str] | None = None, rest_note: str = "",
+                shadows: dict | None = None) -> MemoryPeak:
     """The peak of one compile. `program`: hlo_text.instructions of compiled.as_text(); `entry` its
     ENTRY computation; `reported` the peak the plan reports. `leaf_labels[i][j]` names leaf j of
     input i (the engines' arguments `args[i][j]`); `output_labels[k]` output k. What the plan
     reports beyond the buffers live at the peak is the output buffers not yet written there, and
-    the rest, which `rest_note` says what it is."""
+    the rest, which `rest_note` says what it is. `shadows` (cell/hlo.upcasts): XLA:CPU's f32 values
+    the program holds in a 16-bit float; those live at the peak are counted as `upcast_bytes`."""
     buffers = _buffers(dump)
     live = _timeline(buffers, dump.steps)
     elsewhere = {}
@@ -257,7 +262,7 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
     labels = {by_number[n]: _argument_label(parameters.get(n), leaf_labels, _Param(n)) for n in by_number}
     sources = _Sources(program, filename, line_text, labels)
     outputs = _output_names(program, entry)
-    rows, live_allocations = [], set()
+    rows, live_allocations, upcast = [], set(), []
     for b in buffers:
         if not b.first <= step <= b.last:
             continue
@@ -265,7 +270,10 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
         _, value = max((e for e in b.values if e[0] <= step), key=lambda e: e[0])
         allocation = dump.allocations[b.allocation]
         dtype, shape = _array(value.type)
-        described = sources.describe(sources.producer(value.name))
+        producer = sources.producer(value.name)
+        described = sources.describe(producer)
+        if shadows and dtype == "f32" and isinstance(shadows.get(value.name, shadows.get(producer)), str):
+            upcast.append(b.size)
         if allocation.kind == "parameter":
             kind, name = "argument", _argument_label(parameters.get(allocation.parameter), leaf_labels, allocation)
             described.update(op=None, line=None, source=None, origin=None)
@@ -298,6 +306,7 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
         other_bytes=sum(r.bytes for r in other), other_count=len(other),
         reserved_bytes=max(0, reported - peak_live), reserve=reserve,
         at=sources.describe(at_name) if at_name else None, elsewhere=elsewhere, disagreement=disagreement,
+        upcast_bytes=sum(upcast), upcast_count=len(upcast),
     )
     peak.timeline, peak.places = _sampled(live, dump.sequence, sources)
     return peak

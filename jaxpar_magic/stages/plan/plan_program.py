@@ -235,13 +235,24 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
     plan.peak = memory_peak(made.dump, read, entry_name(text), plan.total_bytes,
                             leaf_labels=leaf_labels, output_labels=_labels(output_labels, outputs),
                             filename=filename, line_text=line_text,
-                            rest_note=RESERVED_TPU if target.is_tpu else RESERVED_CPU)
+                            rest_note=RESERVED_TPU if target.is_tpu else RESERVED_CPU, shadows=upcast.shadows)
+    if plan.peak.upcast_bytes:
+        plan.notes.append(upcast_note(plan.peak, plan.total_bytes))
     plan.notes += _other_spaces(plan, target)
     if plan.fits is False:  # name what fills the memory, and what to do about it
         largest = plan.peak.largest if plan.peak is not None else None
         named = f"{format_bytes(largest.bytes)} ({largest_words(largest)})" if largest is not None else None
         plan.notes.append(advice(named))
     return plan
+
+
+def upcast_note(peak, total: int) -> str:
+    """How much of an XLA:CPU peak is f32 copies of the program's bf16/f16 arrays (its converts widen them)."""
+    count = peak.upcast_count
+    return (f"{format_bytes(peak.upcast_bytes)} of this {format_bytes(total)} peak ({count} buffer{'s' if count != 1 else ''}) "
+            f"are XLA:CPU's f32 copies of arrays the program holds in bf16 or f16 (its converts widen them). XLA:TPU "
+            f"and XLA:GPU compute in the program's own dtype, so on the target these take half as much memory, or "
+            f"none: the target's peak may be up to {format_bytes(peak.upcast_bytes)} lower.")
 
 
 def _other_spaces(plan, target) -> list[str]:
