@@ -9,6 +9,7 @@ import { h, formatBytes, detailLine, mount } from "./format.js";
 
 /** @param {any} b */
 export function shapeText(b) {
+  if ((b.count || 1) > 1) return ""; // a group of buffers: sizes differ
   return `${b.dtype}[${(b.shape || []).join(",")}]`;
 }
 
@@ -23,9 +24,15 @@ export function whereText(b) {
 /** @param {any} b */
 export function whatText(b) {
   const space = b.space ? ` in ${b.space}` : "";
-  if (b.kind === "argument" || b.kind === "output") return `${b.kind} ${b.name}${space}`;
-  const op = b.op || b.instruction;
-  return `temporary from ${op}${b.instruction && b.instruction !== op ? ` (${b.instruction})` : ""}${space}`;
+  const count = b.count || 1;
+  let text;
+  if (b.kind === "argument" || b.kind === "output") text = b.name ? `${b.kind} ${b.name}` : `${b.kind}s`;
+  else {
+    const op = b.op || b.instruction;
+    const made = `from ${op}${b.instruction && b.instruction !== op ? ` (${b.instruction})` : ""}`;
+    text = b.role ? `${b.role}, ${made}` : `temporary ${made}`;
+  }
+  return `${count > 1 ? `${count} buffers: ` : ""}${text}${space}`;
 }
 
 /** @param {any} p */

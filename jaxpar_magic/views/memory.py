@@ -26,6 +26,8 @@ def _fit(text: str) -> list[str]:
 
 
 def shape_text(b: dict) -> str:
+    if (b.get("count") or 1) > 1:
+        return ""  # a group of buffers: sizes differ
     return f"{b.get('dtype')}[{','.join(str(d) for d in b.get('shape') or [])}]"
 
 
@@ -41,13 +43,18 @@ def where_text(b: dict) -> str:
 
 
 def what_text(b: dict) -> str:
-    """`argument params['w1']`, `output grads['w1']`, `temporary from dot_general (fusion.4)`."""
+    """`argument params['w1']`, `output grads['w1']`, `temporary from dot_general (fusion.4)`,
+    `all-gather of params['w1'] (all-gather.3)`, `5 buffers: activation saved for the backward pass, from
+    tanh` (the twin of `whatText` in js/memory.js)."""
     space = f" in {b['space']}" if b.get("space") else ""
+    count = b.get("count") or 1
     if b.get("kind") in ("argument", "output"):
-        return f"{b['kind']} {b.get('name')}{space}"
-    op = b.get("op") or b.get("instruction")
-    return (f"temporary from {op}" + (f" ({b['instruction']})" if b.get("instruction") and b["instruction"] != op else "")
-            + space)
+        text = f"{b['kind']} {b.get('name')}" if b.get("name") else f"{b['kind']}s"
+    else:
+        op = b.get("op") or b.get("instruction")
+        made = f"from {op}" + (f" ({b['instruction']})" if b.get("instruction") and b["instruction"] != op else "")
+        text = f"{b['role']}, {made}" if b.get("role") else f"temporary {made}"
+    return (f"{count} buffers: " if count > 1 else "") + text + space
 
 
 def step_text(p: dict) -> str:

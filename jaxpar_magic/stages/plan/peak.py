@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from ...cell.hlo_text import ARRAY, Instruction
 from ...cell.xla_dump import BufferDump
+from .buffer_roles import group, is_backward, role_of
 from .mesh_collectives import is_user_file, origin_of
 
 MAX_ROWS = 10  # buffers named one by one; the rest are "other"
@@ -52,11 +53,15 @@ class PeakBuffer:
     source: str | None = None
     origin: dict | None = None  # the line inside a function the cell calls (as collectives carry it)
     space: str | None = None  # the memory space, where the program uses more than one ("vmem" on XLA:TPU)
+    role: str | None = None  # what a temporary is for (buffer_roles.role_of): "all-gather of params['w1']", ...
+    count: int = 1  # buffers in this row (more than one: grouped by what they are and their line)
+    members: tuple = field(default=(), repr=False, compare=False)  # a group's buffers
 
     def state(self) -> dict:
         return {"bytes": self.bytes, "dtype": self.dtype, "shape": list(self.shape), "kind": self.kind,
                 "name": self.name, "op": self.op, "instruction": self.instruction, "line": self.line,
-                "source": self.source, "origin": self.origin, "space": self.space}
+                "source": self.source, "origin": self.origin, "space": self.space, "role": self.role,
+                "count": self.count}
 
 
 @dataclass
@@ -240,12 +245,13 @@ def _output_names(program: list[Instruction], entry: str | None) -> dict[str, in
 def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None, reported: int, *,
                 leaf_labels=None, output_labels: list[str] | None = None, filename: str | None = None,
                 line_text: Callable[[int], str] | None = None, rest_note: str = "",
-                shadows: dict | None = None) -> MemoryPeak:
+                shadows: dict | None = None, counted_temp: int | None = None) -> MemoryPeak:
     """The peak of one compile. `program`: hlo_text.instructions of compiled.as_text(); `entry` its
     ENTRY computation; `reported` the peak the plan reports. `leaf_labels[i][j]` names leaf j of
     input i (the engines' arguments `args[i][j]`); `output_labels[k]` output k. What the plan
     reports beyond the buffers live at the peak is the output buffers not yet written there, and
-    the rest, which `rest_note` says what it is. `shadows` (cell/hlo.upcasts): XLA:CPU's f32 values
+    the rest, which `rest_note` says what it is. `counted_temp`: memory_analysis()'s temporaries, to say
+    why live buffers may exceed `reported`. `shadows` (cell/hlo.upcasts): XLA:CPU's f32 values
     the program holds in a 16-bit float; those live at the peak are counted as `upcast_bytes`."""
     buffers = _buffers(dump)
     live = _timeline(buffers, dump.steps)
@@ -262,6 +268,12 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
     labels = {by_number[n]: _argument_label(parameters.get(n), leaf_labels, _Param(n)) for n in by_number}
     sources = _Sources(program, filename, line_text, labels)
     outputs = _output_names(program, entry)
+    argument_shapes: dict[tuple, list] = {}
+    for name, label in labels.items():
+        argument_shapes.setdefault(_array(sources.by_name[name].type), []).append(label)
+    at_name = dump.sequence[step] if step < len(dump.sequence) else None
+    at_keyed = sources.keyed(at_name) if at_name else None
+    in_backward = is_backward(at_keyed.op_name if at_keyed is not None else None)
     rows, live_allocations, upcast = [], set(), []
     for b in buffers:
         if not b.first <= step <= b.last:
@@ -283,12 +295,12 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
             name = output_labels[k] if output_labels is not None and k < len(output_labels) else f"output {k}"
         else:
             kind, name = "temporary", None
+        role = role_of(sources, producer, (dtype, shape), argument_shapes, in_backward) if kind == "temporary" else None
         rows.append(PeakBuffer(b.size, dtype, shape, kind, name, described["op"], value.name, described["line"],
-                               described["source"], described["origin"]))
+                               described["source"], described["origin"], role=role))
     rows.sort(key=lambda r: -r.bytes)
-    named = [r for r in rows[:MAX_ROWS] if r.bytes >= MIN_SHARE * max(reported, 1)] or rows[:1]
-    other = rows[len(named):]
-    at_name = dump.sequence[step] if step < len(dump.sequence) else None
+    largest = len([r for r in rows[:MAX_ROWS] if r.bytes >= MIN_SHARE * max(reported, 1)]) or 1
+    named, other = group(rows, largest, reported)
     later = [a for a in dump.allocations.values() if a.kind == "output" and a.index not in live_allocations]
     written_later = min(sum(a.size for a in later), max(0, reported - peak_live))
     reserve = []
@@ -298,9 +310,13 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
         reserve.append((reported - peak_live - written_later, rest_note or "held by the compiler beyond these buffers"))
     disagreement = None
     if peak_live > reported:
+        assigned = sum(a.size for a in dump.allocations.values() if a.kind == "temp" and a.color == MAIN)
+        why = (f"XLA's buffer assignment holds {assigned:,} bytes of temporaries in this memory, and "
+               f"memory_analysis() counts {counted_temp:,}" if counted_temp is not None and assigned > counted_temp
+               else "XLA places some values in the same bytes at once (in-place updates, aliases) that its buffer "
+                    "assignment lists apart")
         disagreement = (f"the buffers live at this step add up to {peak_live - reported:,} bytes more than the "
-                        f"{reported:,} reported: XLA places some values in the same bytes at once (in-place "
-                        f"updates, aliases) that its buffer assignment lists apart")
+                        f"{reported:,} reported: {why}")
     peak = MemoryPeak(
         reported=reported, live=peak_live, step=step, steps=len(live), buffers=named,
         other_bytes=sum(r.bytes for r in other), other_count=len(other),

@@ -235,7 +235,8 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
     plan.peak = memory_peak(made.dump, read, entry_name(text), plan.total_bytes,
                             leaf_labels=leaf_labels, output_labels=_labels(output_labels, outputs),
                             filename=filename, line_text=line_text,
-                            rest_note=RESERVED_TPU if target.is_tpu else RESERVED_CPU, shadows=upcast.shadows)
+                            rest_note=RESERVED_TPU if target.is_tpu else RESERVED_CPU, shadows=upcast.shadows,
+                            counted_temp=plan.temp_bytes)
     if plan.peak.upcast_bytes:
         plan.notes.append(upcast_note(plan.peak, plan.total_bytes))
     plan.notes += _other_spaces(plan, target)
