@@ -184,3 +184,30 @@ def test_rows_say_what_each_buffer_is_for(jx):
         assert plan.peak.other_bytes <= 0.10 * plan.peak.reported
         shown = plan_view.to_text(plan.state("roles"))
         assert "all-gather of params['w']" in shown or plan is trained
+
+
+def test_the_static_timeline_draws_its_bars_as_the_live_view_does():
+    """The static form (what an untrusted notebook keeps) draws each bar as a block of its height
+    inside a table row, every style inline and kept by JupyterLab's sanitizer; before, its bars were
+    bare spans whose styles lived only in js/views.css, so the page read "step 0the schedulestep 2"."""
+    import re
+
+    from sample_states import plan_state
+    from sanitizer_rules import rejected_declarations
+
+    from jaxpar_magic.stages.plan.peak import memory_peak
+    from jaxpar_magic.views import PlanView
+
+    state = plan_state()
+    state["peak"] = memory_peak(small_dump(), [], None, 140).state()
+    view = PlanView(state=state)
+    page = view.to_html()
+    view.close()
+    bars = re.findall(r'<span class="jpm-tl-bar[^"]*" style="([^"]*)"', page)
+    assert len(bars) == len(state["peak"]["timeline"]) == 3
+    assert all("display:block" in b.replace(" ", "") and re.search(r"height:\s*\d+px", b) for b in bars), bars
+    heights = [int(re.search(r"height:\s*(\d+)px", b).group(1)) for b in bars]
+    assert heights == [round(96 * p["bytes"] / 140) for p in state["peak"]["timeline"]]  # the top: the 140 B peak
+    assert re.search(r'<table class="jpm-tl-axis" style="[^"]*display:\s*table', page)
+    styles = re.findall(r'style="([^"]*)"', page)
+    assert not sorted({d for s in styles for d in rejected_declarations(s)})

@@ -141,25 +141,34 @@ def buffers_html(peak: dict) -> str:
             + said)
 
 
+CHART_PX = 96  # the chart's height: the static form sizes its bars in pixels (a table cell has no % height)
+
+
 def timeline_html(state: dict) -> str:
+    """The timeline as a sanitizer keeps it (views/inline.py): one table row of bottom-aligned cells,
+    each bar a block of its height in pixels, the device memory an absolute dashed line, the axis a
+    table of three cells; the live view (js/memory.js) draws the same bars with flex."""
     peak = state.get("peak") or {}
     points = (peak.get("timeline") or [])[:MAX_BARS]
     top, cap_on = _scale(state)
-    bars = []  # no title per bar: static pages list the steps in a table instead
+    cells = []  # no title per bar: static pages list the steps in a table instead
     for p in points:
         cls = "jpm-tl-bar jpm-tl-peak" if p.get("step") == peak.get("step") else "jpm-tl-bar"
-        bars.append(f'<span class="{cls}" style="height:{100 * (p.get("bytes") or 0) / top:.2f}%"></span>')
+        px = max(1, round(CHART_PX * (p.get("bytes") or 0) / top)) if p.get("bytes") else 0
+        cells.append(f'<td class="jpm-tl-cell"><span class="{cls}" style="height:{px}px"></span></td>')
     cap = ""
     if cap_on:
-        cap = (f'<span class="jpm-tl-cap" style="bottom:{100 * state["capacity"] / top:.2f}%" '
+        cap = (f'<span class="jpm-tl-cap" style="bottom:{round(CHART_PX * state["capacity"] / top)}px" '
                f'title="{esc(capacity_sentence(state))}"></span>')
     steps = "".join(
         f'<tr><td class="jpm-num">{p.get("step")}</td><td class="jpm-num">{esc(format_bytes(p.get("bytes")))}</td>'
         f'<td class="jpm-num">+{esc(format_bytes(p.get("rise")))}</td><td class="jpm-mono jpm-srccell" '
         f'title="{esc(step_text(p))}">{esc(step_text(p))}</td></tr>' for p in key_steps(peak))
     return (
-        f'<div class="jpm-timeline" role="img" aria-label="{esc(peak_sentence(state))}">{"".join(bars)}{cap}</div>'
-        f'<div class="jpm-tl-axis"><span>step 0</span><span>the schedule</span><span>step {peak.get("steps", 1) - 1}</span></div>'
+        f'<div class="jpm-timeline" role="img" aria-label="{esc(peak_sentence(state))}">'
+        f'<table class="jpm-tl-table"><tr>{"".join(cells)}</tr></table>{cap}</div>'
+        f'<table class="jpm-tl-axis"><tr><td class="jpm-tl-left">step 0</td><td class="jpm-tl-mid">the schedule</td>'
+        f'<td class="jpm-tl-right">step {peak.get("steps", 1) - 1}</td></tr></table>'
         f'<div class="jpm-note">{esc(peak_sentence(state))}; {esc(capacity_sentence(state))}</div>'
         '<details class="jpm-tl-steps"><summary class="jpm-note">the steps that raise memory most</summary>'
         '<div class="jpm-scroll"><table class="jpm-table jpm-plan-table"><thead><tr><th>step</th><th>live</th>'
