@@ -4,6 +4,7 @@ peak; a step that does not fit still gets its buffers. The oracle is a hand comp
 function: `jax.jit(f, donate_argnums=...).lower(...).compile().memory_analysis()`."""
 from __future__ import annotations
 
+import html
 import textwrap
 
 import jax
@@ -211,3 +212,23 @@ def test_the_static_timeline_draws_its_bars_as_the_live_view_does():
     assert re.search(r'<table class="jpm-tl-axis" style="[^"]*display:\s*table', page)
     styles = re.findall(r'style="([^"]*)"', page)
     assert not sorted({d for s in styles for d in rejected_declarations(s)})
+
+
+def test_a_plan_served_from_the_kept_compiles_says_it_is_reused_and_the_twins_share_them(mlp):
+    """The magic, plan_cell and compare_cell keep one set of compiled plans: planning the same program
+    for the same devices again compiles nothing, and the view says so instead of 'compiled in'."""
+    from jaxpar_magic.stages.plan.compare import compare_cell
+    from jaxpar_magic.stages.plan.compiled_plans import forget
+
+    forget()  # earlier tests planned this cell too
+    cell = "params, opt = update(params, opt, batch)"
+    (first,) = plan_views(mlp, "--plan --mesh mesh", cell)
+    (again,) = plan_views(mlp, "--plan --mesh mesh", cell)
+    assert (first["compiled"], again["compiled"]) == ("compiled", "reused")
+    assert "reused an earlier plan's compile" in plan_view.to_text(again)
+    assert "reused an earlier plan's compile" in html.unescape(plan_view.to_html(again))
+    twin = jaxpar_magic.plan_cell(cell, mlp.user_ns, mesh=mlp.user_ns["mesh"], bind=False)
+    assert twin.reused
+    mesh = mlp.user_ns["mesh"]
+    (row,) = compare_cell(cell, mlp.user_ns, {"same": (mesh, {}, {})})
+    assert row.plan.reused and row.plan.total_bytes == twin.total_bytes

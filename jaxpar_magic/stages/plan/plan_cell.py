@@ -88,7 +88,9 @@ def _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, d
         hardware = with_topology(hardware, topology)
     if isinstance(device_memory, str):
         device_memory = parse_memory_size(device_memory)
-    cell = analyse_cached(source, f"{magic}-plan")
+    # One analysis (and so one filename, which keys the kept compiles) per cell text: the magic's cell ends in
+    # a newline that a plan_cell string usually lacks, and both must find the same kept plan.
+    cell = analyse_cached(source.rstrip() + "\n", f"{magic}-plan")
     if cell.mode == "function":
         raise UsageError(
             "--plan compiles a cell's computation; this cell only defines functions. Plan a cell that calls them."
