@@ -232,3 +232,31 @@ def test_a_plan_served_from_the_kept_compiles_says_it_is_reused_and_the_twins_sh
     mesh = mlp.user_ns["mesh"]
     (row,) = compare_cell(cell, mlp.user_ns, {"same": (mesh, {}, {})})
     assert row.plan.reused and row.plan.total_bytes == twin.total_bytes
+
+
+def test_out_takes_a_pytree_of_specs_and_the_plan_keeps_the_pinned_layouts(jx):
+    """`--out state=@specs` pins each leaf of `state` (the compiler would choose otherwise: a P() scale
+    next to a model-sharded weight comes back sharded), in a run and in a plan, whose `_plan.abstract`
+    then carries the pinned layouts to the next plan; a spec tree of another structure is a UsageError."""
+    from IPython.core.error import UsageError
+
+    with capture_output():
+        jx.run_line_magic("mesh", "data=4 model=2 --axis-types auto --no-show")
+    mesh = jx.user_ns["mesh"]
+    jx.push({"state": {"w": jax.ShapeDtypeStruct((256, 512), jnp.float32, sharding=NamedSharding(mesh, P(None, "model"))),
+                       "scale": jax.ShapeDtypeStruct((512,), jnp.float32, sharding=NamedSharding(mesh, P("model")))},
+             "specs": {"w": P("data", "model"), "scale": P()}, "wrong": [P(), P()]})
+    cell = "state = {'w': state['w'] * 2, 'scale': state['scale'] + 1}\n"
+    free = plan_views(jx, "--plan --mesh mesh", cell)
+    assert free and jx.user_ns["_plan"].abstract["state"]["scale"].sharding.spec == P("model")  # the compiler's
+    plan_views(jx, "--plan --mesh mesh --out state=@specs", cell)
+    pinned = jx.user_ns["_plan"].abstract["state"]
+    assert {k: v.sharding.spec for k, v in pinned.items()} == {"w": P("data", "model"), "scale": P()}
+    with capture_output():
+        jx.run_cell_magic("shard", "--mesh mesh --out state=@specs --no-show",
+                          "state = {'w': jnp.ones((256, 512)), 'scale': jnp.ones(512)}\n")
+    assert {k: v.sharding.spec for k, v in jx.user_ns["state"].items()} == {"w": P("data", "model"), "scale": P()}
+    before = dict(jx.user_ns)
+    with pytest.raises(UsageError, match="does not match 'state'"), capture_output():
+        jx.run_cell_magic("shard", "--mesh mesh --out state=@wrong", cell)
+    assert jx.user_ns["state"] is before["state"]
