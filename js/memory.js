@@ -67,7 +67,7 @@ export function capacitySentence(state) {
 export function peakRows(peak) {
   /** @type {Array<[number, string, string, string]>} */
   const out = (peak.buffers || []).map((/** @type {any} */ b) => [b.bytes, whatText(b), shapeText(b), whereText(b)]);
-  if (peak.other_count) out.push([peak.other_bytes, `other: ${peak.other_count} smaller buffers`, "", ""]);
+  if (peak.other_count) out.push([peak.other_bytes, `other: ${peak.other_count} smaller buffer${peak.other_count === 1 ? "" : "s"}`, "", ""]);
   for (const part of peak.reserve || []) out.push([part.bytes, part.note, "", ""]);
   return out;
 }

@@ -121,7 +121,7 @@ def rows(peak: dict) -> list[tuple[int, str, str, str]]:
     """(bytes, what, shape, where) per row: the buffers, then 'other' and the compiler's reserve."""
     out = [(b["bytes"], what_text(b), shape_text(b), where_text(b)) for b in peak.get("buffers") or []]
     if peak.get("other_count"):
-        out.append((peak["other_bytes"], f"other: {peak['other_count']} smaller buffers", "", ""))
+        out.append((peak["other_bytes"], f"other: {peak['other_count']} smaller buffer{'s' if peak['other_count'] != 1 else ''}", "", ""))
     out += [(part["bytes"], part["note"], "", "") for part in peak.get("reserve") or []]
     return out
 

@@ -2,6 +2,7 @@
 
 A temporary is named by what it is for, from the compiled program alone (its op, JAX's op name, the
 entry parameters behind it):
+- "copy of params['w1']": a copy of an argument (XLA:TPU moves or re-lays out some);
 - "all-gather of params['w1']": an all-gather whose operand chain reaches an entry parameter;
 - "gradient of params['w1']": a value of the backward pass (JAX names it `transpose(jvp(...))`) with the
   shape and dtype of exactly one argument leaf; "gradient summed across devices": its all-reduce or
@@ -47,6 +48,8 @@ def role_of(sources, producer: str, dtype_shape: tuple, argument_shapes: dict, p
     ins = sources.by_name.get(producer)
     if ins is None:
         return None
+    if ins.op == "parameter":  # the value is a copy of an argument (XLA moved or re-laid it out)
+        return f"copy of {sources.parameters.get(ins.name, 'an argument')}"
     if ins.op.startswith("all-gather"):
         behind = parameter_behind(sources, ins.operands[0]) if ins.operands else None
         return f"all-gather of {behind}" if behind else "all-gather"
