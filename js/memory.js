@@ -9,6 +9,7 @@ import { h, formatBytes, detailLine, mount } from "./format.js";
 
 /** @param {any} b */
 export function shapeText(b) {
+  if ((b.count || 1) > 1) return ""; // a group of buffers: sizes differ
   return `${b.dtype}[${(b.shape || []).join(",")}]`;
 }
 
@@ -23,9 +24,15 @@ export function whereText(b) {
 /** @param {any} b */
 export function whatText(b) {
   const space = b.space ? ` in ${b.space}` : "";
-  if (b.kind === "argument" || b.kind === "output") return `${b.kind} ${b.name}${space}`;
-  const op = b.op || b.instruction;
-  return `temporary from ${op}${b.instruction && b.instruction !== op ? ` (${b.instruction})` : ""}${space}`;
+  const count = b.count || 1;
+  let text;
+  if (b.kind === "argument" || b.kind === "output") text = b.name ? `${b.kind} ${b.name}` : `${b.kind}s`;
+  else {
+    const op = b.op || b.instruction;
+    const made = `from ${op}${b.instruction && b.instruction !== op ? ` (${b.instruction})` : ""}`;
+    text = b.role ? `${b.role}, ${made}` : `temporary ${made}`;
+  }
+  return `${count > 1 ? `${count} buffers: ` : ""}${text}${space}`;
 }
 
 /** @param {any} p */
@@ -60,7 +67,7 @@ export function capacitySentence(state) {
 export function peakRows(peak) {
   /** @type {Array<[number, string, string, string]>} */
   const out = (peak.buffers || []).map((/** @type {any} */ b) => [b.bytes, whatText(b), shapeText(b), whereText(b)]);
-  if (peak.other_count) out.push([peak.other_bytes, `other: ${peak.other_count} smaller buffers`, "", ""]);
+  if (peak.other_count) out.push([peak.other_bytes, `other: ${peak.other_count} smaller buffer${peak.other_count === 1 ? "" : "s"}`, "", ""]);
   for (const part of peak.reserve || []) out.push([part.bytes, part.note, "", ""]);
   return out;
 }
@@ -83,7 +90,9 @@ function buffersTable(peak) {
   }
   body.append(h("tr", {}, h("td", { class: "jpm-num" }, h("b", { text: formatBytes(peak.reported) })), h("td", { colspan: "3", text: "the peak per device" })));
   const head = h("thead", {}, h("tr", {}, ...["size", "what", "array", "source"].map((t) => h("th", { text: t }))));
-  return h("div", { class: "jpm-scroll" }, h("table", { class: "jpm-table jpm-plan-table jpm-peak-table" }, head, body));
+  const table = h("div", { class: "jpm-scroll" }, h("table", { class: "jpm-table jpm-plan-table jpm-peak-table" }, head, body));
+  if (!peak.disagreement) return table;
+  return h("div", {}, table, h("div", { class: "jpm-note jpm-disagreement", text: peak.disagreement }));
 }
 
 /** @param {any} state */

@@ -37,6 +37,16 @@ export function formatGiB(n) {
   return `${(n / GIB).toFixed(2)} GiB`;
 }
 
+const COMPILE_WORDS = { compiled: "compiled in", reused: "reused an earlier plan's compile; lowered in", refused: "the compiler refused it after" };
+
+/**
+ * What the time beside it measured (the twin of `compile_words` in views/plan.py).
+ * @param {any} state
+ */
+export function compileWords(state) {
+  return /** @type {any} */ (COMPILE_WORDS)[state.compiled || "compiled"] || "compiled in";
+}
+
 /**
  * The sentence under the memory bar.
  * @param {any} m
@@ -100,6 +110,7 @@ function memoryBar(m) {
     legend,
     h("div", { class: m.fits === false ? "jpm-fit jpm-bad" : m.fits === true ? "jpm-fit jpm-ok" : "jpm-fit", text: memorySentence(m) }),
     m.note ? h("div", { class: "jpm-note", text: m.note }) : null,
+    ...(m.notes || []).map((/** @type {string} */ n) => h("div", { class: "jpm-note", text: n })),
   );
 }
 
@@ -380,7 +391,7 @@ export function draw(state) {
       chips,
       state.total_devices ? h("span", { class: "jpm-sub", text: `${state.total_devices} device${state.total_devices === 1 ? "" : "s"}` }) : null,
       h("span", { class: "jpm-badge", text: "planned, not run", title: "compiled for these devices; nothing was allocated or executed" }),
-      state.compile_ms !== null && state.compile_ms !== undefined ? h("span", { class: "jpm-chip" }, "compiled in ", h("b", { text: formatMs(state.compile_ms) })) : null,
+      state.compile_ms !== null && state.compile_ms !== undefined ? h("span", { class: "jpm-chip" }, `${compileWords(state)} `, h("b", { text: formatMs(state.compile_ms) })) : null,
     ),
   );
   if (state.compiler) root.append(h("div", { class: "jpm-compiler" }, h("b", { text: state.compiler.text })));

@@ -711,9 +711,9 @@ def test_concrete_inputs_that_fit_are_not_warned_about(grid):
 # --- the view's state ---------------------------------------------------------------------------------
 
 TOP = {"title", "axes", "total_devices", "hardware", "memory", "cost", "collectives", "collectives_omitted",
-       "roofline", "outputs", "compile_ms", "caveats", "topology", "compiler", "peak", "left_alone"}
+       "roofline", "outputs", "compile_ms", "caveats", "topology", "compiler", "peak", "left_alone", "compiled"}
 MEMORY = {"argument", "output", "temp", "alias", "total", "capacity", "capacity_source", "fits", "overshoot", "note",
-          "reported_peak"}
+          "reported_peak", "donated", "notes", "refused"}
 COLLECTIVE = {"op", "shape", "bytes", "axes", "groups_text", "group_size", "line", "source", "seconds", "bound",
               "origin", "sliced_from", "reduction"}
 ROOFLINE = {"compute_s", "memory_s", "collective_s", "estimate_s", "bound", "ici_s", "dcn_s", "latency_s",

@@ -83,10 +83,13 @@ def test_a_replan_compiles_nothing(fsdp):
     assert again.total_bytes == planned.total_bytes and again.compile_ms < planned.compile_ms / 4
 
 
-def test_the_rows_add_up_to_xla_tpus_peak(fsdp):
+def test_the_rows_add_up_to_the_hbm_peak(fsdp):
     planned, _, by_hand = fsdp
-    peak = planned.peak
-    assert planned.total_bytes == by_hand.memory_analysis().peak_memory_in_bytes == peak.reported
+    peak, memory = planned.peak, by_hand.memory_analysis()
+    hbm = (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
+           - memory.alias_size_in_bytes)
+    assert planned.total_bytes == hbm == peak.reported  # HBM's figures: VMEM is not in memory_analysis()
+    assert peak.live <= peak.reported and peak.disagreement is None
     assert sum(b.bytes for b in peak.buffers) + peak.other_bytes + peak.reserved_bytes == peak.reported
     names = {b.name for b in peak.buffers if b.kind == "argument"}
     assert {"params['w1']", "params['w2']", "x"} <= names  # the function's own argument paths
@@ -98,7 +101,7 @@ def test_memory_is_what_memory_analysis_says_for_the_same_step_compiled_by_hand(
     assert (planned.argument_bytes, planned.output_bytes, planned.temp_bytes, planned.alias_bytes) == (
         memory.argument_size_in_bytes, memory.output_size_in_bytes, memory.temp_size_in_bytes,
         memory.alias_size_in_bytes)
-    assert planned.total_bytes == memory.peak_memory_in_bytes
+    assert planned.xla_peak_bytes == memory.peak_memory_in_bytes  # kept, and said beside the VMEM it counts
     assert planned.flops == by_hand.cost_analysis()["flops"]
 
 
@@ -125,8 +128,9 @@ def loss(ws, x):
     return jnp.mean(x ** 2)
 grads = jax.grad(loss)(ws, x)
 """
-ROWS, WIDTH, HIDDEN = 1024, 128, 512  # small enough for a 10 s XLA:TPU compile (43-62 s at 4096x256x1024)
-ACTIVATION = ROWS * HIDDEN * 4  # `a` in each block: f32[1024, 512], 2 MiB, still the largest buffer
+# Large enough that XLA:TPU keeps the blocks' activations in HBM (at 1024x128x512 they all fit in the
+# chip's 128 MiB of VMEM, which memory_analysis() and the plan's HBM figures leave out); 7-43 s per compile.
+ROWS, WIDTH, HIDDEN = 2048, 128, 4096
 
 
 @pytest.fixture(scope="module")
@@ -144,18 +148,20 @@ def remat():
                                    topology="1x1") for block in ("block", "jax.checkpoint(block)")]
 
 
-def test_jax_checkpoint_lowers_xla_tpus_peak_and_the_timeline_shows_why(remat):
+def test_jax_checkpoint_lowers_xla_tpus_hbm_peak(remat):
     plain, checkpointed = remat
     assert checkpointed.compiler == "XLA:TPU" and checkpointed.total_bytes < plain.total_bytes
-    held = [sum(1 for b in p.peak.buffers if b.bytes == ACTIVATION and b.line == 2) for p in (plain, checkpointed)]
-    assert held[0] >= 2 and held[1] < held[0]  # each block's `a` is no longer live across the backward pass
+    assert checkpointed.temp_bytes < plain.temp_bytes  # the activations saved for the backward pass
     assert not any("jax.checkpoint" in c for c in checkpointed.caveats)  # XLA:TPU keeps it: no CPU warning
+    for p in remat:  # VMEM is said apart, never in the HBM figures
+        assert any("on-chip VMEM (not HBM" in n for n in p.memory_notes())
 
 
 def test_the_largest_activation_is_named_with_its_bytes_and_its_line(remat):
     plain, _ = remat
     top = plain.peak.buffers[0]
-    assert (top.bytes, top.kind, top.line, top.source) == (ACTIVATION, "temporary", 2, "a = jnp.tanh(h @ w[0])")
+    assert top.kind == "temporary" and top.shape == (ROWS, HIDDEN)  # an activation of a block, saved for backward
+    assert top.line in (2, 3) and top.source in ("a = jnp.tanh(h @ w[0])", "return jnp.tanh(a @ w[1])")
     assert sum(b.bytes for b in plain.peak.buffers) + plain.peak.other_bytes + plain.peak.reserved_bytes == \
         plain.total_bytes
 

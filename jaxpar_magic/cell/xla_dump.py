@@ -9,6 +9,12 @@ fails loudly, naming the file and the line, when their format changes (`DumpForm
 
 What it returns is plain data (`BufferDump`); stages/plan/peak.py turns it into the peak's buffers
 and the memory timeline.
+
+When XLA refuses a compile for memory (XLA:TPU's RESOURCE_EXHAUSTED: "HLO temporaries (36.02G) exceeds
+available HBM (15.75G)"), it has already assigned every buffer and written the files above, and the
+optimized program (`*.after_optimizations.txt`): `compile_with_dump` then raises `RefusedForMemory`
+carrying them, so a plan can say what fills the memory of the step that does not fit (jax#9530,
+"report the set of live buffers on OOM", at compile time).
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from dataclasses import dataclass, field
 BUFFER_FILE = "after_optimizations-buffer-assignment.txt"
 LIVE_RANGE_FILE = "after_optimizations-live-range.txt"
 USAGE_FILE = "after_optimizations-memory-usage-report.txt"  # optional: the memory spaces' names
+PROGRAM_FILE = ".after_optimizations.txt"  # the optimized program, as compiled.as_text() prints it
 
 _ALLOCATION = re.compile(r"^allocation (\d+): size (\d+)(.*):\s*$")
 _VALUE = re.compile(r"^ value: <(\d+) ([\w.\-]+)(\{[\d,]*\})?(?: \([\w\-]+\))* @\d+> \(size=(\d+),offset=(\d+)\): (.*)$")
@@ -45,6 +52,7 @@ class Allocation:
     parameter: int | None = None  # the entry parameter it holds
     shape_index: str = "{}"  # which part of that parameter
     color: int = 0  # the memory space: 0 is the device's main memory; XLA:TPU's also "vmem", "smem" (BufferDump.spaces)
+    live_out: bool = False  # it holds (part of) the program's output: a donated parameter's buffer, reused
 
     @property
     def counted(self) -> bool:
@@ -104,7 +112,8 @@ def parse_buffer_assignment(text: str, source: str = BUFFER_FILE) -> tuple[dict[
             color = _COLOR.search(flags)
             current = Allocation(int(header.group(1)), int(header.group(2)), _kind(flags),
                                  int(parameter.group(1)) if parameter else None,
-                                 parameter.group(2) if parameter else "{}", int(color.group(1)) if color else 0)
+                                 parameter.group(2) if parameter else "{}", int(color.group(1)) if color else 0,
+                                 "maybe-live-out" in flags or "output shape" in flags)
             if current.kind == "parameter" and parameter is None:
                 raise DumpFormatError(f"{source} line {number}: a parameter allocation without its number and shape "
                                       f"index: {line!r}")
@@ -176,11 +185,47 @@ def read_dump(folder: str) -> BufferDump:
     return BufferDump(allocations, values, sequence, ranges, steps, spaces)
 
 
+class RefusedForMemory(Exception):
+    """XLA refused the compile for memory (`error`, its RESOURCE_EXHAUSTED), after writing its buffer
+    assignment (`dump`) and the optimized program (`text`)."""
+
+    def __init__(self, error: BaseException, dump: BufferDump, text: str):
+        super().__init__(str(error))
+        self.error, self.dump, self.text = error, dump, text
+
+    @property
+    def said(self) -> str:
+        """XLA's own words, its first line."""
+        said = str(self.error).strip().splitlines()[0] if str(self.error).strip() else type(self.error).__name__
+        return said.rstrip(".")
+
+
 def compile_with_dump(lowered, options: dict | None = None):
-    """`lowered.compile()` with XLA's buffer dump of this one compile: (compiled, BufferDump)."""
+    """`lowered.compile()` with XLA's buffer dump of this one compile: (compiled, BufferDump). A
+    compile refused for memory raises RefusedForMemory (from XLA's error) where XLA wrote its dump."""
     folder = tempfile.mkdtemp(prefix="jpm-xla-dump-")
     try:
-        compiled = lowered.compile(compiler_options={**(options or {}), "xla_dump_to": folder})
+        try:
+            compiled = lowered.compile(compiler_options={**(options or {}), "xla_dump_to": folder})
+        except Exception as exc:
+            refused = _refused(exc, folder)
+            if refused is None:
+                raise
+            raise refused from exc
         return compiled, read_dump(folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _refused(exc: BaseException, folder: str) -> RefusedForMemory | None:
+    if "RESOURCE_EXHAUSTED" not in str(exc):
+        return None
+    programs = sorted(glob.glob(os.path.join(folder, f"*{PROGRAM_FILE}")))
+    try:
+        dump = read_dump(folder)
+    except DumpFormatError:
+        return None  # nothing (or nothing readable) written: the error alone says what XLA said
+    if not programs:
+        return None
+    with open(programs[-1], encoding="utf-8", errors="replace") as f:
+        return RefusedForMemory(exc, dump, f.read())

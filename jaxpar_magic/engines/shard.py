@@ -265,17 +265,29 @@ def _compile(cell, inputs, namespace, mesh, out_specs, outputs=None, donate=()) 
     constrain = jax.reshard if is_explicit(mesh) else jax.lax.with_sharding_constraint
 
     def constrained(name, value, spec):
-        """The output laid out by its --out spec, each traced leaf checked as --in checks an input:
-        JAX would silently replicate a dimension the spec's axes do not divide."""
-        sharding = NamedSharding(mesh, P(*spec))
+        """The output laid out by its --out spec (one for every leaf, or a pytree of specs matching the
+        output or a prefix of it), each traced leaf checked as --in checks an input: JAX would silently
+        replicate a dimension the spec's axes do not divide."""
+        from ..cell.treespecs import is_spec_leaf
 
-        def one(path, leaf):
+        def one(path, leaf, entries):
             if not isinstance(leaf, jax.core.Tracer):
                 return leaf
-            check_spec(name + jax.tree_util.keystr(path), tuple(leaf.shape), spec, mesh, "--out")
-            return constrain(leaf, sharding)
+            check_spec(name + jax.tree_util.keystr(path), tuple(leaf.shape), entries, mesh, "--out")
+            return constrain(leaf, NamedSharding(mesh, P(*entries)))
 
-        return jax.tree_util.tree_map_with_path(one, value)
+        if isinstance(spec, tuple):
+            return jax.tree_util.tree_map_with_path(lambda path, leaf: one(path, leaf, spec), value)
+
+        def subtree(prefix, given, sub):
+            entries = () if given is None else tuple(getattr(given, "spec", given))
+            return jax.tree_util.tree_map_with_path(lambda path, leaf: one(prefix + path, leaf, entries), sub)
+
+        try:
+            return jax.tree_util.tree_map_with_path(subtree, spec, value, is_leaf=is_spec_leaf)
+        except ValueError as exc:  # the spec tree's structure is not a prefix of the output's
+            raise UsageError(f"--out {name}=@...: the pytree of specs does not match {name!r}'s structure (it must be "
+                             f"the same tree, or a prefix of it, with a PartitionSpec per leaf): {exc}") from None
 
     def whole_program(*args):
         with within_mesh(mesh):
@@ -325,22 +337,25 @@ def _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):
                 f"--in {name}: the cell does not read {name!r} before assigning it; --in names the cell's inputs "
                 f"({', '.join(names) or 'none'})."
             )
-    out_specs = {n: with_auto_axis(s) for n, s in out_specs.items()}
+    out_specs = {n: with_auto_axis(s) if isinstance(s, tuple) else s for n, s in out_specs.items()}
     for name in out_specs:
         if name not in cell.writes:
             raise UsageError(
                 f"--out {name}: the cell does not assign {name!r}; --out constrains names the cell assigns "
                 f"({', '.join(cell.writes) or 'none'})."
             )
-        spec_mesh_axes(name, out_specs[name], mesh, "--out")  # axes of the mesh, each used once, as --in
+        if isinstance(out_specs[name], tuple):  # a pytree of specs (@NAME) is checked leaf by leaf when traced
+            spec_mesh_axes(name, out_specs[name], mesh, "--out")  # axes of the mesh, each used once, as --in
     return inputs, constants + spec_names(in_specs), out_specs
 
 
-def _check_out_forms(out_specs: dict) -> None:
-    for name, spec in out_specs.items():
-        if not isinstance(spec, tuple):
-            raise UsageError(f"--out {name}={spec}: --out takes one spec for every leaf of {name!r} (e.g. "
-                             f"`{name}=data,None`), not a pytree of specs.")
+def _out_spec_trees(out_specs: dict, namespace: dict) -> dict:
+    """--out specs with each `@NAME` (or a pytree given to the twin) read from the namespace: one spec
+    per leaf of the output, or per subtree where the spec tree is a prefix of it."""
+    from ..cell.treespecs import spec_tree_of
+
+    return {name: spec if isinstance(spec, tuple) else spec_tree_of(spec, namespace, name, "--out")
+            for name, spec in out_specs.items()}
 
 
 def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, *,
@@ -356,7 +371,6 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: 
 
     from ..cell.treespecs import leaf_specs
 
-    _check_out_forms(out_specs)
     check_outputs(cell, outputs)
     abstract = describe if abstract is None else abstract
     inputs, constants, out_specs = _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=abstract)
@@ -380,11 +394,12 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: 
         specs.append(tuple(per_leaf))
     # Inputs on another mesh of these devices: laid out again (--in ones are placed already); described
     # (--plan, --as-code): only noted.
+    resolved = _out_spec_trees(out_specs, namespace)  # @NAME read now: a missing name fails before tracing
     args, moved = lay_out_again(inputs, args, specs, mesh, move=not describe)
     check_donated(donate, inputs)
     prepared = PreparedCell("shard", cell, mesh, inputs, constants, args, tuple(specs), out_specs,
                             options={"outputs": outputs, "donate": tuple(donate)}, moved=moved)
-    prepared.compile = lambda record=None: _compile(cell, inputs, namespace, mesh, out_specs, outputs, tuple(donate))
+    prepared.compile = lambda record=None: _compile(cell, inputs, namespace, mesh, resolved, outputs, tuple(donate))
     return prepared
 
 

@@ -158,7 +158,7 @@ def shard(options, source, namespace, defaults) -> Outcome:
         return _as_code("shard", options, source, namespace)
     if options.plan is not None:
         return _plan("shard", options, source, namespace, mesh=options.mesh, in_specs=options.in_specs,
-                     out_specs=options.out_specs)
+                     out_specs=options.out_specs, donate=options.donate)
     show = defaults.show if options.show is None else options.show
     result = shard_cell(source, namespace, mesh=options.mesh, in_specs=options.in_specs,
                         out_specs=options.out_specs, want_facts=options.report or defaults.facts, bind=False,

@@ -17,11 +17,17 @@ KEY_STEPS = 6  # the steps that raise live memory most, listed in the static tab
 MAX_BARS = 240  # the engines send at most 120 timeline points
 
 
-def _clip(text: str, width: int = TEXT_WIDTH) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
+def _fit(text: str) -> list[str]:
+    """One line as lines within TEXT_WIDTH columns, wrapped at spaces under its own indent: a
+    buffer's source line is what a reader acts on, so it is never cut."""
+    from .textwidth import fit_line
+
+    return fit_line(text, TEXT_WIDTH)
 
 
 def shape_text(b: dict) -> str:
+    if (b.get("count") or 1) > 1:
+        return ""  # a group of buffers: sizes differ
     return f"{b.get('dtype')}[{','.join(str(d) for d in b.get('shape') or [])}]"
 
 
@@ -37,13 +43,18 @@ def where_text(b: dict) -> str:
 
 
 def what_text(b: dict) -> str:
-    """`argument params['w1']`, `output grads['w1']`, `temporary from dot_general (fusion.4)`."""
+    """`argument params['w1']`, `output grads['w1']`, `temporary from dot_general (fusion.4)`,
+    `all-gather of params['w1'] (all-gather.3)`, `5 buffers: activation saved for the backward pass, from
+    tanh` (the twin of `whatText` in js/memory.js)."""
     space = f" in {b['space']}" if b.get("space") else ""
+    count = b.get("count") or 1
     if b.get("kind") in ("argument", "output"):
-        return f"{b['kind']} {b.get('name')}{space}"
-    op = b.get("op") or b.get("instruction")
-    return (f"temporary from {op}" + (f" ({b['instruction']})" if b.get("instruction") and b["instruction"] != op else "")
-            + space)
+        text = f"{b['kind']} {b.get('name')}" if b.get("name") else f"{b['kind']}s"
+    else:
+        op = b.get("op") or b.get("instruction")
+        made = f"from {op}" + (f" ({b['instruction']})" if b.get("instruction") and b["instruction"] != op else "")
+        text = f"{b['role']}, {made}" if b.get("role") else f"temporary {made}"
+    return (f"{count} buffers: " if count > 1 else "") + text + space
 
 
 def step_text(p: dict) -> str:
@@ -110,7 +121,7 @@ def rows(peak: dict) -> list[tuple[int, str, str, str]]:
     """(bytes, what, shape, where) per row: the buffers, then 'other' and the compiler's reserve."""
     out = [(b["bytes"], what_text(b), shape_text(b), where_text(b)) for b in peak.get("buffers") or []]
     if peak.get("other_count"):
-        out.append((peak["other_bytes"], f"other: {peak['other_count']} smaller buffers", "", ""))
+        out.append((peak["other_bytes"], f"other: {peak['other_count']} smaller buffer{'s' if peak['other_count'] != 1 else ''}", "", ""))
     out += [(part["bytes"], part["note"], "", "") for part in peak.get("reserve") or []]
     return out
 
@@ -123,29 +134,41 @@ def buffers_html(peak: dict) -> str:
         for n, what, shape, where in rows(peak))
     total = (f'<tr><td class="jpm-num"><b>{esc(format_bytes(peak.get("reported")))}</b></td>'
              f'<td colspan="3">the peak per device</td></tr>')
+    said = (f'<div class="jpm-note jpm-disagreement">{esc(peak["disagreement"])}</div>'
+            if peak.get("disagreement") else "")
     return ('<div class="jpm-scroll"><table class="jpm-table jpm-plan-table jpm-peak-table"><thead><tr><th>size</th>'
-            '<th>what</th><th>array</th><th>source</th></tr></thead><tbody>' + body + total + "</tbody></table></div>")
+            '<th>what</th><th>array</th><th>source</th></tr></thead><tbody>' + body + total + "</tbody></table></div>"
+            + said)
+
+
+CHART_PX = 96  # the chart's height: the static form sizes its bars in pixels (a table cell has no % height)
 
 
 def timeline_html(state: dict) -> str:
+    """The timeline as a sanitizer keeps it (views/inline.py): one table row of bottom-aligned cells,
+    each bar a block of its height in pixels, the device memory an absolute dashed line, the axis a
+    table of three cells; the live view (js/memory.js) draws the same bars with flex."""
     peak = state.get("peak") or {}
     points = (peak.get("timeline") or [])[:MAX_BARS]
     top, cap_on = _scale(state)
-    bars = []  # no title per bar: static pages list the steps in a table instead
+    cells = []  # no title per bar: static pages list the steps in a table instead
     for p in points:
         cls = "jpm-tl-bar jpm-tl-peak" if p.get("step") == peak.get("step") else "jpm-tl-bar"
-        bars.append(f'<span class="{cls}" style="height:{100 * (p.get("bytes") or 0) / top:.2f}%"></span>')
+        px = max(1, round(CHART_PX * (p.get("bytes") or 0) / top)) if p.get("bytes") else 0
+        cells.append(f'<td class="jpm-tl-cell"><span class="{cls}" style="height:{px}px"></span></td>')
     cap = ""
     if cap_on:
-        cap = (f'<span class="jpm-tl-cap" style="bottom:{100 * state["capacity"] / top:.2f}%" '
+        cap = (f'<span class="jpm-tl-cap" style="bottom:{round(CHART_PX * state["capacity"] / top)}px" '
                f'title="{esc(capacity_sentence(state))}"></span>')
     steps = "".join(
         f'<tr><td class="jpm-num">{p.get("step")}</td><td class="jpm-num">{esc(format_bytes(p.get("bytes")))}</td>'
         f'<td class="jpm-num">+{esc(format_bytes(p.get("rise")))}</td><td class="jpm-mono jpm-srccell" '
         f'title="{esc(step_text(p))}">{esc(step_text(p))}</td></tr>' for p in key_steps(peak))
     return (
-        f'<div class="jpm-timeline" role="img" aria-label="{esc(peak_sentence(state))}">{"".join(bars)}{cap}</div>'
-        f'<div class="jpm-tl-axis"><span>step 0</span><span>the schedule</span><span>step {peak.get("steps", 1) - 1}</span></div>'
+        f'<div class="jpm-timeline" role="img" aria-label="{esc(peak_sentence(state))}">'
+        f'<table class="jpm-tl-table"><tr>{"".join(cells)}</tr></table>{cap}</div>'
+        f'<table class="jpm-tl-axis"><tr><td class="jpm-tl-left">step 0</td><td class="jpm-tl-mid">the schedule</td>'
+        f'<td class="jpm-tl-right">step {peak.get("steps", 1) - 1}</td></tr></table>'
         f'<div class="jpm-note">{esc(peak_sentence(state))}; {esc(capacity_sentence(state))}</div>'
         '<details class="jpm-tl-steps"><summary class="jpm-note">the steps that raise memory most</summary>'
         '<div class="jpm-scroll"><table class="jpm-table jpm-plan-table"><thead><tr><th>step</th><th>live</th>'
@@ -183,18 +206,18 @@ def sparkline(points: list[dict], width: int = 60) -> str:
 def section_text(state: dict) -> list[str]:
     peak = state.get("peak") or {}
     compiler = state.get("compiler") or "the compiler"
-    lines = [_clip(f"Live memory per device over {compiler}'s schedule ({peak.get('steps')} steps):"),
-             "  " + sparkline(peak.get("timeline") or []),
-             "  " + _clip(peak_sentence(state), TEXT_WIDTH - 2),
-             "  " + _clip(capacity_sentence(state), TEXT_WIDTH - 2),
-             "  steps that raise memory most:"]
+    lines = (_fit(f"Live memory per device over {compiler}'s schedule ({peak.get('steps')} steps):")
+             + ["  " + sparkline(peak.get("timeline") or [])]
+             + _fit("  " + peak_sentence(state)) + _fit("  " + capacity_sentence(state))
+             + ["  steps that raise memory most:"])
     for p in key_steps(peak):
-        lines.append("    " + _clip(f"step {p['step']}: +{format_bytes(p['rise'])} to {format_bytes(p['bytes'])}, "
-                                     f"{step_text(p)}", TEXT_WIDTH - 4))
-    lines.append(_clip(f"What fills memory at the peak ({format_bytes(peak.get('reported'))} per device):"))
+        lines += _fit(f"    step {p['step']}: +{format_bytes(p['rise'])} to {format_bytes(p['bytes'])}, {step_text(p)}")
+    lines += _fit(f"What fills memory at the peak ({format_bytes(peak.get('reported'))} per device):")
     for n, what, shape, where in rows(peak):
         words = ", ".join(w for w in (what + (f" {shape}" if shape else ""), where) if w)
-        lines.append(_clip(f"  {format_bytes(n):>10}  {words}"))
+        lines += _fit(f"  {format_bytes(n):>10}  {words}")
+    if peak.get("disagreement"):
+        lines += _fit("  " + peak["disagreement"])
     return lines
 
 

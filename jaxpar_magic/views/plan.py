@@ -37,6 +37,14 @@ def memory_sentence(m: dict[str, Any]) -> str:
 
 
 SCRATCH = "temporaries and scratch"
+COMPILE_WORDS = {"compiled": "compiled in", "reused": "reused an earlier plan's compile; lowered in",
+                 "refused": "the compiler refused it after"}
+
+
+def compile_words(state: dict[str, Any]) -> str:
+    """What the time beside it measured: a compile, a kept compile's reuse, or a refusal (the twin of
+    `compileWords` in js/plan.js)."""
+    return COMPILE_WORDS.get(state.get("compiled") or "compiled", "compiled in")
 
 
 def bar_parts(m: dict[str, Any]) -> list[tuple[str, str, int]]:
@@ -88,6 +96,7 @@ def _memory_html(m: dict[str, Any]) -> str:
         + "".join(spans)
         + f'</div><div class="jpm-mem-legend">{legend}</div><div class="{fit_cls}">{esc(memory_sentence(m))}</div>'
         + (f'<div class="jpm-note">{esc(str(m["note"]))}</div>' if m.get("note") else "")
+        + "".join(f'<div class="jpm-note">{esc(str(n))}</div>' for n in m.get("notes") or [])
         + "</div>"
     )
 
@@ -370,7 +379,7 @@ def to_html(state: dict[str, Any]) -> str:
         f'<span class="jpm-title jpm-mono">{esc(str(state.get("title") or "plan"))}</span><span class="jpm-chips">{chips}</span>'
         + (f'<span class="jpm-sub">{int(n)} device{"" if n == 1 else "s"}</span>' if n else "")
         + '<span class="jpm-badge">planned, not run</span>'
-        + (chip("compiled in", format_ms(state["compile_ms"])) if state.get("compile_ms") is not None else "")
+        + (chip(compile_words(state), format_ms(state["compile_ms"])) if state.get("compile_ms") is not None else "")
     )
     out = [style_block(), f'<div class="jpm-view jpm-plan"><div class="jpm-head">{head}</div>']
     if state.get("compiler"):
@@ -447,7 +456,7 @@ def to_text(state: dict[str, Any]) -> str:
         facts.append(dims)
     facts.append("planned, not run")
     if state.get("compile_ms") is not None:
-        facts.append(f"compiled in {format_ms(state['compile_ms'])}")
+        facts.append(f"{compile_words(state)} {format_ms(state['compile_ms'])}")
     lines.append("  " + " · ".join(facts))
     m = state.get("memory")
     if m:
@@ -458,8 +467,8 @@ def to_text(state: dict[str, Any]) -> str:
         if m.get("fits") is False:  # shouted: the one line a reader must not miss
             verdict = "DOES NOT FIT" + verdict[len("does not fit") :]
         lines.append("  " + verdict)
-        if m.get("note"):
-            lines.append("  " + str(m["note"]))
+        for note in ([m["note"]] if m.get("note") else []) + list(m.get("notes") or []):
+            lines.append("  " + str(note))
     if state.get("peak"):
         lines += memory_section_text(memory_state(state))
     cost = state.get("cost") or {}

@@ -76,3 +76,20 @@ def test_nothing_is_cut_off_at_320_px(view_page: Any, planned) -> None:
     }""")
     assert got[0] <= got[1] + 1 and got[2] <= got[3] + 1, got
     view_page.shot(host, "memory-timeline-320")
+
+
+def test_roles_and_groups_read_as_the_python_twin_writes_them(view_page: Any, planned) -> None:
+    state = memory_state(planned)
+    peak = state["peak"]
+    peak["buffers"][0] = {**peak["buffers"][0], "kind": "temporary", "role": "all-gather of params['w']"}
+    peak["buffers"].append({**peak["buffers"][-1], "kind": "temporary", "role": "activation saved for the backward "
+                            "pass", "count": 3, "instruction": "", "shape": [], "dtype": "f32"})
+    peak["buffers"].append({**peak["buffers"][-1], "kind": "argument", "name": None, "role": None, "count": 4})
+    host = view_page.mount("memory", state)
+    cells = [row.locator("td").all_inner_texts() for row in host.locator("table.jpm-peak-table tbody tr").all()]
+    expected = [[memory.format_bytes(n), what, shape, where or "—"] for n, what, shape, where in memory.rows(peak)]
+    assert cells[:-1] == expected
+    texts = [c[1] for c in cells]
+    assert texts[0].startswith("all-gather of params['w'], from ")
+    assert any(t.startswith("3 buffers: activation saved for the backward pass, from ") for t in texts)
+    assert "4 buffers: arguments" in texts

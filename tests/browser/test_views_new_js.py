@@ -674,3 +674,18 @@ def test_plan_view_fits_a_narrow_output_area(view_page: Any, width: int) -> None
             assert boxes.nth(k).bounding_box()["x"] + boxes.nth(k).bounding_box()["width"] <= right + 0.5, (cls, k)
     assert "bounds the estimate" in host.locator(".jpm-roof").inner_text()
     view_page.shot(host, f"plan-{width}")
+
+
+def test_plan_view_says_what_was_donated_and_that_the_compiler_refused(view_page: Any) -> None:
+    """The memory notes (--donate, the advice of a step that does not fit) and what the time beside
+    the title measured are drawn as the static form writes them (views/plan.py's twins)."""
+    state = plan_state(fits=False)
+    state["memory"]["notes"] = ["donated: params, opt (as jax.jit's donate_argnums): 1.0 MiB of outputs are "
+                                "written into their buffers, counted once.", "To make it fit: recompute activations"]
+    state["compiled"] = "refused"
+    host = view_page.mount("plan", state)
+    notes = host.locator(".jpm-section .jpm-note").all_inner_texts()
+    assert state["memory"]["notes"][0] in notes and state["memory"]["notes"][1] in notes
+    assert "the compiler refused it after" in host.locator(".jpm-head").inner_text()
+    static = plan.to_html(state)
+    assert "the compiler refused it after" in static and state["memory"]["notes"][1] in static

@@ -39,7 +39,7 @@ class Row:
             "memory": p.total_bytes, "peak": p.total_bytes, "capacity": p.capacity, "fits": p.fits,
             "largest": largest.state() if largest is not None else None, "compiler": p.compiler,
             "collective_bytes": moved, "collectives": sum(1 for c in p.collectives if c.group_size > 1),
-            "flops": p.flops,
+            "flops": p.flops, "refused": p.refused,
             "compute_s": r.compute_s if r else None, "memory_s": r.memory_s if r else None,
             "collective_s": r.collective_s if r else None, "estimate_s": r.estimate_s if r else None,
             "serial_s": r.serial_s if r else None, "bound": r.bound if r else None,

@@ -4,8 +4,8 @@ From XLA's own buffer assignment and live ranges for the compile (cell/xla_dump.
 compiled program's text (its instructions, their JAX op names and source frames):
 
 - each value in the allocations compiled.memory_analysis() counts as arguments, outputs and
-  temporaries, in any memory space (XLA:TPU also places temporaries in the space its reports call
-  "vmem", and counts them in its peak) becomes a buffer:
+  temporaries, in the device's main memory (HBM; XLA:TPU also places small temporaries in on-chip
+  VMEM, which memory_analysis() does not count and a plan reports apart, as `elsewhere`) becomes a buffer:
   values at the same place in the same allocation whose live ranges touch are one buffer (XLA's
   in-place updates and aliases), so no byte is counted twice;
 - the timeline is the bytes of the buffers live at each step of the schedule, and the peak is its
@@ -13,8 +13,9 @@ compiled program's text (its instructions, their JAX op names and source frames)
 - every buffer live there is one row: its size, dtype and shape, what it is (an argument with its
   input's name and leaf path, an output with its name, or a temporary with the operation that makes
   it) and the user's line that made it. The smallest are grouped as "other", and what the plan reports
-  beyond the live buffers (the compiler's reserve: outputs written later, free space in the
-  temporary arena, XLA:TPU's scratch space) is one last row, so the rows add up to the reported peak.
+  beyond the live buffers (outputs written later, free space in the temporary arena) is one last row,
+  so the rows add up to the reported peak. Where the buffers live at the busiest step add up to more
+  than the reported figure, the rows are not stretched to it: `disagreement` says by how much.
 
 Plain Python; no JAX.
 """
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 
 from ...cell.hlo_text import ARRAY, Instruction
 from ...cell.xla_dump import BufferDump
+from .buffer_roles import group, is_backward, role_of
 from .mesh_collectives import is_user_file, origin_of
 
 MAX_ROWS = 10  # buffers named one by one; the rest are "other"
@@ -51,11 +53,15 @@ class PeakBuffer:
     source: str | None = None
     origin: dict | None = None  # the line inside a function the cell calls (as collectives carry it)
     space: str | None = None  # the memory space, where the program uses more than one ("vmem" on XLA:TPU)
+    role: str | None = None  # what a temporary is for (buffer_roles.role_of): "all-gather of params['w1']", ...
+    count: int = 1  # buffers in this row (more than one: grouped by what they are and their line)
+    members: tuple = field(default=(), repr=False, compare=False)  # a group's buffers
 
     def state(self) -> dict:
         return {"bytes": self.bytes, "dtype": self.dtype, "shape": list(self.shape), "kind": self.kind,
                 "name": self.name, "op": self.op, "instruction": self.instruction, "line": self.line,
-                "source": self.source, "origin": self.origin, "space": self.space}
+                "source": self.source, "origin": self.origin, "space": self.space, "role": self.role,
+                "count": self.count}
 
 
 @dataclass
@@ -74,6 +80,10 @@ class MemoryPeak:
     at: dict | None = None  # the operation the peak step runs: {"op", "instruction", "line", "source", "origin"}
     timeline: list[dict] = field(default_factory=list)  # [{"step", "bytes", "at"}]: "at" indexes `places`
     places: list[dict] = field(default_factory=list)  # [{"op", "instruction", "line", "source", "origin"}], once each
+    elsewhere: dict = field(default_factory=dict)  # other memory spaces (XLA:TPU's "vmem"): their busiest live bytes
+    disagreement: str | None = None  # where the live buffers exceed the reported figure: by how much, and why
+    upcast_bytes: int = 0  # live at the peak: XLA:CPU's f32 copies of arrays the program holds in bf16/f16
+    upcast_count: int = 0
 
     @property
     def largest(self) -> PeakBuffer | None:
@@ -84,7 +94,9 @@ class MemoryPeak:
                 "buffers": [b.state() for b in self.buffers], "other_bytes": self.other_bytes,
                 "other_count": self.other_count, "reserved_bytes": self.reserved_bytes,
                 "reserve": [{"bytes": n, "note": note} for n, note in self.reserve], "at": self.at,
-                "timeline": self.timeline, "places": self.places}
+                "timeline": self.timeline, "places": self.places, "elsewhere": self.elsewhere,
+                "disagreement": self.disagreement, "upcast_bytes": self.upcast_bytes,
+                "upcast_count": self.upcast_count}
 
 
 @dataclass
@@ -96,13 +108,16 @@ class _Buffer:
     values: list  # (first step, Value)
 
 
-def _buffers(dump: BufferDump) -> list[_Buffer]:
-    """Device-memory values grouped into buffers: same allocation, offset and size, live ranges touching."""
+MAIN = 0  # the device's main memory (HBM): XLA's memory space 0, the one memory_analysis() counts
+
+
+def _buffers(dump: BufferDump, color: int = MAIN) -> list[_Buffer]:
+    """Values in one memory space grouped into buffers: same allocation, offset and size, live ranges touching."""
     places: dict[tuple, list] = {}
     for v in dump.values:
         allocation = dump.allocations.get(v.allocation)
         span = dump.ranges.get(v.key)
-        if allocation is None or not allocation.counted or span is None or v.size <= 0:
+        if allocation is None or not allocation.counted or allocation.color != color or span is None or v.size <= 0:
             continue
         places.setdefault((v.allocation, v.offset, v.size), []).append((span, v))
     found = []
@@ -229,14 +244,22 @@ def _output_names(program: list[Instruction], entry: str | None) -> dict[str, in
 
 def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None, reported: int, *,
                 leaf_labels=None, output_labels: list[str] | None = None, filename: str | None = None,
-                line_text: Callable[[int], str] | None = None, rest_note: str = "") -> MemoryPeak:
+                line_text: Callable[[int], str] | None = None, rest_note: str = "",
+                shadows: dict | None = None, counted_temp: int | None = None) -> MemoryPeak:
     """The peak of one compile. `program`: hlo_text.instructions of compiled.as_text(); `entry` its
     ENTRY computation; `reported` the peak the plan reports. `leaf_labels[i][j]` names leaf j of
     input i (the engines' arguments `args[i][j]`); `output_labels[k]` output k. What the plan
     reports beyond the buffers live at the peak is the output buffers not yet written there, and
-    the rest, which `rest_note` says what it is."""
+    the rest, which `rest_note` says what it is. `counted_temp`: memory_analysis()'s temporaries, to say
+    why live buffers may exceed `reported`. `shadows` (cell/hlo.upcasts): XLA:CPU's f32 values
+    the program holds in a 16-bit float; those live at the peak are counted as `upcast_bytes`."""
     buffers = _buffers(dump)
     live = _timeline(buffers, dump.steps)
+    elsewhere = {}
+    for color, name in sorted(dump.spaces.items()):
+        busiest = max(_timeline(_buffers(dump, color), dump.steps), default=0) if color != MAIN else 0
+        if busiest:
+            elsewhere[name] = busiest
     step = max(range(len(live)), key=live.__getitem__) if live else 0
     peak_live = live[step] if live else 0
     parameters = _parameter_names(program, entry)
@@ -245,7 +268,13 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
     labels = {by_number[n]: _argument_label(parameters.get(n), leaf_labels, _Param(n)) for n in by_number}
     sources = _Sources(program, filename, line_text, labels)
     outputs = _output_names(program, entry)
-    rows, live_allocations = [], set()
+    argument_shapes: dict[tuple, list] = {}
+    for name, label in labels.items():
+        argument_shapes.setdefault(_array(sources.by_name[name].type), []).append(label)
+    at_name = dump.sequence[step] if step < len(dump.sequence) else None
+    at_keyed = sources.keyed(at_name) if at_name else None
+    in_backward = is_backward(at_keyed.op_name if at_keyed is not None else None)
+    rows, live_allocations, upcast = [], set(), []
     for b in buffers:
         if not b.first <= step <= b.last:
             continue
@@ -253,7 +282,10 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
         _, value = max((e for e in b.values if e[0] <= step), key=lambda e: e[0])
         allocation = dump.allocations[b.allocation]
         dtype, shape = _array(value.type)
-        described = sources.describe(sources.producer(value.name))
+        producer = sources.producer(value.name)
+        described = sources.describe(producer)
+        if shadows and dtype == "f32" and isinstance(shadows.get(value.name, shadows.get(producer)), str):
+            upcast.append(b.size)
         if allocation.kind == "parameter":
             kind, name = "argument", _argument_label(parameters.get(allocation.parameter), leaf_labels, allocation)
             described.update(op=None, line=None, source=None, origin=None)
@@ -263,13 +295,12 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
             name = output_labels[k] if output_labels is not None and k < len(output_labels) else f"output {k}"
         else:
             kind, name = "temporary", None
-        space = dump.spaces.get(allocation.color) if allocation.color else None
+        role = role_of(sources, producer, (dtype, shape), argument_shapes, in_backward) if kind == "temporary" else None
         rows.append(PeakBuffer(b.size, dtype, shape, kind, name, described["op"], value.name, described["line"],
-                               described["source"], described["origin"], space))
+                               described["source"], described["origin"], role=role))
     rows.sort(key=lambda r: -r.bytes)
-    named = [r for r in rows[:MAX_ROWS] if r.bytes >= MIN_SHARE * max(reported, 1)] or rows[:1]
-    other = rows[len(named):]
-    at_name = dump.sequence[step] if step < len(dump.sequence) else None
+    largest = len([r for r in rows[:MAX_ROWS] if r.bytes >= MIN_SHARE * max(reported, 1)]) or 1
+    named, other = group(rows, largest, reported)
     later = [a for a in dump.allocations.values() if a.kind == "output" and a.index not in live_allocations]
     written_later = min(sum(a.size for a in later), max(0, reported - peak_live))
     reserve = []
@@ -277,11 +308,21 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
         reserve.append((written_later, f"outputs written after this step ({len(later)} buffer{'s' if len(later) != 1 else ''})"))
     if reported - peak_live - written_later > 0:
         reserve.append((reported - peak_live - written_later, rest_note or "held by the compiler beyond these buffers"))
+    disagreement = None
+    if peak_live > reported:
+        assigned = sum(a.size for a in dump.allocations.values() if a.kind == "temp" and a.color == MAIN)
+        why = (f"XLA's buffer assignment holds {assigned:,} bytes of temporaries in this memory, and "
+               f"memory_analysis() counts {counted_temp:,}" if counted_temp is not None and assigned > counted_temp
+               else "XLA places some values in the same bytes at once (in-place updates, aliases) that its buffer "
+                    "assignment lists apart")
+        disagreement = (f"the buffers live at this step add up to {peak_live - reported:,} bytes more than the "
+                        f"{reported:,} reported: {why}")
     peak = MemoryPeak(
         reported=reported, live=peak_live, step=step, steps=len(live), buffers=named,
         other_bytes=sum(r.bytes for r in other), other_count=len(other),
-        reserved_bytes=reported - peak_live, reserve=reserve,
-        at=sources.describe(at_name) if at_name else None,
+        reserved_bytes=max(0, reported - peak_live), reserve=reserve,
+        at=sources.describe(at_name) if at_name else None, elsewhere=elsewhere, disagreement=disagreement,
+        upcast_bytes=sum(upcast), upcast_count=len(upcast),
     )
     peak.timeline, peak.places = _sampled(live, dump.sequence, sources)
     return peak

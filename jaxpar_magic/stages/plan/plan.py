@@ -22,7 +22,8 @@ CAVEATS = (
 )
 TPU_CAVEATS = (
     "Figures come from XLA:TPU itself (libtpu), compiling for compile-only devices of the slice: nothing ran, "
-    "and no TPU was needed. Memory is XLA:TPU's own peak, tile padding and its fusion decisions included.",
+    "and no TPU was needed. Memory is HBM as XLA:TPU assigns it (memory_analysis()'s figures), tile padding and "
+    "its fusion decisions included; what it keeps in on-chip VMEM is said apart.",
 )
 SCATTER_CAVEAT = (
     "XLA:CPU sums some arrays on every device and then keeps each device's slice (an all-reduce and a "
@@ -33,7 +34,8 @@ SCATTER_CAVEAT = (
 # a loop's body the name stack starts again: "checkpoint/...", "remat2", "vmap()/remat2").
 REMAT = re.compile(r'op_name="(?:[^"]*/)?(?:checkpoint|remat\d*)[/"]')
 RESERVED_CPU = "free space in XLA's temporary arena (its packing leaves gaps)"
-RESERVED_TPU = "held by XLA:TPU beyond its buffers (its peak_memory_in_bytes): scratch of collectives and fusions"
+RESERVED_TPU = ("free space in XLA:TPU's temporary arena at this step (memory_analysis() counts the whole arena, which "
+                "the runtime allocates for the program)")
 
 
 def remat_caveat(hardware) -> str:
@@ -138,15 +140,20 @@ class Plan:
     bindings: dict = field(default_factory=dict, repr=False)
     computed: tuple[str, ...] = ()
     target: object = None  # target.Target: the compiler that made it, and for which devices
-    peak_bytes: int | None = None  # the compiler's own peak where it reports one (XLA:TPU), else the parts' sum
+    peak_bytes: int | None = None  # a peak to report instead of the parts' sum (none today: HBM's is the sum)
+    xla_peak_bytes: int | None = None  # XLA:TPU's peak_memory_in_bytes: HBM and on-chip VMEM together
     reused: bool = False  # compiled before (the same program for the same devices): nothing compiled now
     peak: object = field(default=None, repr=False)  # peak.MemoryPeak: what fills memory at the peak, the timeline
     abstract: dict = field(default_factory=dict, repr=False)  # every name the cell assigns, as planned
     left_alone: tuple[str, ...] = ()  # names the plan did not bind: they hold concrete values
+    refused: str | None = None  # XLA's words where it refused to compile for memory: the plan is of its buffers
+    donated: tuple[str, ...] = ()  # --donate: inputs given to the program, compiled with their aliasing
+    notes: list = field(default_factory=list)  # more sentences about the memory figures (memory_notes adds these)
 
     @property
     def total_bytes(self) -> int:
-        """The peak per device: XLA:TPU's own figure, or arguments + outputs + temporaries - aliased."""
+        """The peak per device in the device's main memory (HBM): arguments + outputs + temporaries - aliased,
+        as memory_analysis() counts them (XLA:TPU's VMEM is apart: `notes`)."""
         if self.peak_bytes is not None:
             return self.peak_bytes
         return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
@@ -167,11 +174,28 @@ class Plan:
     def axes(self) -> dict[str, int]:
         return {str(n): int(s) for n, s in self.mesh.shape.items()}
 
+    def memory_notes(self) -> list[str]:
+        """Sentences the memory figures need beside them: what --donate gave the program, and `notes`."""
+        said = []
+        if self.donated:
+            names = ", ".join(self.donated)
+            if self.alias_bytes:
+                said.append(f"donated: {names} (as jax.jit's donate_argnums): {format_bytes(self.alias_bytes)} of "
+                            f"outputs are written into their buffers, counted once.")
+            else:
+                said.append(f"donated: {names} (as jax.jit's donate_argnums), but no output has the shape, dtype and "
+                            f"layout of their buffers, so XLA reuses none of them.")
+        return said + list(self.notes)
+
     def summary(self) -> str:
         """One line: `planned: 2.1 GiB per device (fits in 16.0 GiB) · 6 collectives · estimate 1.2 ms, bound by
         compute`."""
         fit = "" if self.capacity is None else (f" (fits in {format_bytes(self.capacity)})" if self.fits else
                                                 f" (DOES NOT FIT in {format_bytes(self.capacity)})")
+        if self.refused:
+            return (f"{self.compiler} refused to compile it: does not fit: needs {self.total_bytes / 2**30:.2f} GiB "
+                    f"of {self.capacity / 2**30:.2f} GiB per device" + (f" · largest buffer {format_bytes(self.peak.largest.bytes)}"
+                    if self.peak is not None and self.peak.largest is not None else ""))
         moving = sum(1 for c in self.collectives if c.group_size > 1)
         r = self.roofline
         estimate = f" · estimate {r.estimate_s * 1e3:.3g} ms, bound by {r.bound_text}" if r is not None else ""
@@ -196,6 +220,7 @@ class Plan:
                 "alias": self.alias_bytes, "total": self.total_bytes, "capacity": self.capacity,
                 "capacity_source": self.capacity_source, "fits": self.fits, "overshoot": self.overshoot,
                 "note": self.memory_note, "reported_peak": self.peak_bytes is not None,
+                "donated": list(self.donated), "notes": self.memory_notes(), "refused": self.refused,
             },
             "compiler": self.target.state() if self.target is not None else None,
             "peak": self.peak.state() if self.peak is not None else None,
@@ -207,6 +232,7 @@ class Plan:
             "roofline": self.roofline.state() if self.roofline is not None else None,
             "outputs": output_entries(shown),
             "compile_ms": round(self.compile_ms, 1),
+            "compiled": "refused" if self.refused else "reused" if self.reused else "compiled",
             "caveats": list(self.caveats),
         }
 

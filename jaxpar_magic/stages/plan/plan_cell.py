@@ -19,7 +19,7 @@ def engine_spec(spec):
 def plan_cell(source: str, namespace: dict, *, magic: str = "shard", mesh=None, in_specs=None, out_specs=None,
               axis_name: str = "i", devices=None, broadcast=(), split=(), merge=(), check_vma: bool = True,
               hardware=None, device_memory=None, topology: str | None = None, bind: bool = True,
-              status: bool = False, compiler: str = "auto"):
+              status: bool = False, compiler: str = "auto", donate=()):
     """Compile `source` as `magic`'s cell for its mesh without running it.
 
     `hardware` is a profile name ("tpu-v5e"), "custom:flops=...,hbm=...,bw=...,memory=..." or a
@@ -32,7 +32,9 @@ def plan_cell(source: str, namespace: dict, *, magic: str = "shard", mesh=None, 
     names that hold concrete values (`bindable`): a plan never replaces data. Every assigned name is
     on the plan's `abstract`, the ones not bound on its `left_alone`. With `status`, a wait over a
     second shows a status line in the cell (the magics, whose view then takes its place); the
-    plain-Python twin shows none, since nothing it returns would replace the line.
+    plain-Python twin shows none, since nothing it returns would replace the line. `donate` (a
+    %%shard cell's --donate names): inputs whose buffers the program may reuse for its outputs, planned
+    with that aliasing as jax.jit's donate_argnums compiles it (the plan's `donated` names them).
     """
     import contextlib
 
@@ -40,7 +42,7 @@ def plan_cell(source: str, namespace: dict, *, magic: str = "shard", mesh=None, 
 
     with contextlib.nullcontext() if status else disabled():
         plan = _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, devices, broadcast, split,
-                          merge, check_vma, hardware, device_memory, topology, compiler)
+                          merge, check_vma, hardware, device_memory, topology, compiler, tuple(donate))
     plan.bindings, plan.left_alone = bindable(plan.abstract, namespace)
     if bind:
         namespace.update(plan.bindings)  # one step
@@ -69,7 +71,7 @@ def bindable(planned: dict, namespace: dict) -> tuple[dict, tuple[str, ...]]:
 
 
 def _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, devices, broadcast, split, merge,
-               check_vma, hardware, device_memory, topology, compiler):
+               check_vma, hardware, device_memory, topology, compiler, donate=()):
     from .hardware import Hardware, parse_hardware, parse_memory_size
     from .target import choose
     from .topology import with_topology
@@ -86,11 +88,16 @@ def _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, d
         hardware = with_topology(hardware, topology)
     if isinstance(device_memory, str):
         device_memory = parse_memory_size(device_memory)
-    cell = analyse_cached(source, f"{magic}-plan")
+    # One analysis (and so one filename, which keys the kept compiles) per cell text: the magic's cell ends in
+    # a newline that a plan_cell string usually lacks, and both must find the same kept plan.
+    cell = analyse_cached(source.rstrip() + "\n", f"{magic}-plan")
     if cell.mode == "function":
         raise UsageError(
             "--plan compiles a cell's computation; this cell only defines functions. Plan a cell that calls them."
         )
+    if donate and magic != "shard":
+        raise UsageError(f"plan_cell(magic={magic!r}, donate={list(donate)!r}): --donate plans a %%shard cell's "
+                         f"inputs given to its program; plan this cell with magic=\"shard\", or without donate.")
     if magic == "pmap":
         from ...engines.pmap import mesh_for
 
@@ -106,7 +113,8 @@ def _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, d
             mesh = resolve_mesh(mesh, namespace, [in_specs, out_specs])
         target = choose(mesh, hardware, compiler)
         if magic == "shard":
-            plan = plan_shard(cell, namespace, target.mesh, in_specs, out_specs, hardware, device_memory, target)
+            plan = plan_shard(cell, namespace, target.mesh, in_specs, out_specs, hardware, device_memory, target,
+                              donate)
         else:
             plan = plan_shard_map(cell, namespace, target.mesh, in_specs, out_specs, check_vma, hardware,
                                   device_memory, target)
@@ -152,14 +160,17 @@ def _product(sizes) -> int:
 
 
 def plan_shard(cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, hardware=None,
-               device_memory=None, target=None):
+               device_memory=None, target=None, donate=()):
     """The --plan stage: the same program, compiled over abstract inputs laid out by --in, never run.
-    Inputs named in --in are described by their spec, not placed: nothing is allocated."""
+    Inputs named in --in are described by their spec, not placed: nothing is allocated. `donate`
+    (--donate): compiled with those inputs donated, as the run compiles them."""
     from .plan_program import plan_program
     from ...engines.shard import prepare
 
-    prepared = prepare(cell, namespace, mesh, in_specs, out_specs, describe=True)
-    return plan_program(prepared, hardware=hardware, device_memory=device_memory, set_mesh=False, target=target)
+    prepared = prepare(cell, namespace, mesh, in_specs, out_specs, describe=True, donate=tuple(donate))
+    plan = plan_program(prepared, hardware=hardware, device_memory=device_memory, set_mesh=False, target=target)
+    plan.donated = tuple(donate)
+    return plan
 
 
 def plan_shard_map(cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True,

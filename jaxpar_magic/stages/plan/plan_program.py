@@ -25,6 +25,7 @@ from ...cell.hlo_text import entry_name, instructions
 from ...cell.work import loop_work
 from ...cell.meshes import on_cell_mesh
 from ...cell.programs import TRACE
+from ...cell.xla_dump import RefusedForMemory
 from ...cell.scatter import reduce_scatters
 from ...errors import UsageError, explain_trace_error, user_line
 from .abstract_inputs import CPU_DEVICE_CEILING, abstract_inputs, check_scale, device_capacity, smaller_slice, warn_concrete
@@ -33,6 +34,7 @@ from .costs import estimate
 from .hardware import Hardware, parse_hardware
 from .mesh_collectives import is_user_file, plan_collectives
 from .peak import memory_peak
+from .refused import advice, available, refused_program
 from .plan import (CAVEATS, GPU_CAVEAT, LOOP_CAVEAT, MAX_COLLECTIVES, REMAT, RESERVED_CPU, RESERVED_TPU, ROOFLINE_CAVEAT,
                    SCATTER_CAVEAT, TPU_CAVEATS, UNKNOWN_LOOP_CAVEAT, UPCAST_CAVEAT, Plan, PlannedCollective, PlanWarning, format_bytes,
                    remat_caveat)
@@ -84,11 +86,13 @@ def _figure(cost: dict, key: str) -> float | None:
 
 
 def output_structs(compiled):
-    """The compiled program's outputs as plain ShapeDtypeStructs with their shardings."""
+    """The compiled (or, where XLA refused it, lowered) program's outputs as plain ShapeDtypeStructs
+    with their shardings."""
     import jax
 
     def plain(info):
-        return jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=info.sharding,
+        sharding = info.sharding if isinstance(info.sharding, jax.sharding.Sharding) else None
+        return jax.ShapeDtypeStruct(info.shape, info.dtype, sharding=sharding,
                                     weak_type=getattr(info, "weak_type", False))
 
     return jax.tree.map(plain, compiled.out_info)
@@ -155,7 +159,11 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         with jax.set_mesh(mesh) if set_mesh else on_cell_mesh(mesh):
             lowered = jitted.lower(*args)
         program = lowered.as_text(dialect="hlo", debug_info=True)  # the program's own dtypes, before XLA's passes
-        made, kept = compile_plan_program(lowered, key_of(program, mesh, filename))
+        try:
+            made, kept = compile_plan_program(lowered, key_of(program, mesh, filename))
+            refused = None
+        except RefusedForMemory as exc:  # the step that does not fit: planned from what XLA wrote
+            made, kept, refused = refused_program(exc), False, exc
     except UsageError:
         raise
     except Exception as exc:
@@ -195,12 +203,17 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
     if trips.unknown or any(c.count is None for c in found):
         caveats.append(UNKNOWN_LOOP_CAVEAT)
     times = None
-    if hardware is not None:
+    if hardware is not None and refused is None:  # a refused compile has no FLOPs to time
         times, planned = estimate(flops, bytes_accessed, planned, hardware, laid_out, matmuls)
         caveats.append(ROOFLINE_CAVEAT)
         if hardware.kind == "gpu":
             caveats.append(GPU_CAVEAT)
-    outputs = output_structs(made.compiled)
+    outputs = output_structs(made.compiled if refused is None else lowered)
+    if refused is not None:
+        capacity, capacity_source = _refusing_capacity(refused, target, capacity, capacity_source)
+        caveats.insert(0, f"{target.compiler} refused to compile this step: {refused.said}. Its figures come from the "
+                          f"buffers it had assigned before refusing; with no executable there are no FLOPs or bytes "
+                          f"accessed, so no step time.")
     plan = Plan(
         mesh=mesh,
         argument_bytes=int(memory.argument_size_in_bytes),
@@ -222,14 +235,61 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         caveats=tuple(caveats),
         compiled=made.compiled,
         target=target,
-        peak_bytes=_reported_peak(memory) if target.is_tpu else None,
+        xla_peak_bytes=_reported_peak(memory) if target.is_tpu else None,
         reused=kept,
+        refused=refused.said if refused is not None else None,
     )
     plan.peak = memory_peak(made.dump, read, entry_name(text), plan.total_bytes,
                             leaf_labels=leaf_labels, output_labels=_labels(output_labels, outputs),
                             filename=filename, line_text=line_text,
-                            rest_note=RESERVED_TPU if target.is_tpu else RESERVED_CPU)
+                            rest_note=RESERVED_TPU if target.is_tpu else RESERVED_CPU, shadows=upcast.shadows,
+                            counted_temp=plan.temp_bytes)
+    if plan.peak.upcast_bytes:
+        plan.notes.append(upcast_note(plan.peak, plan.total_bytes))
+    plan.notes += _other_spaces(plan, target)
+    if plan.fits is False:  # name what fills the memory, and what to do about it
+        largest = plan.peak.largest if plan.peak is not None else None
+        named = f"{format_bytes(largest.bytes)} ({largest_words(largest)})" if largest is not None else None
+        plan.notes.append(advice(named))
     return plan
+
+
+def upcast_note(peak, total: int) -> str:
+    """How much of an XLA:CPU peak is f32 copies of the program's bf16/f16 arrays (its converts widen them)."""
+    count = peak.upcast_count
+    return (f"{format_bytes(peak.upcast_bytes)} of this {format_bytes(total)} peak ({count} buffer{'s' if count != 1 else ''}) "
+            f"are XLA:CPU's f32 copies of arrays the program holds in bf16 or f16 (its converts widen them). XLA:TPU "
+            f"and XLA:GPU compute in the program's own dtype, so on the target these take half as much memory, or "
+            f"none: the target's peak may be up to {format_bytes(peak.upcast_bytes)} lower.")
+
+
+def _other_spaces(plan, target) -> list[str]:
+    """What the program keeps outside HBM (XLA:TPU's on-chip VMEM), said apart from the HBM figures."""
+    said = []
+    for space, busiest in (plan.peak.elsewhere if plan.peak is not None else {}).items():
+        if space == "host":
+            continue
+        own = (f"; XLA:TPU's own peak_memory_in_bytes ({format_bytes(plan.xla_peak_bytes)}) counts it with HBM"
+               if plan.xla_peak_bytes else "")
+        said.append(f"{target.compiler} also keeps up to {format_bytes(busiest)} at once in on-chip {space.upper()} "
+                    f"(not HBM: outside these figures and the fit){own}.")
+    return said
+
+
+def _refusing_capacity(refused, target, capacity, capacity_source):
+    """The memory XLA said the program may use ("exceeds available HBM (15.75G)"), else the profile's."""
+    said, memory = available(refused.said)
+    if said is None:
+        return capacity, capacity_source
+    return said, f"{target.compiler}: {memory} available to the program"
+
+
+def largest_words(buffer) -> str:
+    """`temporary from dot_general, line 3: h = x @ w` / `argument params['w1']`."""
+    what = buffer.name if buffer.kind != "temporary" else f"from {buffer.op or buffer.instruction}"
+    where = f", line {buffer.line}: {buffer.source}" if buffer.line is not None and buffer.source else (
+        f", line {buffer.line}" if buffer.line is not None else "")
+    return f"{buffer.kind} {what}{where}"
 
 
 def tpu_compile_error(exc: BaseException, target) -> UsageError:
@@ -243,8 +303,9 @@ def tpu_compile_error(exc: BaseException, target) -> UsageError:
 
 
 def _reported_peak(memory) -> int | None:
-    """XLA:TPU's own peak (`peak_memory_in_bytes`): it counts what TPU programs hold beyond their
-    arguments, outputs and temporaries (measured: collectives' scratch), and 0 where not reported."""
+    """XLA:TPU's own peak (`peak_memory_in_bytes`), None where not reported. It is not HBM's: it counts
+    on-chip VMEM too (measured: 60.3 MB for a small MLP whose HBM arguments, outputs and temporaries
+    are 17.3 MB, with 45.1 MB of VMEM temporaries), and may be below their sum for a large step."""
     peak = int(getattr(memory, "peak_memory_in_bytes", 0) or 0)
     return peak if peak > 0 else None
 

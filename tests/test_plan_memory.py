@@ -1,0 +1,262 @@
+"""A plan's memory is the program a training loop runs: `--donate` compiled with its aliasing, as
+`jax.jit(donate_argnums=...)` compiles it, and said in the view; the rows at the peak add up to the
+peak; a step that does not fit still gets its buffers. The oracle is a hand compile of the same
+function: `jax.jit(f, donate_argnums=...).lower(...).compile().memory_analysis()`."""
+from __future__ import annotations
+
+import html
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import pytest
+from IPython.utils.capture import capture_output
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import jaxpar_magic
+from jaxpar_magic.stages.plan.plan import format_bytes
+from jaxpar_magic.views import plan as plan_view
+from shell_helpers import shown_widgets
+
+UPDATE = """
+def update(params, opt, batch):
+    grads = jax.grad(lambda p: jnp.mean((jnp.tanh(batch @ p["w1"]) @ p["w2"]) ** 2))(params)
+    opt = jax.tree.map(lambda m, g: 0.9 * m + g, opt, grads)
+    params = jax.tree.map(lambda w, m: w - 0.01 * m, params, opt)
+    return params, opt
+"""
+
+
+def plan_views(ip, line: str, source: str) -> list[dict]:
+    with capture_output() as captured:
+        ip.run_cell_magic("shard", line, textwrap.dedent(source))
+    return [w.state for w in shown_widgets(captured) if type(w).__name__ == "PlanView"]
+
+
+@pytest.fixture
+def mlp(jx):
+    with capture_output():
+        jx.run_line_magic("mesh", "data=4 model=2 --axis-types auto --no-show")
+    mesh = jx.user_ns["mesh"]
+    w = NamedSharding(mesh, P(None, "model"))
+    params = {"w1": jax.ShapeDtypeStruct((1024, 2048), jnp.float32, sharding=w),
+              "w2": jax.ShapeDtypeStruct((2048, 1024), jnp.float32, sharding=NamedSharding(mesh, P("model", None)))}
+    jx.push({"jaxpar_magic": jaxpar_magic, "params": params, "opt": dict(params),
+             "batch": jax.ShapeDtypeStruct((256, 1024), jnp.float32, sharding=NamedSharding(mesh, P("data", None)))})
+    jx.run_cell(UPDATE, store_history=False).raise_error()
+    return jx
+
+
+def hand_compile(ns, donate):
+    """The oracle: the user's own function, jitted by hand with the same inputs and donation."""
+    mesh = ns["mesh"]
+    with jax.set_mesh(mesh):
+        lowered = jax.jit(ns["update"], donate_argnums=donate).lower(ns["params"], ns["opt"], ns["batch"])
+    return lowered.compile().memory_analysis()
+
+
+def test_donate_plans_the_aliasing_jit_compiles(mlp):
+    donated = jaxpar_magic.plan_cell("params, opt = update(params, opt, batch)", mlp.user_ns, mesh=mlp.user_ns["mesh"],
+                                     donate=("params", "opt"), bind=False)
+    kept = jaxpar_magic.plan_cell("params, opt = update(params, opt, batch)", mlp.user_ns, mesh=mlp.user_ns["mesh"],
+                                  bind=False)
+    by_hand, without = hand_compile(mlp.user_ns, (0, 1)), hand_compile(mlp.user_ns, ())
+    assert by_hand.alias_size_in_bytes > 0  # the oracle donates: w1, w2 and their moments
+    for plan, oracle in ((donated, by_hand), (kept, without)):
+        assert plan.alias_bytes == oracle.alias_size_in_bytes
+        assert plan.argument_bytes == oracle.argument_size_in_bytes
+        assert plan.output_bytes == oracle.output_size_in_bytes
+        assert plan.total_bytes == (oracle.argument_size_in_bytes + oracle.output_size_in_bytes
+                                    + oracle.temp_size_in_bytes - oracle.alias_size_in_bytes)
+    assert donated.total_bytes < kept.total_bytes
+    assert donated.donated == ("params", "opt") and kept.donated == ()
+
+
+def test_the_view_says_what_was_donated(mlp):
+    (state,) = plan_views(mlp, "--plan --mesh mesh --donate params opt", "params, opt = update(params, opt, batch)")
+    said = " ".join(state["memory"]["notes"])
+    assert state["memory"]["donated"] == ["params", "opt"]
+    assert "donated: params, opt" in said and "counted once" in said
+    text = plan_view.to_text(state)
+    html = plan_view.to_html(state)
+    assert "donated: params, opt" in text and "donated: params, opt" in html
+
+
+def test_a_cpu_plan_that_does_not_fit_names_its_largest_buffer_and_what_to_do(mlp):
+    plan = jaxpar_magic.plan_cell("params, opt = update(params, opt, batch)", mlp.user_ns, mesh=mlp.user_ns["mesh"],
+                                  hardware="h100", device_memory="1MiB", bind=False)
+    assert plan.fits is False and plan.compiler == "XLA:CPU"
+    largest = plan.peak.largest
+    text = plan_view.to_text(plan.state("too big"))
+    advice = next(n for n in plan.memory_notes() if n.startswith("To make it fit"))
+    assert f"The largest buffer is {format_bytes(largest.bytes)}" in advice
+    assert "jax.checkpoint" in advice and "smaller batch" in advice and "more devices" in advice
+    assert "DOES NOT FIT" in text and "What fills memory at the peak" in text
+
+
+def small_dump():
+    """A hand-made buffer assignment: an HBM temporary arena of 100 bytes holding two values at once
+    at the same offset (70 and 60 bytes: an in-place view), and 40 bytes of VMEM."""
+    from jaxpar_magic.cell.xla_dump import Allocation, BufferDump, Value
+
+    allocations = {0: Allocation(0, 100, "temp"), 1: Allocation(1, 40, "temp", color=1)}
+    values = [Value("a", "{}", 0, 0, 70, "f32[10,7]"), Value("b", "{}", 0, 0, 60, "f32[15]"),
+              Value("v", "{}", 1, 0, 40, "f32[10]")]
+    ranges = {"a{}": (0, 2), "b{}": (1, 2), "v{}": (0, 1)}
+    return BufferDump(allocations, values, ["a", "b", "c"], ranges, 2, {0: "default", 1: "vmem"})
+
+
+def test_rows_never_exceed_the_peak_and_a_disagreement_is_said_with_its_size():
+    from jaxpar_magic.stages.plan.peak import memory_peak
+    from jaxpar_magic.views import memory as memory_view
+
+    peak = memory_peak(small_dump(), [], None, 100)
+    assert peak.live == 130 and peak.reported == 100 and peak.reserved_bytes == 0
+    assert "30 bytes more than the 100 reported" in peak.disagreement
+    assert all(b.space is None for b in peak.buffers) and peak.elsewhere == {"vmem": 40}  # VMEM apart
+    state = {"title": "t", "compiler": "XLA:TPU", "capacity": None, "peak": peak.state()}
+    assert peak.disagreement in " ".join(memory_view.to_text(state).split())  # wrapped, never cut
+    assert "jpm-disagreement" in memory_view.to_html(state)
+    fits = memory_peak(small_dump(), [], None, 140)
+    assert fits.disagreement is None and sum(b.bytes for b in fits.buffers) + fits.other_bytes + fits.reserved_bytes == 140
+
+
+def test_a_cpu_plan_of_a_bf16_step_says_how_much_of_its_peak_is_f32_copies(jx):
+    """A step held entirely in bf16 (its loss too): every f32 buffer XLA:CPU keeps at the peak is one of
+    its upcast copies, so the oracle is the f32 buffers live at the peak, read from the rows."""
+    from jaxpar_magic.stages.plan import peak as peak_module
+    from jaxpar_magic.stages.plan.plan_program import compile_plan
+
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+
+    def step(w1, w2, x):
+        def loss(w1, w2):
+            return jnp.sum(jnp.tanh(jnp.tanh(x @ w1) @ w2))
+        g1, g2 = jax.grad(loss, argnums=(0, 1))(w1, w2)
+        return w1 - g1, w2 - g2
+
+    def spec(shape, *axes):
+        return jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=NamedSharding(mesh, P(*axes)))
+
+    args = (spec((512, 2048)), spec((2048, 512)), spec((4096, 512), "data"))
+    original = peak_module.MAX_ROWS, peak_module.MIN_SHARE
+    peak_module.MAX_ROWS, peak_module.MIN_SHARE = 10_000, 0.0  # every live buffer a row, for the oracle
+    try:
+        plan = compile_plan(step, args, mesh, hardware="h100")
+    finally:
+        peak_module.MAX_ROWS, peak_module.MIN_SHARE = original
+    f32 = [b for b in plan.peak.buffers if b.dtype == "f32"]
+    assert plan.peak.other_count == 0 and f32
+    assert plan.peak.upcast_bytes == sum(b.bytes for b in f32) and plan.peak.upcast_count == len(f32)
+    note = next(n for n in plan.memory_notes() if "f32 copies" in n)
+    assert note.startswith(f"{format_bytes(plan.peak.upcast_bytes)} of this {format_bytes(plan.total_bytes)} peak")
+    assert "f32 copies" in plan_view.to_text(plan.state("bf16"))
+
+
+def fsdp_step(params, x):
+    mesh = jax.sharding.get_abstract_mesh()
+    w = jax.lax.with_sharding_constraint(params["w"], NamedSharding(mesh, P()))  # FSDP: the weight gathered
+    return jnp.tanh(x @ w), jax.grad(lambda v: jnp.sum(jnp.tanh(x @ v) ** 2))(params["w"])
+
+
+def test_rows_say_what_each_buffer_is_for(jx):
+    """The gathered weight is named as the all-gather of its parameter (the compiled program's own
+    all-gather reads that parameter), the backward pass's all-reduce as the summed gradient; what is not
+    named one by one is grouped by what it is and its line, and "other" holds at most 10 % of the peak."""
+    from jaxpar_magic.stages.plan.plan_program import compile_plan
+
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+
+    def spec(shape):
+        return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, P("data", None)))
+
+    def forward(params, x):
+        return fsdp_step(params, x)[0]
+
+    gathered = compile_plan(forward, ({"w": spec((2048, 2048))}, spec((1024, 2048))), mesh, names=["params", "x"])
+    text = gathered.compiled.as_text()
+    assert "all-gather(" in text or "all-gather-start(" in text
+    top = gathered.peak.buffers[0]
+    assert (top.role, top.bytes) == ("all-gather of params['w']", 2048 * 2048 * 4)
+    trained = compile_plan(fsdp_step, ({"w": spec((2048, 2048))}, spec((1024, 2048))), mesh, names=["params", "x"])
+    roles = {b.role for b in trained.peak.buffers}
+    assert "gradient summed across devices (all-reduce)" in roles
+    for plan in (gathered, trained):
+        assert plan.peak.other_bytes <= 0.10 * plan.peak.reported
+        shown = plan_view.to_text(plan.state("roles"))
+        assert "all-gather of params['w']" in shown or plan is trained
+
+
+def test_the_static_timeline_draws_its_bars_as_the_live_view_does():
+    """The static form (what an untrusted notebook keeps) draws each bar as a block of its height
+    inside a table row, every style inline and kept by JupyterLab's sanitizer; before, its bars were
+    bare spans whose styles lived only in js/views.css, so the page read "step 0the schedulestep 2"."""
+    import re
+
+    from sample_states import plan_state
+    from sanitizer_rules import rejected_declarations
+
+    from jaxpar_magic.stages.plan.peak import memory_peak
+    from jaxpar_magic.views import PlanView
+
+    state = plan_state()
+    state["peak"] = memory_peak(small_dump(), [], None, 140).state()
+    view = PlanView(state=state)
+    page = view.to_html()
+    view.close()
+    bars = re.findall(r'<span class="jpm-tl-bar[^"]*" style="([^"]*)"', page)
+    assert len(bars) == len(state["peak"]["timeline"]) == 3
+    assert all("display:block" in b.replace(" ", "") and re.search(r"height:\s*\d+px", b) for b in bars), bars
+    heights = [int(re.search(r"height:\s*(\d+)px", b).group(1)) for b in bars]
+    assert heights == [round(96 * p["bytes"] / 140) for p in state["peak"]["timeline"]]  # the top: the 140 B peak
+    assert re.search(r'<table class="jpm-tl-axis" style="[^"]*display:\s*table', page)
+    styles = re.findall(r'style="([^"]*)"', page)
+    assert not sorted({d for s in styles for d in rejected_declarations(s)})
+
+
+def test_a_plan_served_from_the_kept_compiles_says_it_is_reused_and_the_twins_share_them(mlp):
+    """The magic, plan_cell and compare_cell keep one set of compiled plans: planning the same program
+    for the same devices again compiles nothing, and the view says so instead of 'compiled in'."""
+    from jaxpar_magic.stages.plan.compare import compare_cell
+    from jaxpar_magic.stages.plan.compiled_plans import forget
+
+    forget()  # earlier tests planned this cell too
+    cell = "params, opt = update(params, opt, batch)"
+    (first,) = plan_views(mlp, "--plan --mesh mesh", cell)
+    (again,) = plan_views(mlp, "--plan --mesh mesh", cell)
+    assert (first["compiled"], again["compiled"]) == ("compiled", "reused")
+    assert "reused an earlier plan's compile" in plan_view.to_text(again)
+    assert "reused an earlier plan's compile" in html.unescape(plan_view.to_html(again))
+    twin = jaxpar_magic.plan_cell(cell, mlp.user_ns, mesh=mlp.user_ns["mesh"], bind=False)
+    assert twin.reused
+    mesh = mlp.user_ns["mesh"]
+    (row,) = compare_cell(cell, mlp.user_ns, {"same": (mesh, {}, {})})
+    assert row.plan.reused and row.plan.total_bytes == twin.total_bytes
+
+
+def test_out_takes_a_pytree_of_specs_and_the_plan_keeps_the_pinned_layouts(jx):
+    """`--out state=@specs` pins each leaf of `state` (the compiler would choose otherwise: a P() scale
+    next to a model-sharded weight comes back sharded), in a run and in a plan, whose `_plan.abstract`
+    then carries the pinned layouts to the next plan; a spec tree of another structure is a UsageError."""
+    from IPython.core.error import UsageError
+
+    with capture_output():
+        jx.run_line_magic("mesh", "data=4 model=2 --axis-types auto --no-show")
+    mesh = jx.user_ns["mesh"]
+    jx.push({"state": {"w": jax.ShapeDtypeStruct((256, 512), jnp.float32, sharding=NamedSharding(mesh, P(None, "model"))),
+                       "scale": jax.ShapeDtypeStruct((512,), jnp.float32, sharding=NamedSharding(mesh, P("model")))},
+             "specs": {"w": P("data", "model"), "scale": P()}, "wrong": [P(), P()]})
+    cell = "state = {'w': state['w'] * 2, 'scale': state['scale'] + 1}\n"
+    free = plan_views(jx, "--plan --mesh mesh", cell)
+    assert free and jx.user_ns["_plan"].abstract["state"]["scale"].sharding.spec == P("model")  # the compiler's
+    plan_views(jx, "--plan --mesh mesh --out state=@specs", cell)
+    pinned = jx.user_ns["_plan"].abstract["state"]
+    assert {k: v.sharding.spec for k, v in pinned.items()} == {"w": P("data", "model"), "scale": P()}
+    with capture_output():
+        jx.run_cell_magic("shard", "--mesh mesh --out state=@specs --no-show",
+                          "state = {'w': jnp.ones((256, 512)), 'scale': jnp.ones(512)}\n")
+    assert {k: v.sharding.spec for k, v in jx.user_ns["state"].items()} == {"w": P("data", "model"), "scale": P()}
+    before = dict(jx.user_ns)
+    with pytest.raises(UsageError, match="does not match 'state'"), capture_output():
+        jx.run_cell_magic("shard", "--mesh mesh --out state=@wrong", cell)
+    assert jx.user_ns["state"] is before["state"]
