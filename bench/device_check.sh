@@ -123,8 +123,9 @@ x = jax.random.normal(jax.random.key(99), ({BATCH}, {WIDTH}), jnp.bfloat16)
 sh.run_cell(setup, store_history=False).raise_error()
 STEP = "loss, grads = jax.value_and_grad(loss_fn)(params, x)\nparams = [w - 0.01 * g for w, g in zip(params, grads)]\n"
 hardware = "h100"  # the nearest built-in profile (stages/plan/hardware.py has no H200); the estimate is read against it
+memory = "141GB"  # an H200's HBM3e, as NVIDIA's H200 datasheet gives it (the H100 profile's is 80 GiB)
 with capture_output() as shown:
-    sh.run_cell_magic("shard", f"--plan --mesh mesh --hardware {hardware} --device-memory 141GB", STEP)
+    sh.run_cell_magic("shard", f"--plan --mesh mesh --hardware {hardware} --device-memory {memory}", STEP)
 plan = sh.user_ns["_plan"]
 print(plan.summary())
 ns = sh.user_ns
