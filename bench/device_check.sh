@@ -106,7 +106,10 @@ from IPython.utils.capture import capture_output
 out = Path(sys.argv[1])
 device = jax.devices()[0]
 print("device:", device.platform, getattr(device, "device_kind", "?"))
-sh = InteractiveShell.instance()
+from traitlets.config import Config
+config = Config()
+config.HistoryManager.enabled = False  # no history database in a home folder that may be read-only
+sh = InteractiveShell.instance(config=config)
 sh.run_line_magic("load_ext", "jaxpar_magic")
 with capture_output():
     sh.run_line_magic("mesh", "data=1 --no-show")  # the one GPU
