@@ -47,7 +47,9 @@ Sections (numbers match the table):
      new params dict every run vs `jax.jit` (13b: both as whole cells), and the same step defined
      in a `%%pmap` cell (function mode) vs `jax.pmap` (13c; sections_pytrees.py)
  14. a Flax NNX training step (nnx.Optimizer) through `%%shard --out loss`, the gradients a
-     temporary, vs `nnx.jit` (14b: the cell without --out, binding the gradients too; sections_flax.py)
+     temporary, vs `nnx.jit` (14b: the cell without --out, binding the gradients too); 14c the same
+     MLP in Equinox vs `eqx.filter_jit`, 14d as a params dict with an optax state vs `jax.jit`
+     (sections_flax.py)
 When a ratio misses its target (and always with --profile), the run ends with where our time per
 call goes, step by step, measured in place. `--skip 2 3 7` leaves out the slowest subprocess and
 browser sections; `--only 9 10` runs just those. Shared helpers (timing, the table, children,
@@ -881,6 +883,8 @@ def main() -> None:
             print_profile("4. cached %%shard re-run:", profile_shard_rerun(jax, sh))
         if "9" in missed or (args.profile and wanted("9")):
             print_profile("9. cached %%shard_map re-run:", sections_engines.profile_shard_map_rerun(jax, sh))
+        if "14" in missed or (args.profile and wanted("14")):
+            print_profile("14. cached %%shard re-run of the Flax NNX step:", sections_flax.profile_flax_rerun(jax, sh))
     print(f"\ntotal bench time: {time.perf_counter() - began:.0f} s")
 
 

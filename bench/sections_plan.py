@@ -22,7 +22,9 @@ TPU_TARGET = 1.15  # issue 24: an XLA:TPU plan with the peak's buffers within 1.
 TPU_DEVICES, TPU_MESH, TPU_SLICE = 16, (8, 2), "4x4"  # the issue's 16-chip train step, on a v5e 4x4 slice
 COMPARE_TARGET = 1.15  # vs k bare compiles: the plan's own margin
 COMPARE_PLANS_TARGET = 1.05  # issue 14: k layouts cost at most k plans (it is k plan_cell calls; 5%: fresh processes vary)
-MESH_LINE = "data=64 model=8"
+# Auto axes, as the hand-written side's `Mesh(...)` has: `%mesh` makes Explicit axes by default, where the
+# second matmul's contraction over `model` (split on both sides) is ambiguous and JAX asks for an out_sharding.
+MESH_LINE = "data=64 model=8 --axis-types auto"
 CELL = "loss, grads = jax.value_and_grad(loss_fn)(params, batch)\n"
 PLAN_LINE = "--plan --mesh mesh --hardware tpu-v5e"
 LOSS_FN = '''\
@@ -80,7 +82,7 @@ def child_plan(mode: str) -> dict:
         from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
         assert jax.device_count() == PLAN_DEVICES
-        mesh = Mesh(np.array(jax.devices()).reshape(64, 8), ("data", "model"))  # Auto axes, as %mesh builds
+        mesh = Mesh(np.array(jax.devices()).reshape(64, 8), ("data", "model"))  # Auto axes, as MESH_LINE asks
 
         def abstract(shape, spec):
             return jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=NamedSharding(mesh, P(*spec)))
@@ -205,7 +207,7 @@ def _child_tpu(mode: str) -> dict:
         sh = make_shell()
         sh.run_line_magic("load_ext", "jaxpar_magic")
         with capture_output():
-            sh.run_line_magic("mesh", f"data={TPU_MESH[0]} model={TPU_MESH[1]} --no-show")
+            sh.run_line_magic("mesh", f"data={TPU_MESH[0]} model={TPU_MESH[1]} --axis-types auto --no-show")
         sh.run_cell("import jax\nimport jax.numpy as jnp\nimport jaxpar_magic\n" + LOSS_FN
                     + "params = {" + ", ".join(f"{n!r}: jaxpar_magic.plan({shape}, 'bfloat16', mesh, {spec})"
                                                for n, (shape, spec) in TPU_SHAPES.items()) + "}\n"

@@ -24,6 +24,19 @@ def snapshot(ns: dict) -> dict:
     return {name: id(value) for name, value in ns.items()}
 
 
+def assert_same_nnx_state(mine, twin) -> None:
+    """Every array leaf of two Flax NNX objects' states, equal exactly (and the same structure)."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    mine_leaves, mine_tree = jax.tree.flatten(nnx.state(mine))
+    twin_leaves, twin_tree = jax.tree.flatten(nnx.state(twin))
+    assert mine_tree == twin_tree
+    for a, b in zip(mine_leaves, twin_leaves):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def shown_widgets(captured) -> list:
     """The widget objects a cell displayed, found by the model ids in the captured mime bundles."""
     from ipywidgets.widgets.widget import _instances

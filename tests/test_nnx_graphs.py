@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from IPython.core.error import UsageError
 
-from shell_helpers import snapshot
+from shell_helpers import assert_same_nnx_state, snapshot
 
 optax = pytest.importorskip("optax")
 eqx = pytest.importorskip("equinox")
@@ -61,15 +61,6 @@ def nnx_ns(jx):
     return jx
 
 
-def assert_same_state(mine, twin):
-    """Every array leaf of two NNX objects' states, equal exactly."""
-    mine_leaves, mine_tree = jax.tree.flatten(nnx.state(mine))
-    twin_leaves, twin_tree = jax.tree.flatten(nnx.state(twin))
-    assert mine_tree == twin_tree
-    for a, b in zip(mine_leaves, twin_leaves):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
 # --- item 4: NNX state shared between two inputs ---------------------------------------------------
 
 SHARED = """
@@ -95,7 +86,7 @@ def test_shard_shares_what_two_inputs_share_like_nnx_jit(nnx_ns, show):
         cell(nnx_ns, "shard", show, SHARED)
         twin_same = _shared_step(twin.lin, twin)
         assert nnx_ns.user_ns["same"] is True and bool(twin_same) is True  # nnx.jit returns it as an array
-        assert_same_state(model, twin)
+        assert_same_nnx_state(model, twin)
     assert nnx_ns.user_ns["a"] is model.lin and nnx_ns.user_ns["b"] is model
     np.testing.assert_array_equal(model.lin.kernel[...], Outer().lin.kernel[...] + 33)
 
@@ -116,7 +107,7 @@ def test_shard_two_names_for_one_object_and_a_shared_variable(nnx_ns):
     for _ in range(2):
         cell(nnx_ns, "shard", "--no-show", source)
         assert nnx_ns.user_ns["same"] == step(twin, twin, twin.lin.kernel) == (True, True)
-        assert_same_state(model, twin)
+        assert_same_nnx_state(model, twin)
 
 
 def test_shard_reruns_when_the_sharing_changes(nnx_ns):
@@ -168,7 +159,7 @@ def test_shard_writes_back_batchnorm_statistics_inside_any_pytree(nnx_ns, wrap):
     for _ in range(3):
         cell(nnx_ns, "shard", "--no-show", "y = box.inner(x)")
         np.testing.assert_array_equal(nnx_ns.user_ns["y"], step(twin, _batch()))
-        assert_same_state(mine.inner, twin.inner)
+        assert_same_nnx_state(mine.inner, twin.inner)
     assert float(jnp.abs(mine.inner.mean[...]).sum()) > 0  # the statistics moved
     assert nnx_ns.user_ns["box"] is mine
 
@@ -208,8 +199,8 @@ def test_shard_writes_back_an_optimizer_update_inside_an_equinox_module(nnx_ns):
     for _ in range(3):
         cell(nnx_ns, "shard", "--no-show", source)
         np.testing.assert_array_equal(nnx_ns.user_ns["loss"], step(twin, x))
-        assert_same_state(mine.inner[0], twin.inner[0])
-        assert_same_state(mine.inner[1], twin.inner[1])
+        assert_same_nnx_state(mine.inner[0], twin.inner[0])
+        assert_same_nnx_state(mine.inner[1], twin.inner[1])
     assert int(mine.inner[1].step[...]) == 3
 
 
@@ -239,7 +230,7 @@ def test_shard_writes_back_into_the_object_even_when_the_cell_rebinds_its_name(n
     cell(nnx_ns, "shard", "--no-show", "bn = bn(x).sum()")
     expected = nnx.jit(lambda bn, x: bn(x).sum())(twin, _batch())
     np.testing.assert_array_equal(nnx_ns.user_ns["bn"], expected)
-    assert_same_state(mine, twin)
+    assert_same_nnx_state(mine, twin)
 
 
 @pytest.mark.parametrize("wrap", list(WRAPPERS))
@@ -288,7 +279,7 @@ def test_shard_in_places_an_nnx_model_by_its_partition_specs_and_one_inside_a_da
     assert nnx_ns.user_ns["model"] is model
     assert model.kernel[...].sharding.spec == P(None, "model")
     np.testing.assert_array_equal(nnx_ns.user_ns["y"], expected)
-    assert_same_state(model, twin)
+    assert_same_nnx_state(model, twin)
 
     inner = fresh()
     box = Box(inner)
@@ -337,7 +328,7 @@ def test_shard_writes_back_static_attributes_and_the_graph_like_nnx_jit(nnx_ns, 
         np.testing.assert_array_equal(nnx_ns.user_ns["y"], expected)
         assert mine.bn.use_running_average is True and twin.bn.use_running_average is True  # .eval() kept
         assert not hasattr(mine, "lin") and not hasattr(twin, "lin")
-        assert_same_state(mine, twin)
+        assert_same_nnx_state(mine, twin)
         assert nnx_ns.user_ns["net"] is mine
         assert not any(name.startswith("<") for name in nnx_ns.user_ns)
 
@@ -363,7 +354,7 @@ def test_shard_binds_an_output_that_is_an_object_read_as_that_object(nnx_ns):
         assert ns["sub"] is model.lin and ns["same"] is model and ns["k"] is model.lin.kernel
         assert ns["pair"][0] is model.lin
         np.testing.assert_array_equal(ns["pair"][1], pair[1])
-        assert_same_state(model, twin)
+        assert_same_nnx_state(model, twin)
 
 
 def test_pmap_refuses_a_static_change_it_cannot_write_back(nnx_ns):

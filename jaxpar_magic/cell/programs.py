@@ -15,6 +15,7 @@ from ..errors import UsageError
 from . import analysis as cells, dict_keys, nnx_graphs
 from .fingerprints import Ref, fingerprint, traced_callables
 from .jax_traces import forget_traces
+from .nnx_replay import ATTEMPTS, DirectWrite, GraphReplay
 from .inputs import (
     OutputTree, TreeInput, deleted_input_error, deleted_leaf, jax_array_type, matching_group, merged_inputs,
     misplaced_input_error, misplaced_leaf, rebuilt,
@@ -96,15 +97,21 @@ class CellTrace:
         outputs.update(self.outputs_of(device, leaf_map))
         return outputs
 
-    def outputs_of(self, device: dict, leaf_map=None) -> dict:
+    def outputs_of(self, device: dict, leaf_map=None, graphs: GraphReplay | None = None) -> dict:
         """The device outputs rebuilt as the user's types around the program's leaves (each leaf
-        first passed through `leaf_map`, e.g. --merge's reshape)."""
+        first passed through `leaf_map`, e.g. --merge's reshape). With `graphs` (the GraphReplay
+        that checked this call's NNX inputs), a write-back output it can write directly is left a
+        DirectWrite, not rebuilt as an nnx.State."""
         rebuilt = {}
         for name in self.device_outputs:
             leaves = device[name]
             if leaf_map is not None:
                 leaves = [leaf_map(name, leaf) for leaf in leaves]
-            rebuilt[name] = self.output_trees[name].rebuild(leaves)
+            tree = self.output_trees[name]
+            if graphs is not None and name.startswith(_WRITE_BACK_PREFIX) and graphs.writes(tree):
+                rebuilt[name] = DirectWrite(graphs, leaves)
+            else:
+                rebuilt[name] = tree.rebuild(leaves)
         return rebuilt
 
 
@@ -198,7 +205,10 @@ def apply_write_backs(write_backs: list) -> None:
     from . import nnx_graphs
 
     for values, state in write_backs:
-        nnx_graphs.write(values, state)
+        if isinstance(state, DirectWrite):  # the re-run's own check found the Variables (cell/nnx_replay.py)
+            state.apply()
+        else:
+            nnx_graphs.write(values, state)
 
 
 def traced(value) -> bool:
@@ -319,7 +329,7 @@ class Rerun:
     """
 
     __slots__ = ("inputs", "reshape", "constants", "constants_checked", "absent", "program", "key", "signature",
-                 "placements", "checked", "graphs")
+                 "placements", "checked", "graphs", "graph_replay", "graph_attempts", "graph_call")
 
     def __init__(self, inputs, reshape, constants, absent, program, key):
         self.inputs = inputs  # TreeInputs, in argument order
@@ -336,13 +346,17 @@ class Rerun:
         # cell on unchanged inputs skips them (in-place re-checks cost ~15 µs a call, bench section 9).
         self.checked: list = [None] * len(inputs)
         self.graphs = tuple(i for i, tree in enumerate(inputs) if tree.graphdef is not None)  # NNX inputs
+        # NNX inputs' short check (cell/nnx_replay.py), made from a full check after the first run;
+        # `graph_call` is it when it checked the last `args` call that succeeded (its write-back is direct).
+        self.graph_replay: GraphReplay | None = None
+        self.graph_attempts = 0
+        self.graph_call: GraphReplay | None = None
 
     def args(self, namespace: dict):
         """The program's arguments if nothing the first run checked has changed, else None."""
-        joint = None
+        joint = graph_call = self.graph_call = None
         if self.graphs:  # the inputs holding NNX objects are split together, as they were, and matched so
-            joint = matching_group([self.inputs[i] for i in self.graphs],
-                                   [namespace.get(self.inputs[i].name, _MISSING) for i in self.graphs])
+            joint, graph_call = self._graph_args([namespace.get(self.inputs[i].name, _MISSING) for i in self.graphs])
             if joint is None:
                 return None
             joint = dict(zip(self.graphs, joint))
@@ -376,7 +390,24 @@ class Rerun:
         for name in self.absent:
             if name in namespace:
                 return None
+        self.graph_call = graph_call
         return args
+
+    def _graph_args(self, values) -> tuple[list | None, GraphReplay | None]:
+        """(each NNX input's leaves, or None when they no longer match; the GraphReplay that found
+        them, or None when the full check did). A full check after the first run tries to make the
+        record that later calls take instead (at most ATTEMPTS times for this Rerun)."""
+        replay = self.graph_replay
+        if replay is not None:
+            found = replay.arrays(values)
+            if found is not None:
+                return found, replay
+        members = [self.inputs[i] for i in self.graphs]
+        found = matching_group(members, values)
+        if found is not None and replay is None and self.signature is not None and self.graph_attempts < ATTEMPTS:
+            self.graph_attempts += 1
+            self.graph_replay = GraphReplay.of(members, values, found)
+        return found, None
 
     def input_error(self, args, cell: cells.Cell, mesh) -> Exception | None:
         """The UsageError naming the first input leaf among `args` that JAX cannot take: one whose

@@ -63,15 +63,15 @@ def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs
     placements = {tree.name: [leaf.sharding for leaf in arrays]
                   for tree, arrays in zip(rerun.inputs, args) if tree.name in in_specs}
     rerun.remember(_reruns, key, signature, {**placements, **moved_placements(moved, rerun.inputs, args)})
-    result = _shard_result(cell, mesh, rerun.inputs, args, results, namespace, in_specs, run_ms)
+    result = _shard_result(cell, mesh, rerun.inputs, args, results, namespace, in_specs, run_ms, rerun.graph_call)
     result.moved = moved
     return complete(result, program, signature, args, mesh, cell, want_facts)
 
 
-def _placed_and_outputs(trace, inputs, args, device, namespace, in_specs):
+def _placed_and_outputs(trace, inputs, args, device, namespace, in_specs, graphs=None):
     """(placed inputs, outputs, computed output names, NNX write-backs) of a run, as the user's types
-    (`trace`: the run's CellTrace)."""
-    computed, states = split_write_backs(trace.outputs_of(device))
+    (`trace`: the run's CellTrace; `graphs`: Rerun.graph_call, which writes NNX objects directly)."""
+    computed, states = split_write_backs(trace.outputs_of(device, graphs=graphs))
     placed = {}
     for tree, arrays in zip(inputs, args):
         if tree.name not in in_specs:
@@ -93,10 +93,11 @@ def _placed_and_outputs(trace, inputs, args, device, namespace, in_specs):
     return placed, outputs, computed, write_backs_of(namespace, states) if states else []
 
 
-def _shard_result(cell, mesh, inputs, args, results, namespace, in_specs, run_ms=0.0) -> ShardResult:
+def _shard_result(cell, mesh, inputs, args, results, namespace, in_specs, run_ms=0.0, graphs=None) -> ShardResult:
     """The run's placed inputs and outputs as the user's types (complete() adds its facts)."""
     device, final, trace = results
-    placed, outputs, computed, write_backs = _placed_and_outputs(trace, inputs, args, device, namespace, in_specs)
+    placed, outputs, computed, write_backs = _placed_and_outputs(trace, inputs, args, device, namespace, in_specs,
+                                                                 graphs)
     final, final_is_array = trace.final_of(final)
     return ShardResult(
         outputs=outputs,
@@ -121,7 +122,7 @@ def replayer(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, mesh_name:
 
     def finish(rerun, args, results, namespace):  # what ShardResult.bind binds, without building one
         placed, outputs, _, write_backs = _placed_and_outputs(results[TRACE], rerun.inputs, args, results[0],
-                                                              namespace, in_specs)
+                                                              namespace, in_specs, rerun.graph_call)
         placed.update(outputs)
         return placed, (lambda ns: apply_write_backs(write_backs)) if write_backs else None
 
