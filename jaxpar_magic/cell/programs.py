@@ -56,6 +56,7 @@ class CellProgram:
     compile_ms: dict = field(default_factory=dict)  # shape signature -> first call's compile time
     recording: object = None  # recorder.Recording when compiled with --collectives
     assembled: dict = field(default_factory=dict)  # %%shard_map: device output name -> the spec it is assembled by
+    donated: tuple = ()  # --donate: the positions of the arguments whose buffers the program reuses
 
 
 TRACE = 2  # where a program's results hold its CellTrace: (device outputs, final, trace[, records])
@@ -378,16 +379,17 @@ class Rerun:
                 return None
         return args
 
-    def input_error(self, args, cell: cells.Cell, mesh) -> Exception | None:
+    def input_error(self, args, cell: cells.Cell, mesh, deleted: bool = True) -> Exception | None:
         """The UsageError naming the first input leaf among `args` that JAX cannot take: one whose
         buffers were deleted (donated), else one committed to other devices than the mesh's (jit moves
         no committed array); InputOnOtherMesh when one is on another mesh of the same devices (the full
         path lays it out again); None when there is none. Asked only once a run has failed: re-runs
-        pay nothing for it."""
+        pay nothing for it. `deleted=False`: a donating run, whose inputs were checked before the call
+        (a leaf deleted since was given to the program, no mistake of the cell's)."""
         from .meshes import InputOnOtherMesh, on_other_mesh
 
         pairs = list(zip(self.inputs, args))
-        for tree, arrays in pairs:
+        for tree, arrays in pairs if deleted else ():
             index = deleted_leaf(tree, arrays)
             if index is not None:
                 return deleted_input_error(tree, index, cell)

@@ -287,7 +287,8 @@ def _compile(cell, inputs, namespace, mesh, out_specs, outputs=None, donate=()) 
 
     # --donate: as jax.jit(donate_argnums=...), one argument (the list of its leaves) per input.
     donated = tuple(i for i, tree in enumerate(inputs) if tree.name in donate)
-    program = CellProgram(jitted=jax.jit(whole_program, donate_argnums=donated) if donated else jax.jit(whole_program))
+    program = CellProgram(jitted=jax.jit(whole_program, donate_argnums=donated) if donated else jax.jit(whole_program),
+                          donated=donated)
     if needs_the_mesh_set(mesh):  # Explicit axes: called with the mesh set, as plain JAX must be
         program.jitted = UnderMesh(program.jitted, mesh)
     return program
