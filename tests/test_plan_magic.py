@@ -297,6 +297,27 @@ def test_the_twin_binds_the_same_way(mesh):
     assert planned.left_alone == ("params", "steps") and set(planned.bindings) == {"grads"}
 
 
+class _Scale:
+    def __init__(self):
+        self.w = jnp.ones(64)
+
+    def __call__(self, v):
+        return v * self.w
+
+
+def test_a_plan_leaves_objects_functions_classes_and_empty_values_alone(jx, mesh):
+    """None of these is a plan's stand-in: each is the user's (issue 33, item 4)."""
+    import functools
+
+    kept = {"scale": _Scale(), "part": functools.partial(jnp.add, 1), "kind": int, "nothing": None, "rows": [],
+            "table": {}}
+    jx.push({**kept, "x": jaxpar_magic.plan((32, 64), "float32", mesh, ("data", None))})
+    run(jx, "shard", "--plan --mesh mesh", "".join(f"{name} = x * 2\n" for name in kept))
+    assert {name: jx.user_ns[name] for name in kept} == kept
+    assert all(jx.user_ns[name] is value for name, value in kept.items())
+    assert jx.user_ns["_plan"].left_alone == tuple(sorted(kept))
+
+
 def test_a_name_called_plan_that_holds_data_is_left_alone_too(jx, mesh):
     jx.push({"_plan": 42, "x": jaxpar_magic.plan((32, 64), "float32", mesh, ("data", None))})
     run(jx, "shard", "--plan --mesh mesh", "y = x * 2")
