@@ -148,3 +148,56 @@ def test_a_donated_input_deleted_before_the_run_is_named(donor):
     donor.run_cell("xe = jnp.arange(8.0)\nxe.delete()")
     with pytest.raises(UsageError, match="`xe` was deleted"):
         shard(donor, "--mesh ma --in xe=data --donate xe", "ye = xe * 2")
+
+
+# --- NNX objects donated (issue 33, item 3); oracle: nnx.jit(donate_argnums=...) -----------------------
+
+def placed(ip, value):
+    """`value` laid out as --in xm=data lays it out, so that both programs see the same layout."""
+    return jax.device_put(value, NamedSharding(ip.user_ns["ma"], P("data")))
+
+
+def _models():
+    from flax import nnx
+
+    return nnx.Linear(4, 4, rngs=nnx.Rngs(0)), nnx.Linear(4, 4, rngs=nnx.Rngs(0))
+
+
+def test_a_donated_model_the_cell_only_reads_stays_usable_as_under_nnx_jit(donor):
+    from flax import nnx
+
+    ours, theirs = _models()
+    xm = placed(donor, jnp.arange(32.0).reshape(8, 4))
+    donor.push({"model": ours, "xm": xm})
+    shard(donor, "--mesh ma --in xm=data --donate model", "ym = model(xm)")
+    expected = nnx.jit(lambda m, v: m(v), donate_argnums=0)(theirs, xm)
+    np.testing.assert_array_equal(np.asarray(donor.user_ns["ym"]), np.asarray(expected))
+    assert donor.user_ns["model"] is ours  # the user's very object, with its state written back
+    assert not ours.bias.get_value().is_deleted() and not theirs.bias.get_value().is_deleted()
+    np.testing.assert_array_equal(np.asarray(ours(xm)), np.asarray(theirs(xm)))  # usable, as nnx.jit leaves it
+
+
+def test_a_donated_train_step_is_bit_for_bit_nnx_jit(donor):
+    import optax
+    from flax import nnx
+
+    ours, theirs = _models()
+    opt_ours = nnx.Optimizer(ours, optax.sgd(0.1), wrt=nnx.Param)
+    opt_theirs = nnx.Optimizer(theirs, optax.sgd(0.1), wrt=nnx.Param)
+    xm = placed(donor, jnp.arange(32.0).reshape(8, 4) / 32)
+    donor.push({"model": ours, "opt": opt_ours, "xm": xm})
+    step = "loss, grads = nnx.value_and_grad(lambda m: jnp.mean(m(xm) ** 2))(model)\nopt.update(model, grads)"
+    donor.push({"nnx": nnx})
+
+    @nnx.jit(donate_argnums=(0, 1))
+    def train(model, opt, v):
+        loss, grads = nnx.value_and_grad(lambda m: jnp.mean(m(v) ** 2))(model)
+        opt.update(model, grads)
+        return loss
+
+    for _ in range(2):
+        shard(donor, "--mesh ma --in xm=data --donate model opt --out loss", step)
+        expected = train(theirs, opt_theirs, xm)
+        assert np.asarray(donor.user_ns["loss"]).tobytes() == np.asarray(expected).tobytes()
+    for ours_leaf, their_leaf in zip(jax.tree.leaves(nnx.state(ours)), jax.tree.leaves(nnx.state(theirs))):
+        assert np.asarray(ours_leaf).tobytes() == np.asarray(their_leaf).tobytes()

@@ -119,7 +119,7 @@ def _register_cell_trace() -> None:
 WRITE_BACK = "<state of {}>"  # an output carrying the new state of the inputs' NNX objects (never a Python name)
 
 
-def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = False):
+def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = False, donated: bool = False):
     """The cell as a function of its inputs' traced leaves (one list per input): each input is
     rebuilt as the user's own type (cell/inputs.py) before the cell's code sees it, the NNX objects
     of all of them merged as one graph, as `nnx.jit(f)(a, b)` does.
@@ -129,7 +129,9 @@ def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = 
     output named WRITE_BACK.format(the names of the inputs holding them), written into the user's
     objects once the cell succeeded (`write_backs_of`, `apply_write_backs`); without it (a
     per-device engine, where each device would hold its own copy), the change is refused with what
-    to do instead.
+    to do instead. `donated` (--donate names an input holding NNX objects): their state leaves the
+    program even when unchanged, as nnx.jit(donate_argnums=...) returns it, since the donated
+    buffers the objects hold are gone after the run.
     """
     names = tuple(tree.name for tree in inputs)
     fn = cells.build_function(cell, names, namespace)
@@ -148,9 +150,9 @@ def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = 
             if write_back:  # an output that is an object read binds as that very object, as nnx.jit returns it
                 outs = {name: merged.referred(value) for name, value in outs.items()}
             changed = merged.changed()
-            if changed is None:
+            if changed is None and not donated:
                 return outs, final  # read, not changed
-            if not write_back:
+            if changed is not None and not write_back:
                 holder, where = changed
                 raise UsageError(
                     f"the cell changes the Flax NNX object {where!r} in place (its state or attributes after the "
