@@ -15,6 +15,8 @@ from ..errors import UsageError
 from . import analysis as cells, dict_keys, nnx_graphs
 from .fingerprints import Ref, fingerprint, traced_callables
 from .jax_traces import forget_traces
+from .leaked_tracers import refuse_hidden
+from .meshes import on_other_mesh
 from .inputs import (
     OutputTree, TreeInput, deleted_input_error, deleted_leaf, jax_array_type, matching_group, merged_inputs,
     misplaced_input_error, misplaced_leaf, rebuilt,
@@ -140,7 +142,12 @@ def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = 
     held = [part for tree in inputs for part in [held for held, _ in tree.held] + [leaf for _, leaf in tree.statics]]
     forget_traces(traced_callables(constants + held))
     if not any(tree.graphdef is not None for tree in inputs):
-        return lambda *args: fn(*rebuilt(inputs, args))
+        def on_arrays(*args):
+            outs, final = fn(*rebuilt(inputs, args))
+            refuse_hidden(cell, outs, final)  # an object or closure holding a tracer
+            return outs, final
+
+        return on_arrays
     group = next(tree.group for tree in inputs if tree.graphdef is not None)
 
     def on_leaves(*args):
@@ -149,6 +156,7 @@ def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = 
             outs, final = fn(*values)
             if write_back:  # an output that is an object read binds as that very object, as nnx.jit returns it
                 outs = {name: merged.referred(value) for name, value in outs.items()}
+            refuse_hidden(cell, outs, final)
             changed = merged.changed()
             if changed is None and not donated:
                 return outs, final  # read, not changed
@@ -322,7 +330,7 @@ class Rerun:
     """
 
     __slots__ = ("inputs", "reshape", "constants", "constants_checked", "absent", "program", "key", "signature",
-                 "placements", "checked", "graphs")
+                 "placements", "checked", "graphs", "mesh")
 
     def __init__(self, inputs, reshape, constants, absent, program, key):
         self.inputs = inputs  # TreeInputs, in argument order
@@ -339,6 +347,7 @@ class Rerun:
         # cell on unchanged inputs skips them (in-place re-checks cost ~15 µs a call, bench section 9).
         self.checked: list = [None] * len(inputs)
         self.graphs = tuple(i for i, tree in enumerate(inputs) if tree.graphdef is not None)  # NNX inputs
+        self.mesh = None  # the cell's mesh (program.run_cell sets it): an input from another one takes the full path
 
     def args(self, namespace: dict):
         """The program's arguments if nothing the first run checked has changed, else None."""
@@ -362,6 +371,9 @@ class Rerun:
                 placed = self.placements.get(tree.name)
                 if placed is not None and any(getattr(a, "sharding", None) != s for a, s in zip(arrays, placed)):
                     return None  # not where --in puts it: the full path places it again
+                if arrays and self.mesh is not None and on_other_mesh(arrays[0], self.mesh):
+                    return None  # the full path lays it out again; calling with it would trace once more for
+                    # nothing (a `print` in the cell twice). Its first leaf stands for it: one check per input.
                 if tree.bare and self.signature is not None and isinstance(value, jax_array_type()):
                     self.checked[i] = weakref.ref(value)
             if reshape is not None:
@@ -388,7 +400,7 @@ class Rerun:
         path lays it out again); None when there is none. Asked only once a run has failed: re-runs
         pay nothing for it. `deleted=False`: a donating run, whose inputs were checked before the call
         (a leaf deleted since was given to the program, no mistake of the cell's)."""
-        from .meshes import InputOnOtherMesh, on_other_mesh
+        from .meshes import InputOnOtherMesh
 
         pairs = list(zip(self.inputs, args))
         for tree, arrays in pairs if deleted else ():

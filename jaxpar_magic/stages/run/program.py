@@ -180,6 +180,7 @@ def run_cell(cache: BoundedCache, rerun: Rerun | None, namespace: dict, cell: ce
     moved = []
     if args is None:
         rerun, args, moved = full_path()
+        rerun.mesh = mesh
     try:
         return rerun, args, moved, run_program(cache, rerun, args, cell, mesh, note)
     except InputOnOtherMesh:
