@@ -21,7 +21,11 @@ def refuse_hidden(cell, outs: dict, final) -> None:
 
     named = list(outs.items()) + ([(None, final)] if final is not None else [])
     for name, value in named:
-        for path, leaf in jax.tree_util.tree_leaves_with_path(value):
+        try:
+            leaves = jax.tree_util.tree_leaves_with_path(value)
+        except (ValueError, TypeError):  # a dict JAX cannot flatten: capture_outputs says so (dict_keys)
+            continue
+        for path, leaf in leaves:
             if isinstance(leaf, jax.core.Tracer):
                 continue  # an array computed on the devices: it leaves the program
             where = _hidden(leaf, [], set(), [0])
