@@ -162,3 +162,94 @@ def test_what_the_cell_printed_before_it_failed_is_still_printed(jx, mesh8):
         with capture_output() as captured:
             jx.run_cell_magic("shard_map", "--in x=d --no-show", "print('before the mistake')\ny = x * 2")
     assert captured.stdout.count("before the mistake") == 1
+
+
+# --- objects and closures holding a value traced in the cell (issue 33, item 5) -------------------------
+
+class Scaler:
+    def __init__(self, w):
+        self.w = w
+
+    def __call__(self, v):
+        return v * self.w
+
+
+@jax.tree_util.register_dataclass
+@__import__("dataclasses").dataclass
+class TreeScaler:
+    w: jax.Array
+
+
+LEAKS = [
+    ("sc = Scaler(x * 2)\nq = x + 1", "`sc`", "Scaler object", "`sc.w`"),
+    ("fn = lambda v: v + x\nq = x + 1", "`fn`", "function", "`fn`'s closure variable `x`"),
+    ("import functools\npart = functools.partial(jnp.add, x)\nq = x + 1", "`part`", "function", "`part.args[0]`"),
+    ("box = {'s': Scaler(x)}\nq = x + 1", "`box`", "Scaler object", "`box['s'].w`"),
+]
+ENGINES = [("shard", "--mesh mesh --in x=d --no-show"), ("pmap", "--no-show"),
+           ("shard_map", "--mesh mesh --in x=d --out q=d --no-show"), ("shard", "--mesh mesh --in x=d --plan --no-show")]
+
+
+@pytest.mark.parametrize("magic, line", ENGINES, ids=["shard", "pmap", "shard_map", "plan"])
+@pytest.mark.parametrize("source, name, kind, where", LEAKS, ids=["object", "closure", "partial", "nested"])
+def test_an_object_or_closure_holding_a_traced_value_is_refused(jx, mesh8, magic, line, source, name, kind, where):
+    """It would bind a tracer (UnexpectedTracerError when used later); plain jax.jit refuses the return
+    type at once. Every engine refuses it, naming the value and where the tracer is, and binds nothing."""
+    jx.push({"x": jnp.arange(8.0), "Scaler": Scaler})
+    if magic == "shard_map":
+        source = source.replace("q = x + 1", "q = x + 1\n")
+    before = snapshot(jx.user_ns)
+    with pytest.raises(UsageError) as raised:
+        run(jx, magic, line, source)
+    message = str(raised.value)
+    assert f"the cell's output {name}" in message and kind in message and where in message, message
+    assert snapshot(jx.user_ns) == before
+
+
+def test_plain_values_pytree_objects_and_closures_over_plain_values_are_returned(jx, mesh8):
+    """What a cell may return besides arrays (README, "What a cell returns"): each as plain Python
+    would make it, and a pytree object's arrays computed like jax.jit's."""
+    jx.push({"x": jnp.arange(8.0), "Scaler": Scaler, "TreeScaler": TreeScaler})
+    run(jx, "shard", "--mesh mesh --in x=d --no-show",
+        "k = 3\nname = 'run'\nfn = lambda v: v * k\nsc = Scaler(2.0)\nts = TreeScaler(x * 2)\nkey = jax.random.key(0)")
+    ns = jx.user_ns
+    assert ns["k"] == 3 and ns["name"] == "run" and ns["fn"](2.0) == 6.0 and ns["sc"](2.0) == 4.0
+    expected = jax.jit(lambda v: TreeScaler(v * 2))(jnp.arange(8.0))
+    assert isinstance(ns["ts"], TreeScaler)
+    np.testing.assert_array_equal(np.asarray(ns["ts"].w), np.asarray(expected.w))
+    assert jax.random.key_data(ns["key"]).tolist() == jax.random.key_data(jax.random.key(0)).tolist()
+
+
+# --- a print prints once, as under jax.jit (issue 33, item 7) ------------------------------------------
+
+def test_a_print_prints_once_when_an_input_moved_to_another_mesh(jx):
+    """The re-run meets `x` on another mesh of the same devices: it takes the full path, which lays x
+    out again, without first tracing the cell on x where it was (a second print). Auto axes: on
+    Explicit ones JAX refuses the call before tracing it."""
+    from jax.sharding import AxisType
+
+    jx.push({"AxisType": AxisType, "NamedSharding": NamedSharding, "P": P})
+    jx.run_cell("ma = jax.make_mesh((8,), ('d',), axis_types=(AxisType.Auto,))\n"
+                "other = jax.make_mesh((4, 2), ('a', 'b'), axis_types=(AxisType.Auto,) * 2)\n"
+                "x = jnp.arange(16.0)")
+    source = "print('traced now')\ny = x * 2"
+    _, first = run(jx, "shard", "--mesh ma --no-show", source)
+    jx.run_cell("x = jax.device_put(x, NamedSharding(other, P('a')))")
+    _, moved = run(jx, "shard", "--mesh ma --no-show", source)
+    _, again = run(jx, "shard", "--mesh ma --no-show", source)
+    # The run on the moved x traces at most once (for x laid out on the cell's mesh); it printed twice.
+    assert [c.stdout.count("traced now") for c in (first, moved, again)] in ([1, 0, 0], [1, 1, 0])
+    np.testing.assert_array_equal(np.asarray(jx.user_ns["y"]), np.arange(16.0) * 2)
+
+
+def test_a_collectives_function_prints_on_its_first_call_only(jx):
+    """jax.pmap traces once per argument shapes; so does the function after its recorded first call."""
+    with capture_output():
+        jx.run_cell_magic("pmap", "--collectives --no-show", "def f(v):\n    print('traced now')\n    return lax.psum(v, 'i')")
+    printed = []
+    for _ in range(3):
+        with capture_output() as captured:
+            out = jx.user_ns["f"](jnp.arange(8.0))
+        printed.append(captured.stdout.count("traced now"))
+        np.testing.assert_array_equal(np.asarray(out), np.full(8, 28.0))
+    assert printed == [1, 0, 0]

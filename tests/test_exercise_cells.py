@@ -201,3 +201,25 @@ check(run["mv"], m @ v, method=[run.ran("shard_map", m=P(None, "i"), v=P("i")), 
     assert verdict(ex, check_cell) == ("✗ not yet: keep `--in m=None,i` on the `%%shard_map` line: the exercise is "
                                        "about that layout. Hint: add the partial products.")
     assert exercises.attempt("mv").spec("m") == P(None, None)
+
+
+def test_kept_runs_do_not_keep_the_answers_alive(ex):
+    """Issue 33 item 15: each run is remembered (up to 64) for grading, but its answers and what its
+    magic bound are not: `del` frees them, as after any other cell."""
+    import gc
+    import weakref
+
+    import jax.numpy as jnp
+
+    ex.push({"big": jnp.arange(64.0)})
+    made = []
+    for _ in range(3):
+        assert run(ex, "%%exercise bigans\n%%shard --mesh data=8 --in big=data --no-show\nbigans = big * 2")[0]
+        made.append(weakref.ref(ex.user_ns["bigans"]))
+    ok, said = run(ex, "%%exercise pair\npair = {'a': big + 1, 'b': 3}")  # a dict: no weak reference to it
+    made.append(weakref.ref(ex.user_ns["pair"]["a"]))
+    assert verdict(ex, "check(attempt('bigans')['bigans'], jnp.arange(64.0) * 2, hint='h')") == "✓ right"
+    assert verdict(ex, "check(attempt('pair')['pair'], {'a': jnp.arange(64.0) + 1, 'b': 3}, hint='h')") == "✓ right"
+    ex.run_cell("del bigans, pair, big")
+    gc.collect()
+    assert [ref() is None for ref in made] == [True] * 4

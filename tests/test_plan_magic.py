@@ -297,6 +297,27 @@ def test_the_twin_binds_the_same_way(mesh):
     assert planned.left_alone == ("params", "steps") and set(planned.bindings) == {"grads"}
 
 
+class _Scale:
+    def __init__(self):
+        self.w = jnp.ones(64)
+
+    def __call__(self, v):
+        return v * self.w
+
+
+def test_a_plan_leaves_objects_functions_classes_and_empty_values_alone(jx, mesh):
+    """None of these is a plan's stand-in: each is the user's (issue 33, item 4)."""
+    import functools
+
+    kept = {"scale": _Scale(), "part": functools.partial(jnp.add, 1), "kind": int, "nothing": None, "rows": [],
+            "table": {}}
+    jx.push({**kept, "x": jaxpar_magic.plan((32, 64), "float32", mesh, ("data", None))})
+    run(jx, "shard", "--plan --mesh mesh", "".join(f"{name} = x * 2\n" for name in kept))
+    assert {name: jx.user_ns[name] for name in kept} == kept
+    assert all(jx.user_ns[name] is value for name, value in kept.items())
+    assert jx.user_ns["_plan"].left_alone == tuple(sorted(kept))
+
+
 def test_a_name_called_plan_that_holds_data_is_left_alone_too(jx, mesh):
     jx.push({"_plan": 42, "x": jaxpar_magic.plan((32, 64), "float32", mesh, ("data", None))})
     run(jx, "shard", "--plan --mesh mesh", "y = x * 2")
@@ -318,3 +339,42 @@ def test_the_twin_refuses_hardware_that_is_not_a_profile(mesh, hardware):
     with pytest.raises(UsageError, match=re.escape(f"plan_cell(hardware={hardware!r}): expected a profile name")):
         jaxpar_magic.plan_cell("y = x * 2", ns, mesh=mesh, hardware=hardware)
     assert set(ns) == {"x"}
+
+
+def test_an_interrupt_during_a_plans_compile_returns_before_the_compile_ends(jx, mesh, monkeypatch):
+    """Issue 33 item 16. XLA does not look at Python's signals while it compiles: the stand-in compile
+    below holds the interrupt until it ends, as XLA:TPU's does. The plan's wait must raise at once,
+    while that compile still runs (it ends only once the test has seen the KeyboardInterrupt)."""
+    import _thread
+    import threading
+
+    from jaxpar_magic.stages.plan import compiled_plans
+
+    released, finished, held_inside = threading.Event(), threading.Event(), []
+    real = compiled_plans.compile_with_dump
+
+    def compile_like_xla(lowered):
+        try:
+            _thread.interrupt_main()  # Kernel -> Interrupt, while the compile runs
+            released.wait()
+        except KeyboardInterrupt:  # it landed inside the compile (run on the caller's thread): held to the end
+            held_inside.append(True)
+        try:
+            return real(lowered)
+        finally:
+            finished.set()
+
+    monkeypatch.setattr(compiled_plans, "compile_with_dump", compile_like_xla)
+    jx.push({"x": jaxpar_magic.plan((32, 64), "float32", mesh, ("data", None))})
+    before = snapshot(jx.user_ns)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run(jx, "shard", "--plan --mesh mesh --no-show", "y_interrupted_plan = jnp.tanh(x) * 3")
+        assert not finished.is_set() and not held_inside  # the wait returned first
+    finally:
+        released.set()
+        assert finished.wait(120)  # the abandoned compile ends in its thread
+    assert snapshot(jx.user_ns) == before
+    monkeypatch.setattr(compiled_plans, "compile_with_dump", real)
+    run(jx, "shard", "--plan --mesh mesh --no-show", "y_interrupted_plan = jnp.tanh(x) * 3")  # and runs again
+    assert isinstance(jx.user_ns["y_interrupted_plan"], jax.ShapeDtypeStruct)

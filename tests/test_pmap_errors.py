@@ -211,3 +211,24 @@ def test_an_error_of_the_users_code_is_unchanged_and_says_what_each_device_saw(j
         pmap(jx, "--no-show", "z = readings[:3] + 1")
     assert "readings: float32[] (its slice of float32[8])" in "\n".join(info.value.__notes__)
     assert snapshot(jx.user_ns) == before
+
+
+@pytest.mark.parametrize("line, patterns", [
+    ("--in-axes None", ("--in-axes None", "block mode", "`--broadcast NAME`")),
+    ("--out-axes 1", ("--out-axes 1", "block mode", "jnp.moveaxis(y, 0, 1)")),
+    ("--donate-argnums 0", ("--donate-argnums 0", "defines no function")),
+    ("--static-broadcasted-argnums 0", ("--static-broadcasted-argnums 0", "defines no function")),
+    ("--in-axes None --plan", ("--in-axes None", "`--broadcast NAME`")),
+    ("--in-axes None --as-code", ("--in-axes None", "`--broadcast NAME`")),
+])
+def test_a_function_mode_option_on_a_block_is_refused_not_dropped(jx, line, patterns):
+    """Issue 33 item 6: `--in-axes None` on a block used to split x by rows all the same."""
+    jx.push({"xb": np.arange(32.0, dtype=np.float32).reshape(8, 4)})
+    fails(jx, line + " --no-show", "yb = xb + 0", *patterns)
+    assert "yb" not in jx.user_ns
+
+
+def test_in_axes_zero_on_a_block_is_what_a_block_does(jx):
+    jx.push({"xb": np.arange(32.0, dtype=np.float32).reshape(8, 4)})
+    pmap(jx, "--in-axes 0 --out-axes 0 --no-show", "yb = xb * 2")
+    np.testing.assert_array_equal(np.asarray(jx.user_ns["yb"]), np.arange(32.0).reshape(8, 4) * 2)

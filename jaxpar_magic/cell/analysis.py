@@ -53,6 +53,14 @@ class Cell:
                 return node.lineno
         return 1
 
+    def last_assigned(self, name: str) -> int:
+        """The last line that binds `name` (where a message about that output should point)."""
+        line = 1
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store):
+                line = max(line, node.lineno)
+        return line
+
 
 def silenced(source: str) -> bool:
     """A trailing `;` silences a cell's value, as for any IPython cell."""

@@ -15,6 +15,8 @@ from ..errors import UsageError
 from . import analysis as cells, dict_keys, nnx_graphs
 from .fingerprints import Ref, fingerprint, traced_callables
 from .jax_traces import forget_traces
+from .leaked_tracers import refuse_hidden
+from .meshes import on_other_mesh
 from .nnx_replay import ATTEMPTS, DirectWrite, GraphReplay
 from .inputs import (
     OutputTree, TreeInput, deleted_input_error, deleted_leaf, jax_array_type, matching_group, merged_inputs,
@@ -57,6 +59,7 @@ class CellProgram:
     compile_ms: dict = field(default_factory=dict)  # shape signature -> first call's compile time
     recording: object = None  # recorder.Recording when compiled with --collectives
     assembled: dict = field(default_factory=dict)  # %%shard_map: device output name -> the spec it is assembled by
+    donated: tuple = ()  # --donate: the positions of the arguments whose buffers the program reuses
 
 
 TRACE = 2  # where a program's results hold its CellTrace: (device outputs, final, trace[, records])
@@ -125,7 +128,7 @@ def _register_cell_trace() -> None:
 WRITE_BACK = "<state of {}>"  # an output carrying the new state of the inputs' NNX objects (never a Python name)
 
 
-def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = False):
+def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = False, donated: bool = False):
     """The cell as a function of its inputs' traced leaves (one list per input): each input is
     rebuilt as the user's own type (cell/inputs.py) before the cell's code sees it, the NNX objects
     of all of them merged as one graph, as `nnx.jit(f)(a, b)` does.
@@ -135,7 +138,9 @@ def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = 
     output named WRITE_BACK.format(the names of the inputs holding them), written into the user's
     objects once the cell succeeded (`write_backs_of`, `apply_write_backs`); without it (a
     per-device engine, where each device would hold its own copy), the change is refused with what
-    to do instead.
+    to do instead. `donated` (--donate names an input holding NNX objects): their state leaves the
+    program even when unchanged, as nnx.jit(donate_argnums=...) returns it, since the donated
+    buffers the objects hold are gone after the run.
     """
     names = tuple(tree.name for tree in inputs)
     fn = cells.build_function(cell, names, namespace)
@@ -144,7 +149,12 @@ def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = 
     held = [part for tree in inputs for part in [held for held, _ in tree.held] + [leaf for _, leaf in tree.statics]]
     forget_traces(traced_callables(constants + held))
     if not any(tree.graphdef is not None for tree in inputs):
-        return lambda *args: fn(*rebuilt(inputs, args))
+        def on_arrays(*args):
+            outs, final = fn(*rebuilt(inputs, args))
+            refuse_hidden(cell, outs, final)  # an object or closure holding a tracer
+            return outs, final
+
+        return on_arrays
     group = next(tree.group for tree in inputs if tree.graphdef is not None)
 
     def on_leaves(*args):
@@ -153,10 +163,11 @@ def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = 
             outs, final = fn(*values)
             if write_back:  # an output that is an object read binds as that very object, as nnx.jit returns it
                 outs = {name: merged.referred(value) for name, value in outs.items()}
+            refuse_hidden(cell, outs, final)
             changed = merged.changed()
-            if changed is None:
+            if changed is None and not donated:
                 return outs, final  # read, not changed
-            if not write_back:
+            if changed is not None and not write_back:
                 holder, where = changed
                 raise UsageError(
                     f"the cell changes the Flax NNX object {where!r} in place (its state or attributes after the "
@@ -329,7 +340,7 @@ class Rerun:
     """
 
     __slots__ = ("inputs", "reshape", "constants", "constants_checked", "absent", "program", "key", "signature",
-                 "placements", "checked", "graphs", "graph_replay", "graph_attempts", "graph_call")
+                 "placements", "checked", "graphs", "graph_replay", "graph_attempts", "graph_call", "mesh")
 
     def __init__(self, inputs, reshape, constants, absent, program, key):
         self.inputs = inputs  # TreeInputs, in argument order
@@ -351,6 +362,7 @@ class Rerun:
         self.graph_replay: GraphReplay | None = None
         self.graph_attempts = 0
         self.graph_call: GraphReplay | None = None
+        self.mesh = None  # the cell's mesh (program.run_cell sets it): an input from another one takes the full path
 
     def args(self, namespace: dict):
         """The program's arguments if nothing the first run checked has changed, else None."""
@@ -373,6 +385,9 @@ class Rerun:
                 placed = self.placements.get(tree.name)
                 if placed is not None and any(getattr(a, "sharding", None) != s for a, s in zip(arrays, placed)):
                     return None  # not where --in puts it: the full path places it again
+                if arrays and self.mesh is not None and on_other_mesh(arrays[0], self.mesh):
+                    return None  # the full path lays it out again; calling with it would trace once more for
+                    # nothing (a `print` in the cell twice). Its first leaf stands for it: one check per input.
                 if tree.bare and self.signature is not None and isinstance(value, jax_array_type()):
                     self.checked[i] = weakref.ref(value)
             if reshape is not None:
@@ -409,16 +424,17 @@ class Rerun:
             self.graph_replay = GraphReplay.of(members, values, found)
         return found, None
 
-    def input_error(self, args, cell: cells.Cell, mesh) -> Exception | None:
+    def input_error(self, args, cell: cells.Cell, mesh, deleted: bool = True) -> Exception | None:
         """The UsageError naming the first input leaf among `args` that JAX cannot take: one whose
         buffers were deleted (donated), else one committed to other devices than the mesh's (jit moves
         no committed array); InputOnOtherMesh when one is on another mesh of the same devices (the full
         path lays it out again); None when there is none. Asked only once a run has failed: re-runs
-        pay nothing for it."""
-        from .meshes import InputOnOtherMesh, on_other_mesh
+        pay nothing for it. `deleted=False`: a donating run, whose inputs were checked before the call
+        (a leaf deleted since was given to the program, no mistake of the cell's)."""
+        from .meshes import InputOnOtherMesh
 
         pairs = list(zip(self.inputs, args))
-        for tree, arrays in pairs:
+        for tree, arrays in pairs if deleted else ():
             index = deleted_leaf(tree, arrays)
             if index is not None:
                 return deleted_input_error(tree, index, cell)

@@ -109,3 +109,29 @@ def mesh_for(axis_name: str = "i", devices=None, mesh=None):
     return mesh
 
 
+
+
+def check_block_options(in_axes=0, out_axes=0, static_broadcasted_argnums=(), donate_argnums=()) -> None:
+    """pmap's function-mode arguments have no meaning for a block-mode cell (it defines no function):
+    refuse them, naming what block mode spells instead, rather than drop them silently."""
+    if in_axes != 0:
+        raise UsageError(
+            f"--in-axes {in_axes!r}: --in-axes is jax.pmap's in_axes for a cell that defines a function (function "
+            f"mode). This cell runs its code on each device (block mode): every input is split along its first axis, "
+            f"and `--broadcast NAME` gives an input whole to every device (in_axes=None). Write `--broadcast` with "
+            f"the names to keep whole, or define a function in the cell and call it."
+        )
+    if out_axes != 0:
+        raise UsageError(
+            f"--out-axes {out_axes!r}: --out-axes is jax.pmap's out_axes for a cell that defines a function (function "
+            f"mode). This cell runs its code on each device (block mode): each output comes back stacked along a new "
+            f"first axis (out_axes=0), and `--merge NAME` joins that axis with the next. Move the axis afterwards "
+            f"(`jnp.moveaxis(y, 0, {out_axes})`), or define a function in the cell and call it."
+        )
+    for flag, value in (("--static-broadcasted-argnums", static_broadcasted_argnums),
+                        ("--donate-argnums", donate_argnums)):
+        if value not in ((), None):
+            raise UsageError(
+                f"{flag} {value!r}: {flag} names a function's arguments, and this cell defines no function (block "
+                f"mode). Define the function in a %%pmap cell of its own with {flag}, then call it."
+            )

@@ -259,7 +259,9 @@ def _compile(cell, inputs, namespace, mesh, out_specs, outputs=None, donate=()) 
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    fn = cell_function(cell, inputs, namespace, write_back=True)
+    donated = tuple(i for i, tree in enumerate(inputs) if tree.name in donate)
+    fn = cell_function(cell, inputs, namespace, write_back=True,
+                       donated=any(inputs[i].graphdef is not None for i in donated))
 
     # --out on Explicit axes is a reshard (with_sharding_constraint only asserts the layout there).
     constrain = jax.reshard if is_explicit(mesh) else jax.lax.with_sharding_constraint
@@ -298,8 +300,8 @@ def _compile(cell, inputs, namespace, mesh, out_specs, outputs=None, donate=()) 
             return capture_outputs(outs, final, lambda v: v)
 
     # --donate: as jax.jit(donate_argnums=...), one argument (the list of its leaves) per input.
-    donated = tuple(i for i, tree in enumerate(inputs) if tree.name in donate)
-    program = CellProgram(jitted=jax.jit(whole_program, donate_argnums=donated) if donated else jax.jit(whole_program))
+    program = CellProgram(jitted=jax.jit(whole_program, donate_argnums=donated) if donated else jax.jit(whole_program),
+                          donated=donated)
     if needs_the_mesh_set(mesh):  # Explicit axes: called with the mesh set, as plain JAX must be
         program.jitted = UnderMesh(program.jitted, mesh)
     return program

@@ -14,7 +14,6 @@ stages/plan/plan_cell.py plans it, stages/ascode/as_code.py writes it out.
 """
 from __future__ import annotations
 
-import ast
 import contextlib
 import io
 import sys
@@ -64,13 +63,9 @@ def suggested_spec(axes: frozenset, mesh, ndim: int) -> str:
 
 def _assigned_on(cell: cells.Cell, name: str) -> int:
     """The last line of the cell that binds `name` (where a message should point)."""
-    line = 1
-    for node in ast.walk(cell.tree):
-        if isinstance(node, ast.Name) and node.id == name and isinstance(node.ctx, ast.Store):
-            line = max(line, node.lineno)
     if name == FINAL and cell.tree.body:
-        line = cell.tree.body[-1].lineno
-    return line
+        return cell.tree.body[-1].lineno
+    return cell.last_assigned(name)
 
 
 def _check_out_spec(cell, mesh, name, spec, leaf_ndims, varies, check_vma: bool) -> None:

@@ -99,11 +99,16 @@ def sharding(options, source, namespace, defaults) -> Outcome:
 # --- cell magics -------------------------------------------------------------------------------
 
 def pmap(options, source, namespace, defaults) -> Outcome:
+    from ..cell.programs import analyse_cached
+    from ..engines.pmap import check_block_options
     from ..stages.run.pmap_function import ParallelFunction
     from ..stages.run.pmap import pmap_cell
     from ..views.summaries import report_figures, result_state
 
     axis_name = options.axis_name or defaults.axis_name
+    if (options.as_code or options.plan is not None) and analyse_cached(source, "pmap-cell").mode != "function":
+        check_block_options(options.in_axes, options.out_axes, options.static_broadcasted_argnums,
+                            options.donate_argnums)  # the run checks its own (stages/run/pmap.py)
     if options.as_code:
         return _as_code("pmap", options, source, namespace, axis_name=axis_name)
     if options.plan is not None:

@@ -74,6 +74,7 @@ below advances, not by execution counts, which a shell running cells without his
 from __future__ import annotations
 
 import ast
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,7 +85,45 @@ from .checks import NotRun, check  # noqa: F401  (check is re-exported: jaxpar_m
 # watcher(magic, options, outcome). While it is not empty the magics also compute program facts.
 WATCHERS: list[Callable[[str, Any, Any], None]] = []
 
-_KEPT = 64  # attempts remembered per kernel
+_KEPT = 64  # attempts remembered per kernel (each holds its values weakly: `_Held`)
+
+
+class _Held:
+    """A run's value, held so that it does not keep the user's arrays alive (`del answer` frees
+    them): by a weak reference where the value takes one, as itself when it holds no array (a
+    number), else by identity (a dict of arrays), found again in the namespace."""
+
+    __slots__ = ("ref", "ident")
+
+    def __init__(self, value):
+        self.ident = id(value)
+        try:
+            self.ref = weakref.ref(value)
+        except TypeError:
+            self.ref = None if _holds_arrays(value) else (lambda: value)
+
+    def matches(self, candidate) -> bool:
+        return candidate is self.get() if self.ref is not None else id(candidate) == self.ident
+
+    def get(self, namespace=None, name=None):
+        """The value, or _GONE (freed, or held by identity and no longer under `name` in `namespace`)."""
+        if self.ref is not None:
+            value = self.ref()
+            return _GONE if value is None else value
+        candidate = _GONE if namespace is None else namespace.get(name, _GONE)
+        return candidate if candidate is not _GONE and id(candidate) == self.ident else _GONE
+
+
+def _holds_arrays(value) -> bool:
+    import jax
+
+    from ..cell.inputs import is_array
+
+    return any(is_array(leaf) for leaf in jax.tree.leaves(value))
+
+
+def _held(values: dict) -> dict:
+    return {name: _Held(value) for name, value in values.items()}
 
 
 @dataclass
@@ -94,7 +133,7 @@ class Observed:
     magic: str
     options: Any  # the line's options record (face/lines.py)
     facts: Any  # the compiled program's facts (stages/run/program.ProgramFacts), or None
-    bound: dict  # the names it bound
+    bound: dict  # the names it bound: name -> _Held
 
 
 @dataclass
@@ -104,7 +143,7 @@ class Attempt:
     answers: tuple[str, ...]
     ok: bool = False
     finished: bool = False
-    values: dict = field(default_factory=dict)
+    values: dict = field(default_factory=dict)  # answer -> _Held
     observed: Observed | None = None
     on_cluster: Any = None  # the cluster the answers live on, when one was running
     voided: str | None = None  # why this run no longer counts
@@ -120,9 +159,14 @@ class Attempt:
             return self._gather(name)
         if name not in self.values:
             return NotRun(f"the exercise cell's last run did not set `{name}`")
-        if self.namespace is not None and self.namespace.get(name, _GONE) is not self.values[name]:
-            return NotRun(f"`{name}` changed after the exercise cell ran: run the exercise cell again")
-        return self.values[name]
+        held = self.values[name]
+        if self.namespace is not None:
+            current = self.namespace.get(name, _GONE)
+            if current is _GONE or not held.matches(current):
+                return NotRun(f"`{name}` changed after the exercise cell ran: run the exercise cell again")
+            return current
+        value = held.get()
+        return NotRun(f"`{name}` is gone: run the exercise cell again") if value is _GONE else value
 
     def _problem(self) -> NotRun | None:
         if self.voided is not None:
@@ -169,7 +213,10 @@ class Attempt:
 
     @property
     def bound(self) -> dict:
-        return {} if self.magic is None else dict(self.observed.bound)
+        if self.magic is None:
+            return {}
+        found = {name: held.get(self.namespace, name) for name, held in self.observed.bound.items()}
+        return {name: value for name, value in found.items() if value is not _GONE}
 
     # --- requirements on how the answer was made, for check(..., method=[...]) --------------------
 
@@ -277,7 +324,7 @@ def run_exercise(shell, answers: tuple[str, ...], body: str, cluster=None) -> No
         cluster.execute("".join(f"globals().pop({name!r}, None)\n" for name in answers))
 
     def watch(magic, options, outcome) -> None:
-        record.observed = Observed(magic, options, getattr(outcome, "facts", None), dict(outcome.bindings))
+        record.observed = Observed(magic, options, getattr(outcome, "facts", None), _held(outcome.bindings))
 
     WATCHERS.append(watch)
     _running.append(record)
@@ -295,7 +342,7 @@ def run_exercise(shell, answers: tuple[str, ...], body: str, cluster=None) -> No
     on_processes = record.observed is not None or body.lstrip().startswith("%%cluster")
     if cluster is not None and on_processes:  # the cell ran in every process: its names live there
         record.on_cluster = cluster
-    record.values = {name: shell.user_ns[name] for name in answers if name in shell.user_ns}
+    record.values = _held({name: shell.user_ns[name] for name in answers if name in shell.user_ns})
 
 
 class ExerciseStopped(Exception):

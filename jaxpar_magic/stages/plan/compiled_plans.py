@@ -10,6 +10,7 @@ program: re-running a plan cell, or planning the same layout in a `--compare`, c
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -91,13 +92,38 @@ def compile_plan_program(lowered, key: str) -> tuple[CompiledPlan, bool]:
         _kept.move_to_end(key)
         return _kept[key], True
     start = time.perf_counter()
-    compiled, dump = compile_with_dump(lowered)
+    compiled, dump = in_worker(compile_with_dump, lowered)
     found = CompiledPlan(compiled, compiled.memory_analysis(), _cost(compiled), compiled.as_text(), dump,
                          time.perf_counter() - start)
     _kept[key] = found
     while len(_kept) > KEEP:
         _kept.popitem(last=False)
     return found, False
+
+
+def in_worker(fn, *args):
+    """`fn(*args)` in a worker thread, the caller waiting: XLA does not look at Python's signals while
+    it compiles (XLA:TPU: 20 s for a large step), so Kernel -> Interrupt would wait for the compile
+    to end. Here the wait raises KeyboardInterrupt at once; the abandoned compile finishes in the
+    background (XLA cannot stop it) and its result is dropped, nothing kept."""
+    done = threading.Event()
+    outcome: list = []
+
+    def work():
+        try:
+            outcome.append((True, fn(*args)))
+        except BaseException as exc:  # handed to the caller as it is
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name="jaxpar-plan-compile", daemon=True).start()
+    while not done.wait(0.1):  # short waits: Python checks for an interrupt between them (a signal
+        pass  # tripped by _thread.interrupt_main wakes no lock wait)
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
 
 
 def forget() -> None:

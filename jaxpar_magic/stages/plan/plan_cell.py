@@ -50,17 +50,23 @@ def plan_cell(source: str, namespace: dict, *, magic: str = "shard", mesh=None, 
 
 
 def is_abstract(value) -> bool:
-    """A value a plan may replace: it holds no data (only ShapeDtypeStructs, functions, or nothing)."""
+    """A value a plan may replace: a plan's earlier output, whose leaves are ShapeDtypeStructs (at
+    least one) and plain Python scalars. Anything else is the user's: arrays, objects, functions and
+    classes, partials, None, and empty containers."""
     import jax
 
     leaves = jax.tree_util.tree_leaves(value)
-    return all(isinstance(leaf, jax.ShapeDtypeStruct) or callable(leaf) for leaf in leaves)
+    shapes = [isinstance(leaf, jax.ShapeDtypeStruct) for leaf in leaves]
+    return any(shapes) and all(s or type(leaf) in _PLAIN for s, leaf in zip(shapes, leaves))
+
+
+_PLAIN = (bool, int, float, complex, str)
 
 
 def bindable(planned: dict, namespace: dict) -> tuple[dict, tuple[str, ...]]:
     """(what a plan binds, the names it leaves alone). A name is bound when it is new or what it holds
-    is abstract (is_abstract: a plan's earlier output, a helper function); a name holding data (arrays,
-    a model, numbers) keeps it, never replaced by a stand-in."""
+    is abstract (is_abstract: a plan's earlier output); a name holding anything else (arrays, a model,
+    numbers, a function, None) keeps it, never replaced by a stand-in."""
     bound, left = {}, []
     for name, value in planned.items():
         if name not in namespace or is_abstract(namespace[name]):

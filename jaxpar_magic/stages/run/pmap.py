@@ -12,7 +12,7 @@ from ...cell import analysis as cells
 from ...cell.bindings import bind_results
 from ...cell.inputs import absent_builtins
 from ...cell.programs import RECORDS, TRACE, BoundedCache, Rerun, analyse_cached
-from ...engines.pmap import mesh_for, prepare
+from ...engines.pmap import check_block_options, mesh_for, prepare
 from ...engines.pmap_inputs import per_device_note
 from ..record.cell_recording import recording
 from .pmap_function import ParallelFunction
@@ -152,6 +152,7 @@ def pmap_cell(source: str, namespace: dict, *, axis_name: str = "i", devices=Non
         if bind:
             bind_results(namespace, bound)  # one step: an interrupt leaves all or nothing
         return bound
+    check_block_options(in_axes, out_axes, static_broadcasted_argnums, donate_argnums)
     result = run_block(cell, namespace, mesh, broadcast=tuple(broadcast), split=tuple(split),
                        merge=tuple(merge), want_facts=want_facts, collectives=collectives)
     if bind:

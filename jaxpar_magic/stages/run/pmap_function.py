@@ -288,8 +288,21 @@ class ParallelFunction:
             f"collectives of {self.__name__}()", recording.sites, jax.tree.map(to_host, records), self.mesh,
             filename=filename, line_text=lambda n: linecache.getline(filename, n).strip(), compiled=facts.collectives)
         self._record_next = False
+        self._keep_recorded(args, statics, jitted, statics_out)
         display(CollectivesView(state=self._cards))
         return rebuilt(out) if statics_out[0] else out
+
+    def _keep_recorded(self, args, statics, recorded, statics_out) -> None:
+        """Later calls of this configuration run the recording program's outputs alone (a jit around
+        it: JAX reuses its trace, and drops the records), so the function is traced once, as
+        jax.pmap traces it: a `print` in it prints on the first call only."""
+        import jax
+
+        dynamic = [i for i in range(len(args)) if i not in dict(statics)]
+        donate = tuple(dynamic.index(i) for i in self.donate_argnums if i in dynamic)
+        plain = jax.jit(lambda *values: recorded(*values)[0], donate_argnums=donate)
+        key = (statics, self._effective_in_axes(args))
+        self._jitted[key] = [plain, None, fingerprint(self.__wrapped__), statics_out]
 
     def collectives(self):
         """The collective cards recorded by the first call after `%%pmap --collectives`, shown again."""

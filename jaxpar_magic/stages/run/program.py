@@ -18,6 +18,7 @@ from ...cell.programs import TRACE, BoundedCache, CellProgram, Rerun, shape_sign
 from ...errors import UsageError, explain_trace_error
 from ...views.progress import Progress
 from ..record.cell_recording import collectives_view_state
+from .donation import call_donating, failed_with_donated
 
 
 @dataclass
@@ -141,7 +142,9 @@ def run_program(cache: BoundedCache, rerun: Rerun, args, cell: cells.Cell, mesh,
     start = time.perf_counter()
     try:
         with on_cell_mesh(mesh):  # the cell's own mesh, whatever jax.set_mesh set
-            if first:
+            if program.donated:
+                results = _run_donating(program, args, rerun.inputs, cell, first)
+            elif first:
                 with compile_progress():
                     results = program.jitted(*args)
                     jax.block_until_ready(results)
@@ -158,6 +161,19 @@ def run_program(cache: BoundedCache, rerun: Rerun, args, cell: cells.Cell, mesh,
     return results, max(0.0, elapsed - compile_ms), signature
 
 
+def _run_donating(program: CellProgram, args, inputs, cell: cells.Cell, first: bool):
+    """A --donate run: compiled first (an interrupt there leaves the inputs whole), then called with
+    its inputs checked and an interrupt deferred (donation.call_donating); the note of an interrupt
+    that came once the program had the inputs is printed under the cell."""
+    if first:
+        with compile_progress():
+            program.jitted.lower(*args).compile()  # jit's caches keep it for the call below
+    results, interrupted = call_donating(program, args, inputs, cell, program.donated)
+    if interrupted is not None:
+        print(interrupted)
+    return results
+
+
 def run_cell(cache: BoundedCache, rerun: Rerun | None, namespace: dict, cell: cells.Cell, mesh, full_path,
              note=None):
     """A cell's run: the short path of a re-run (rerun.args) when nothing it checked changed, else
@@ -168,6 +184,7 @@ def run_cell(cache: BoundedCache, rerun: Rerun | None, namespace: dict, cell: ce
     moved = []
     if args is None:
         rerun, args, moved = full_path()
+        rerun.mesh = mesh
     try:
         return rerun, args, moved, run_program(cache, rerun, args, cell, mesh, note)
     except InputOnOtherMesh:
@@ -200,10 +217,13 @@ def _forget_and_raise(cache: BoundedCache, rerun: Rerun, args, exc: BaseExceptio
     goes on. An input on another mesh of the same devices raises InputOnOtherMesh, and the program
     stays: the caller takes the full path, which lays the input out again for it."""
     foreign = isinstance(exc, Exception) and not isinstance(exc, UsageError)  # JAX's or the cell's, not ours
+    donated = rerun.program.donated
     explained = None
     if foreign:
-        explained = (rerun.input_error(args, cell, mesh)
+        explained = (rerun.input_error(args, cell, mesh, deleted=not donated)
                      or explain_trace_error(exc, cell.filename, tuple(mesh.axis_names)))
+        if donated and explained is None:
+            failed_with_donated(exc, rerun.inputs, donated)
     if not isinstance(explained, InputOnOtherMesh):
         cache.pop(rerun.key, None)
     if explained is not None:
@@ -243,8 +263,11 @@ def replay_function(reruns: BoundedCache, cache: BoundedCache, key, cell: cells.
             return None
         try:
             with on_cell_mesh(mesh):
-                results = rerun.program.jitted(*args)
-                jax.block_until_ready(results)
+                if rerun.program.donated:
+                    results = _run_donating(rerun.program, args, rerun.inputs, cell, False)
+                else:
+                    results = rerun.program.jitted(*args)
+                    jax.block_until_ready(results)
         except BaseException as exc:
             noted = None if note is None else (lambda e: note(e, namespace))
             try:
