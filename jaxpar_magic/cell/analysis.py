@@ -187,11 +187,24 @@ def parse(source: str, label: str = "cell") -> ast.Module:
     return tree, filename
 
 
+def _compiles_as_a_cell(tree: ast.Module, filename: str) -> None:
+    """Raise the SyntaxError a plain cell raises for what parses but does not compile at a cell's
+    top level: `return` or `yield` outside a function (our cell function would accept them),
+    `break` outside a loop. Python's own error, with the cell's line."""
+    try:
+        compile(tree, filename, "exec", dont_inherit=True)
+    except SyntaxError as err:
+        if err.text is None and err.lineno:
+            err.text = linecache.getline(filename, err.lineno)
+        raise err.with_traceback(None) from None
+
+
 def analyse(source: str, label: str = "cell") -> Cell:
     """Parse a cell: names read and written, final expression, and the mode it runs in."""
     tree, filename = parse(source, label)
     # The named filename makes tracebacks and our messages quote the user's own lines.
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    _compiles_as_a_cell(tree, filename)
     body = tree.body
     if body and all(_is_definition(s) for s in body) and any(isinstance(s, ast.FunctionDef) for s in body):
         names = tuple(s.name for s in body if isinstance(s, ast.FunctionDef))

@@ -1,0 +1,64 @@
+"""More mistakes that reached the user as raw or misleading tracebacks (issue 33 items 10-13b, 17):
+each is now what a plain cell says, or a one-paragraph UsageError that names the value and the fix,
+and a failed cell leaves the namespace exactly as it was (checked by identity)."""
+from __future__ import annotations
+
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import pytest
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+
+from shell_helpers import snapshot
+
+AUTO = 'jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))'
+EXPLICIT = 'jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))'
+
+
+@pytest.fixture
+def meshes(jx):
+    jx.run_cell(f"ma = {AUTO}\nme = {EXPLICIT}\nx = jnp.arange(32.0).reshape(8, 4)", store_history=False).raise_error()
+    return jx
+
+
+def refused(ip, magic: str, line: str, source: str, error=UsageError) -> str:
+    """The cell's error text; the namespace must be untouched (names and identities)."""
+    before = snapshot(ip.user_ns)
+    with capture_output(), pytest.raises(error) as err:
+        ip.run_cell_magic(magic, line, textwrap.dedent(source))
+    assert snapshot(ip.user_ns) == before
+    message = str(err.value)
+    if error is UsageError:
+        assert "\n" not in message.strip()  # one paragraph
+    return message
+
+
+# --- item 10: return and yield at a cell's top level ----------------------------------------------
+
+@pytest.mark.parametrize("statement, word", [("return y", "return"), ("yield y", "yield"),
+                                             ("if y.size:\n    return y", "return")])
+@pytest.mark.parametrize("magic, line", [
+    ("shard", "--mesh ma --in x=data"),
+    ("shard", "--mesh me --in x=data"),  # used to be an "ambiguous sharding" UsageError
+    ("shard", "--mesh ma --in x=data --plan"),
+    ("pmap", ""),
+    ("shard_map", "--mesh ma --in x=data --out y=data"),
+])
+def test_return_or_yield_outside_a_function(meshes, magic, line, statement, word):
+    refused(meshes, magic, line, f"y = x * 2\n{statement}\n", SyntaxError)
+    plain = meshes.run_cell(f"y = x * 2\n{statement}\n", store_history=False, silent=True)
+    with pytest.raises(SyntaxError) as err:
+        plain.raise_error()
+    assert str(err.value).startswith(f"'{word}' outside function")  # what the magic said too
+    with pytest.raises(SyntaxError, match=f"'{word}' outside function") as magic_err:
+        with capture_output():
+            meshes.run_cell_magic(magic, line, f"y = x * 2\n{statement}\n")
+    assert magic_err.value.lineno == err.value.lineno and magic_err.value.text.strip() == statement.split("\n")[-1].strip()
+
+
+def test_return_inside_a_function_of_the_cell_is_fine(meshes):
+    with capture_output():
+        meshes.run_cell_magic("shard", "--mesh ma --in x=data --no-show", "def f(v):\n    return v * 2\ny = f(x)\n")
+    assert (meshes.user_ns["y"] == meshes.user_ns["x"] * 2).all()
