@@ -201,3 +201,30 @@ check(run["mv"], m @ v, method=[run.ran("shard_map", m=P(None, "i"), v=P("i")), 
     assert verdict(ex, check_cell) == ("✗ not yet: keep `--in m=None,i` on the `%%shard_map` line: the exercise is "
                                        "about that layout. Hint: add the partial products.")
     assert exercises.attempt("mv").spec("m") == P(None, None)
+
+
+def test_ran_reads_a_spec_tree_from_the_line(ex):
+    """`--in m=@specs` (issue 33 item 11): the check compares the specs the run read, a right answer
+    is right, and a tree that lays a leaf out otherwise is named."""
+    from jax.sharding import PartitionSpec as P
+
+    ex.run_cell("from jax.sharding import PartitionSpec as P\nm = {'a': jnp.arange(128.0).reshape(8, 16) / 10, "
+                "'b': jnp.ones((8, 16))}\nv = jnp.linspace(-1.0, 1.0, 16)")
+    check_cell = """
+run = attempt("mv")
+check(run["mv"], m['a'] @ v + m['b'] @ v, method=[run.ran("shard_map", m=P(None, "i"), v=P("i"))],
+      hint="add the partial products")
+"""
+    ex.run_cell("specs = {'a': P(None, 'i'), 'b': P(None, 'i')}")
+    cell = "%%exercise mv\n%%shard_map --mesh i=8 --in m=@specs v=i --no-show\nmv = lax.psum(m['a'] @ v + m['b'] @ v, 'i')"
+    assert run(ex, cell)[0]
+    assert verdict(ex, check_cell) == "✓ right"
+    assert exercises.attempt("mv").spec("m") == {"a": P(None, "i"), "b": P(None, "i")}
+    ex.run_cell("specs = P(None, 'i')")  # one spec for every leaf, through @
+    assert run(ex, cell)[0]
+    assert verdict(ex, check_cell) == "✓ right"
+    ex.run_cell("specs = {'a': P(None, 'i'), 'b': P()}")
+    ok, said = run(ex, cell.replace("m['b'] @ v, 'i')", "0, 'i') + lax.pmean(m['b'] @ lax.all_gather(v, 'i', tiled=True), 'i')"))
+    assert ok, said
+    assert verdict(ex, check_cell) == ("✗ not yet: keep `--in m=None,i` on the `%%shard_map` line: the exercise is "
+                                       "about that layout. Hint: add the partial products.")

@@ -95,6 +95,26 @@ class Observed:
     options: Any  # the line's options record (face/lines.py)
     facts: Any  # the compiled program's facts (stages/run/program.ProgramFacts), or None
     bound: dict  # the names it bound
+    specs: dict = field(default_factory=dict)  # --in's specs, `@NAME` read as the run read it
+
+
+def _line_specs(options, namespace: dict) -> dict:
+    """Each `--in` spec as the run used it: a PartitionSpec, or for `NAME=@SPECS` (and the twins'
+    pytrees of specs) the pytree of specs itself, read from the namespace when the cell ran."""
+    from jax.sharding import PartitionSpec
+
+    from ..cell.specs import SpecTree
+    from ..cell.treespecs import GivenSpecs
+
+    specs = {}
+    for name, spec in (getattr(options, "in_specs", None) or {}).items():
+        if isinstance(spec, SpecTree):
+            specs[name] = namespace.get(spec.name)
+        elif isinstance(spec, GivenSpecs):
+            specs[name] = spec.tree
+        else:
+            specs[name] = PartitionSpec(*spec)
+    return specs
 
 
 @dataclass
@@ -147,12 +167,7 @@ class Attempt:
         """The PartitionSpec the magic line's ``--in`` gave input `name` (None if it gave none)."""
         if self.magic is None:
             return None
-        spec = getattr(self.observed.options, "in_specs", {}).get(name)
-        if not isinstance(spec, tuple):
-            return spec
-        from jax.sharding import PartitionSpec
-
-        return PartitionSpec(*spec)
+        return self.observed.specs.get(name)
 
     @property
     def program(self) -> list | None:
@@ -223,16 +238,38 @@ def _plural(ops: list[str]) -> str:
 
 
 def _normal(spec):
-    """A spec as a tuple without trailing Nones (P('x') and P('x', None) are one layout)."""
+    """A spec as a tuple without trailing Nones (P('x') and P('x', None) are one layout); a pytree of
+    specs (`--in m=@specs`) as the list of its leaves' (with their structure), or the one spec
+    all its leaves share, so `m=P("i")` and `@specs` that give every leaf P("i") are one layout."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
     if spec is None:
         return None
-    entries = list(spec)
-    while entries and entries[-1] is None:
-        entries.pop()
-    return tuple(entries)
+    if isinstance(spec, NamedSharding):
+        spec = spec.spec
+    if isinstance(spec, PartitionSpec) or (isinstance(spec, tuple) and all(map(_is_entry, spec))):
+        entries = list(spec)
+        while entries and entries[-1] is None:
+            entries.pop()
+        return tuple(entries)
+    leaves, structure = jax.tree.flatten(spec, is_leaf=lambda leaf: isinstance(leaf, (PartitionSpec, NamedSharding)))
+    normal = [_normal(leaf) for leaf in leaves]
+    if normal and all(n == normal[0] for n in normal):
+        return normal[0]
+    return str(structure), normal  # a PyTreeDef does not compare with a spec
+
+
+def _is_entry(entry) -> bool:
+    """One entry of a spec in our tuple form: None, an axis name, or a tuple of axis names."""
+    return entry is None or isinstance(entry, str) or (isinstance(entry, tuple) and all(isinstance(e, str) for e in entry))
 
 
 def _spec_text(spec) -> str:
+    from jax.sharding import PartitionSpec
+
+    if not isinstance(spec, (PartitionSpec, tuple)):  # a pytree of specs: the line would say @NAME
+        return f"@<{type(spec).__name__} of specs>"
     return ",".join("None" if e is None else (f"({','.join(e)})" if isinstance(e, tuple) else str(e)) for e in spec)
 
 
@@ -277,7 +314,8 @@ def run_exercise(shell, answers: tuple[str, ...], body: str, cluster=None) -> No
         cluster.execute("".join(f"globals().pop({name!r}, None)\n" for name in answers))
 
     def watch(magic, options, outcome) -> None:
-        record.observed = Observed(magic, options, getattr(outcome, "facts", None), dict(outcome.bindings))
+        record.observed = Observed(magic, options, getattr(outcome, "facts", None), dict(outcome.bindings),
+                                   _line_specs(options, shell.user_ns))
 
     WATCHERS.append(watch)
     _running.append(record)
