@@ -62,3 +62,27 @@ def test_return_inside_a_function_of_the_cell_is_fine(meshes):
     with capture_output():
         meshes.run_cell_magic("shard", "--mesh ma --in x=data --no-show", "def f(v):\n    return v * 2\ny = f(x)\n")
     assert (meshes.user_ns["y"] == meshes.user_ns["x"] * 2).all()
+
+
+# --- item 12: a Python int JAX cannot take --------------------------------------------------------
+
+@pytest.mark.parametrize("magic, line", [
+    ("shard", "--mesh ma --in x=data"),
+    ("shard", "--mesh ma --in x=data --plan"),
+    ("pmap", ""),
+    ("shard_map", "--mesh ma --in x=data --out y=data"),
+])
+@pytest.mark.parametrize("value", [2**64, -2**70, 2**40])
+def test_a_python_int_too_large_names_the_variable(meshes, magic, line, value):
+    meshes.push({"big": value})
+    with pytest.raises(OverflowError, match="argument path is y"):  # plain JAX's, naming jnp.add's parameter
+        jax.jit(lambda v: v + value)(meshes.user_ns["x"])
+    message = refused(meshes, magic, line, "z = x * 2\ny = z + big\n")
+    assert message.startswith(f"line 2 of the cell (`y = z + big`): `big` is the Python int {value}, which does not "
+                              "fit JAX's int32")
+    assert "`float(big)`" in message and "argument path" not in message
+
+
+def test_an_int_literal_too_large_is_named_by_its_line(meshes):
+    message = refused(meshes, "shard", "--mesh ma --in x=data", "y = x + 2**64\n")
+    assert message.startswith(f"line 1 of the cell (`y = x + 2**64`): the Python int {2**64}, which")
