@@ -86,3 +86,23 @@ def test_a_python_int_too_large_names_the_variable(meshes, magic, line, value):
 def test_an_int_literal_too_large_is_named_by_its_line(meshes):
     message = refused(meshes, "shard", "--mesh ma --in x=data", "y = x + 2**64\n")
     assert message.startswith(f"line 1 of the cell (`y = x + 2**64`): the Python int {2**64}, which")
+
+
+# --- item 13b: an array whose type names an Explicit mesh's axes, moved to one device --------------
+
+def test_an_explicit_array_moved_to_one_device_then_placed(meshes):
+    meshes.run_cell("from jax.sharding import NamedSharding, PartitionSpec as P\n"
+                    "xe = jax.device_put(x, NamedSharding(me, P('data')))\nx1 = jax.device_put(xe, jax.devices()[0])",
+                    store_history=False).raise_error()
+    x1 = meshes.user_ns["x1"]
+    with pytest.raises(Exception) as plain:  # plain JAX: its ShardingTypeError
+        jax.device_put(x1, jax.sharding.NamedSharding(meshes.user_ns["ma"], jax.sharding.PartitionSpec("data")))
+    assert type(plain.value).__name__ == "ShardingTypeError"
+    for mesh in ("ma", "me"):
+        message = refused(meshes, "shard", f"--mesh {mesh} --in x1=data", "y = x1 * 2\n")
+        assert message.startswith("--in x1: its type float32[8@data,4] still names the axes of the Explicit mesh")
+        assert "`x1 = jnp.asarray(np.asarray(x1))`" in message
+    meshes.run_cell("x1 = jnp.asarray(np.asarray(x1))", store_history=False).raise_error()  # the fix works
+    with capture_output():
+        meshes.run_cell_magic("shard", "--mesh ma --in x1=data --no-show", "y = x1 * 2\n")
+    assert (meshes.user_ns["y"] == meshes.user_ns["x"] * 2).all()
