@@ -106,3 +106,17 @@ def test_an_explicit_array_moved_to_one_device_then_placed(meshes):
     with capture_output():
         meshes.run_cell_magic("shard", "--mesh ma --in x1=data --no-show", "y = x1 * 2\n")
     assert (meshes.user_ns["y"] == meshes.user_ns["x"] * 2).all()
+
+
+# --- item 17: --out of a name the cell deletes ---------------------------------------------------
+
+@pytest.mark.parametrize("magic, line", [
+    ("shard", "--mesh ma --in x=data --out yd=data"),
+    ("shard", "--mesh ma --in x=data --out yd"),  # used to bind nothing, silently
+    ("shard", "--mesh ma --in x=data --out yd=data --plan"),
+    ("shard_map", "--mesh ma --in x=data --out yd=data"),
+])
+def test_out_of_a_name_the_cell_deletes(meshes, magic, line):
+    message = refused(meshes, magic, line, "yd = x * 2\nz = yd + 1\ndel yd\n")
+    assert message.startswith("--out yd: 'yd' is not bound when the cell ends (line 3 of the cell, `del yd`, deletes it)")
+    assert "drop yd from --out" in message

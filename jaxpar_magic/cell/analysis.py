@@ -226,6 +226,19 @@ def analyse(source: str, label: str = "cell") -> Cell:
     return Cell(source, filename, tuple(reads), tuple(writes), final, (), tree)
 
 
+def unbound_output(cell: Cell, name: str, option: str = "--out") -> UsageError:
+    """The UsageError for an output the line lists that is not bound when the cell ends: the cell
+    deletes it (`del NAME`, named with its line), or assigns it on a branch that did not run."""
+    deleted = [node.lineno for node in ast.walk(cell.tree) if isinstance(node, ast.Delete)
+               and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)]
+    why = (f"line {deleted[-1]} of the cell, `{cell.line(deleted[-1])}`, deletes it" if deleted
+           else "the cell assigns it on a path this run did not take")
+    return UsageError(
+        f"{option} {name}: {name!r} is not bound when the cell ends ({why}), so there is nothing to return under "
+        f"that name. Keep it bound to the end (leave out the `del`), or drop {name} from {option}."
+    )
+
+
 def compile_block(cell: Cell, inputs: tuple[str, ...], rebound: tuple[str, ...] = ()) -> CodeType:
     """`def __jaxpar_cell__(<inputs>): <body>; return {written locals}, <final expression>`.
 

@@ -302,6 +302,9 @@ def _compile(cell, inputs, namespace, mesh, out_specs, outputs=None, donate=()) 
         with within_mesh(mesh):
             outs, final = fn(*args)
             outs = returned(outs, outputs)
+            for name in (*(outputs or ()), *out_specs):
+                if name not in outs:  # assigned, then deleted: never silently bind nothing
+                    raise cells.unbound_output(cell, name)
             for name, spec in out_specs.items():
                 outs[name] = constrained(name, outs[name], spec)
             return capture_outputs(outs, final, lambda v: v)
