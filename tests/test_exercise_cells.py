@@ -228,3 +228,22 @@ check(run["mv"], m['a'] @ v + m['b'] @ v, method=[run.ran("shard_map", m=P(None,
     assert ok, said
     assert verdict(ex, check_cell) == ("✗ not yet: keep `--in m=None,i` on the `%%shard_map` line: the exercise is "
                                        "about that layout. Hint: add the partial products.")
+
+
+def test_a_pmap_function_answer_is_checked_by_the_program_its_call_ran(ex):
+    """An answer that is a %%pmap function (issue 33 item 17): the check calls it, and sends_only
+    reads that call's program (it said "write it as a magic cell", for a magic cell)."""
+    ex.run_cell("readings = jnp.arange(8.0)")
+    check_cell = """
+run = attempt("total")
+check(run["total"](readings), jnp.full(8, 28.0), method=[run.sends_only("all-reduce")], hint="sum over i")
+"""
+    assert run(ex, "%%exercise total\n%%pmap --no-show\ndef total(v):\n    return lax.psum(v, 'i')")[0]
+    assert verdict(ex, check_cell) == "✓ right"
+    assert exercises.attempt("total").collectives == ["all-reduce"]
+    assert run(ex, "%%exercise total\n%%pmap --no-show\ndef total(v):\n    return v * 0 + 28.0")[0]
+    assert verdict(ex, check_cell) == ("✗ not yet: the cell's compiled program sends nothing between devices; it "
+                                       "should send an all-reduce. Hint: sum over i.")
+    assert run(ex, "%%exercise total\n%%pmap --no-show\ndef total(v):\n    return lax.psum(v, 'i')")[0]
+    ok, said = run(ex, "run = attempt('total')\nprint(run.sends_only('all-reduce'))")
+    assert ok and "call `total` before the check reads its program" in said and "magic cell" not in said

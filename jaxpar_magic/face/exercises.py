@@ -171,10 +171,28 @@ class Attempt:
 
     @property
     def program(self) -> list | None:
-        """The compiled program's collectives (cell/hlo.Collective), or None without a program."""
-        if self.magic is None or self.observed.facts is None:
+        """The compiled program's collectives (cell/hlo.Collective), or None without a program: a
+        block cell's, or for a %%pmap function its latest call's (in the check cell, say)."""
+        if self.magic is None:
             return None
-        return list(self.observed.facts.collectives)
+        facts = self.observed.facts
+        for function in self._functions().values():
+            facts = facts if facts is not None else function.facts
+        return None if facts is None else list(facts.collectives)
+
+    def _functions(self) -> dict:
+        """The %%pmap functions the run bound (ParallelFunction), by name."""
+        from ..stages.run.pmap_function import ParallelFunction
+
+        return {n: v for n, v in self.bound.items() if isinstance(v, ParallelFunction)}
+
+    def _no_program(self) -> str:
+        """Why there is no program to check: plain Python, or a %%pmap function not called yet."""
+        if self._functions():
+            name = next(iter(self._functions()))
+            return (f"call `{name}` before the check reads its program (a %%pmap function compiles when it is "
+                    f"called: `check({name}(x), ..., method=[...])` calls it first)")
+        return "write it as a magic cell (the exercise checks the program it compiles)"
 
     @property
     def collectives(self) -> list[str] | None:
@@ -205,7 +223,7 @@ class Attempt:
         sent = self.collectives
         allowed = " or ".join(_plural([op]) for op in ops)
         if sent is None:
-            return False, f"write it as a magic cell (the exercise checks the program it compiles), using {allowed}"
+            return False, f"{self._no_program()}, using {allowed}"
         if not sent:
             return False, f"the cell's compiled program sends nothing between devices; it should send {allowed}"
         other = sorted(set(sent) - set(ops))
@@ -229,7 +247,7 @@ class Attempt:
         """The compiled program sends nothing between devices."""
         sent = self.collectives
         if sent is None:
-            return False, "write it as a magic cell (the exercise checks the program it compiles)"
+            return False, self._no_program()
         return not sent, f"the cell's compiled program sends {_plural(sorted(set(sent)))}" if sent else ""
 
 
@@ -314,6 +332,9 @@ def run_exercise(shell, answers: tuple[str, ...], body: str, cluster=None) -> No
         cluster.execute("".join(f"globals().pop({name!r}, None)\n" for name in answers))
 
     def watch(magic, options, outcome) -> None:
+        for value in outcome.bindings.values():  # a %%pmap function: its calls keep their program's facts
+            if hasattr(value, "keep_facts"):
+                value.keep_facts = True
         record.observed = Observed(magic, options, getattr(outcome, "facts", None), dict(outcome.bindings),
                                    _line_specs(options, shell.user_ns))
 
