@@ -120,3 +120,39 @@ def test_out_of_a_name_the_cell_deletes(meshes, magic, line):
     message = refused(meshes, magic, line, "yd = x * 2\nz = yd + 1\ndel yd\n")
     assert message.startswith("--out yd: 'yd' is not bound when the cell ends (line 3 of the cell, `del yd`, deletes it)")
     assert "drop yd from --out" in message
+
+
+# --- a donated input read again (found by the differential test's --donate steps) -----------------
+
+def test_a_donated_input_run_again_is_a_usage_error_not_a_crash():
+    """JAX 0.10's jit crashes the process (SIGSEGV) when called with a deleted (donated) argument on
+    CPU, so the magic checks before the call: the README's UsageError, in a kernel that lives on. In
+    a subprocess, so that the crash it guards against cannot take pytest down."""
+    from shell_helpers import run_python
+
+    done = run_python("""
+        import jax
+        jax.config.update("jax_num_cpu_devices", 8)
+        from IPython.core.error import UsageError
+        from IPython.core.interactiveshell import InteractiveShell
+        from IPython.utils.capture import capture_output
+        ip = InteractiveShell.instance()
+        ip.run_line_magic("load_ext", "jaxpar_magic")
+        ip.run_cell("import jax, jax.numpy as jnp\\n"
+                    "mesh = jax.make_mesh((8,), ('data',), axis_types=(jax.sharding.AxisType.Auto,))\\n"
+                    "xd = jnp.arange(32.0).reshape(8, 4)").raise_error()
+        for line in ("--no-show", "--no-show", "", "--no-show --donate xd"):  # the replay, then the full path
+            ip.run_cell("xd = jnp.arange(32.0).reshape(8, 4)").raise_error()
+            with capture_output():
+                ip.run_cell_magic("shard", "--mesh mesh --in xd=data --donate xd --no-show", "yd = xd * 2 + 1")
+            assert ip.user_ns["xd"].is_deleted()
+            try:
+                with capture_output():
+                    ip.run_cell_magic("shard", f"--mesh mesh --in xd=data {line}", "yd = xd * 2 + 1")
+            except UsageError as err:
+                assert str(err).startswith("`xd` was deleted"), err
+            else:
+                raise AssertionError("no UsageError")
+        print("alive")
+    """, platforms="cpu")
+    assert done.returncode == 0 and done.stdout.strip().endswith("alive"), (done.returncode, done.stderr[-2000:])
