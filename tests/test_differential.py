@@ -30,9 +30,7 @@ With the -0.0 key of cell/fingerprints.py reverted to the float itself, 60 seque
 The --donate steps found that a cell run again on a donated input crashed the kernel (JAX 0.10's jit
 segfaults on a deleted argument on CPU): it is now the UsageError the README promises.
 
-`test_cells_that_assign_objects_give_working_objects` plays the same sessions with %%shard cells
-that assign an object, a closure and a functools.partial over an array, each used by a later plain
-cell: it is marked xfail (strict) until issue 33 item 5's fix (leaked tracers) merges.
+tests/test_differential_objects.py plays the same sessions with cells that assign objects and closures.
 """
 from __future__ import annotations
 
@@ -559,77 +557,4 @@ def test_the_magics_give_what_plain_jax_gives_over_random_sessions(jx, capsys):
         print(f"\ndifferential: {Found.sequences} sequences, {Found.steps} steps, {Found.checks} cells checked "
               f"against plain JAX ({Found.raised} raised on both sides); by kind: "
               + ", ".join(f"{kind} {count}" for kind, count in sorted(Found.kinds.items())))
-    assert Found.checks > 0
-
-
-# --- cells that assign objects and closures (issue 33 item 5) -----------------------------------
-
-SCALER = ("class Scaler:\n    def __init__(self, w):\n        self.w = w\n"
-          "    def __call__(self, v):\n        return v * self.w\n")
-OBJECT_CELLS = [  # (the cell, the name it binds, a later plain cell that uses it)
-    ("sc = Scaler(x * 2.0)", "sc", "out = sc(x)"),
-    ("fn = lambda v: v * sg + x", "fn", "out = fn(x)"),
-    ("fp = functools.partial(jnp.add, x * 1.0)", "fp", "out = fp(x)"),
-]
-
-
-class NotebookWithObjects(Notebook):
-    """The same sessions, with %%shard cells that assign an object holding an array, a closure over
-    one and a functools.partial: plain Python gives a working object. The magic must bind one that
-    works (a later plain cell's call gives plain JAX's values), or refuse with a UsageError that
-    leaves the namespace as it was; never an object holding a leaked tracer."""
-
-    def __init__(self):
-        super().__init__()
-        self.history.append(SCALER)
-        self.play(SCALER)
-
-    @rule(pick=st.integers(0, len(OBJECT_CELLS) - 1))
-    def assign_object(self, pick):
-        source, name, use = OBJECT_CELLS[pick]
-        Found.steps += 1
-        Found.checks += 1
-        ns = self.fresh_namespace()
-        try:
-            _run_plain(source + "\n" + use, ns)
-            expected, error = ns["out"], None
-        except Exception as exc:  # noqa: BLE001
-            expected, error = None, exc
-        self.session.append(f"%%shard --mesh mesh --in x=data --no-show\n{source}")
-        before = snapshot(self.ns)
-        try:
-            with capture_output():
-                self.shell.run_cell_magic("shard", "--mesh mesh --in x=data --no-show", self.tag + source)
-        except Exception as exc:  # noqa: BLE001
-            from IPython.core.error import UsageError
-
-            assert isinstance(exc, UsageError), f"the cell raised {exc!r}, not a UsageError{self.context()}"
-            assert snapshot(self.ns) == before, f"a failed cell changed the namespace{self.context()}"
-            Found.raised += 1
-            return
-        self.session.append(use)
-        with capture_output():
-            result = self.shell.run_cell(use, store_history=False, silent=True)
-        if error is not None:
-            assert result.error_in_exec is not None, f"plain JAX raised {error!r}, `{use}` did not{self.context()}"
-            return
-        if result.error_in_exec is not None:
-            raise AssertionError(f"`{use}` raised {result.error_in_exec!r} on what the cell bound to {name}, where "
-                                 f"plain Python's {name} works{self.context()}")
-        self.compare(self.ns["out"], expected, use)
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 33 item 5 (safedata's branch): a %%shard cell binds objects holding leaked tracers; "
-                          "remove this mark when that fix merges")
-def test_cells_that_assign_objects_give_working_objects(jx, capsys):
-    from hypothesis import Phase
-
-    NotebookWithObjects.shell = jx
-    NotebookWithObjects.baseline = dict(jx.user_ns)
-    Found.sequences = Found.steps = Found.checks = Found.raised = 0
-    run = settings(max_examples=max(4, EXAMPLES // 4), stateful_step_count=STEPS, deadline=None, database=None,
-                   derandomize=not RANDOM, suppress_health_check=list(HealthCheck), print_blob=True,
-                   phases=[Phase.explicit, Phase.generate])  # no shrinking while the mark stands: it fails fast
-    run_state_machine_as_test(NotebookWithObjects, settings=run)
     assert Found.checks > 0
