@@ -89,6 +89,10 @@ def explain_trace_error(exc: BaseException, filename: str, axis_names: tuple[str
             f"scattered dimension, so that dimension must have {count} entries; it has {size}. Pass `tiled=True` "
             f"to cut it into {count} equal blocks instead (each device keeps its block of the sum)."
         )
+    if isinstance(exc, OverflowError):
+        explained = _explain_overflowing_int(exc, filename, at)
+        if explained is not None:
+            return explained
     if type(exc).__name__ == "ShardingTypeError":  # jax._src.core's; no public name to catch it by
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return UsageError(
@@ -99,6 +103,36 @@ def explain_trace_error(exc: BaseException, filename: str, axis_names: tuple[str
             "which let the compiler choose (`%mesh data=8 --axis-types auto`)."
         )
     return None
+
+
+def _explain_overflowing_int(exc: OverflowError, filename: str, at: str) -> UsageError | None:
+    """JAX's "overflow ... whose argument path is y" names a parameter of a jnp function, not the
+    cell's value: name the Python int the user's line reads (from that frame's names), and the fix."""
+    import jax
+
+    found = re.search(r"overflow was encountered while parsing an argument.*Got <class 'int'> with value (-?\d+)",
+                      str(exc), re.S)
+    if found is None:
+        return None
+    value = int(found.group(1))
+    frame = None
+    for candidate, _ in traceback.walk_tb(exc.__traceback__):
+        if candidate.f_code.co_filename == filename:
+            frame = candidate
+    hit = user_line(exc, filename)
+    words = set(re.findall(r"[A-Za-z_]\w*", hit[1])) if hit else set()
+    names = []
+    for scope in ((frame.f_locals, frame.f_globals) if frame is not None else ()):
+        names += [n for n, v in scope.items() if n in words and type(v) is int and v == value and n not in names]
+    what = f"`{names[0]}` is the Python int {value}" if names else f"the Python int {value}"
+    bits = 64 if jax.config.jax_enable_x64 else 32
+    limit = "int64" if bits == 64 else "int32 (jax_enable_x64 is off)"
+    example = names[0] if names else str(value)
+    return UsageError(
+        f"{at}: {what}, which does not fit JAX's {limit}, so JAX cannot pass it into the program (plain JAX "
+        f"raises the same OverflowError). Make it a float (`float({example})`), an array of a dtype that holds it "
+        f"(`jnp.float32({example})`), or a smaller int (a seed modulo 2**{bits - 1})."
+    )
 
 
 class explaining:

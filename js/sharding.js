@@ -16,6 +16,18 @@ import { h, formatBytes, formatShape, formatSpec, formatSlices, formatIds, unrav
 const MAX_FACETS = 16;
 /** A 1-D array with more blocks than this wraps into rows of equal blocks. */
 const WRAP_1D = 64;
+/**
+ * "8 distinct blocks on 8 devices"; with no devices, where the blocks are instead (the twin of
+ * views/sharding.py's _head_sub).
+ * @param {any} state @param {number} count
+ */
+function headSub(state, count) {
+  const blocks = `${count} distinct block${count === 1 ? "" : "s"}`;
+  const n = state.total_devices ?? "?";
+  if (n === 0) return state.abstract ? `${blocks}, not laid out on devices` : `${blocks} in host memory, on no device`;
+  return `${blocks} on ${n} device${n === 1 ? "" : "s"}`;
+}
+
 /** Copy marks drawn for a block held by several devices. */
 const MAX_STRIPES = 8;
 
@@ -249,7 +261,7 @@ export function draw(state) {
       h("span", { class: "jpm-title" }, h("code", { text: state.name || "array" })),
       h("span", { class: "jpm-chip" }, h("b", { text: formatShape(dtype, shape) })),
       state.nbytes !== null && state.nbytes !== undefined ? h("span", { class: "jpm-chip" }, "whole array ", h("b", { text: formatBytes(state.nbytes) })) : null,
-      h("span", { class: "jpm-sub", text: `${count} distinct block${count === 1 ? "" : "s"} on ${state.total_devices ?? "?"} device${state.total_devices === 1 ? "" : "s"}` }),
+      h("span", { class: "jpm-sub", text: headSub(state, count) }),
       state.abstract ? h("span", { class: "jpm-badge jpm-warn", text: "abstract", title: "no devices yet: positions in an abstract mesh" }) : null,
       state.process_count > 1 ? h("span", { class: "jpm-badge", text: `${state.process_count} processes` }) : null,
     ),

@@ -115,3 +115,15 @@ def test_shard_map_cells_record_too(jx):
     blocks = np.asarray(a).reshape(4, 2, 2, 8).transpose(0, 2, 1, 3).reshape(8, 2, 8) @ np.ones((8, 4))
     before = values(card["iterations"][0]["before"])
     np.testing.assert_allclose(before, blocks.reshape(8, -1)[:, :before.shape[1]])
+
+
+def test_a_psum_of_an_empty_array(jx):
+    """A 0-size collective (issue 33 item 9): plain JAX's empty result, and a card with empty tiles
+    (its records have no values to fold by device)."""
+    with capture_output() as captured:
+        jx.run_cell_magic("pmap", "-a i --collectives", "z = lax.psum(jnp.zeros((0, 3)), 'i')")
+    z = jx.user_ns["z"]
+    assert z.shape == (N_DEVICES, 0, 3) and z.dtype == jnp.float32
+    (card,) = cards_of(captured)
+    assert (card["op"], card["in_shape"], card["out_shape"]) == ("psum", "f32[0,3]", "f32[0,3]")
+    assert [t["values"] for t in card["iterations"][0]["after"]] == [[]] * N_DEVICES

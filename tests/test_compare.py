@@ -112,6 +112,7 @@ def test_labels_are_escaped(layouts):
     ("layouts = {'dp': {'mesh': 'data=8', 'in': {}}}", "expected a jax.sharding.Mesh"),
     ("layouts = {'dp': {'mesh': flat, 'in': [P()]}}", "expected a dict from input names to PartitionSpecs"),
     ("layouts = {1: {'mesh': flat, 'in': {}}}", "is not a string"),
+    ("layouts = {'dp': {'mesh': flat, 'in': {}, 0: P()}}", "is ['in', 'mesh', 0]; expected"),  # int and str keys
 ])
 def test_a_layout_dict_of_the_wrong_shape_says_what_was_expected(layouts, setup, says):
     layouts.run_cell(setup, store_history=False).raise_error()

@@ -6,7 +6,12 @@ the global `sg` that the helper `h` reads (also to -0.0, 1, True), changes an at
 callable object, defines or redefines `h` (a plain function, or one reached through jax.grad,
 jax.vmap, jax.value_and_grad, jax.jit, functools.partial, jax.tree_util.Partial, a callable object,
 a lax.scan body), and runs cells under %%shard (with and without --in), %%pmap (block and function
-mode) and %%shard_map, with the view and without it (the replayed re-run).
+mode) and %%shard_map, with the view and without it (the replayed re-run). Issue 33 added: cells that
+read and assign typed PRNG key arrays (`ks`, through jax.random.split, fold_in, uniform) under every
+engine; `--donate xd` against jax.jit(donate_argnums=0), including whether xd's buffers are gone and
+that a donated xd read again fails (the magic's UsageError) with the namespace untouched; and
+`--plan` cells under every engine, which must bind ShapeDtypeStructs of plain JAX's shapes and
+dtypes and leave every name that held a concrete value holding the very same object.
 
 The oracle is the same cell run as plain Python and JAX, eagerly, in a fresh namespace where every
 plain step of the session so far was executed again: its helpers are new function objects, so no
@@ -17,18 +22,24 @@ shapes, dtypes, Python types, the bits of Python floats (-0.0) and the sign of i
 an array's zeros: compiled XLA may fold them, as plain jax.jit does). When the oracle raises, the
 magic must raise too and leave the namespace exactly as it was (checked by identity).
 
-In CI it runs a fixed, derandomized budget (20 sequences of up to 10 steps: about 2 minutes on two
-busy cores); `JPM_DIFFERENTIAL_EXAMPLES=500` (sequences) and `JPM_DIFFERENTIAL_STEPS=40` (steps per
+In CI it runs a fixed, derandomized budget (50 sequences of up to 10 steps: about 1 to 2 minutes on
+two busy cores); `JPM_DIFFERENTIAL_EXAMPLES=500` (sequences) and `JPM_DIFFERENTIAL_STEPS=40` (steps per
 sequence at most) run more by hand, and `JPM_DIFFERENTIAL_RANDOM=1` draws new sequences each run
 instead of the fixed ones. A failure prints the notebook's cells in order, the failing one last.
 With the -0.0 key of cell/fingerprints.py reverted to the float itself, 60 sequences find it.
+The --donate steps found that a cell run again on a donated input crashed the kernel (JAX 0.10's jit
+segfaults on a deleted argument on CPU): it is now the UsageError the README promises.
+
+tests/test_differential_objects.py plays the same sessions with cells that assign objects and closures.
 """
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import struct
 import textwrap
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +54,7 @@ from shell_helpers import N_DEVICES, snapshot
 
 pytestmark = pytest.mark.slow
 
-EXAMPLES = int(os.environ.get("JPM_DIFFERENTIAL_EXAMPLES", "20"))
+EXAMPLES = int(os.environ.get("JPM_DIFFERENTIAL_EXAMPLES", "50"))
 STEPS = int(os.environ.get("JPM_DIFFERENTIAL_STEPS", "10"))
 RANDOM = os.environ.get("JPM_DIFFERENTIAL_RANDOM") == "1"
 
@@ -91,6 +102,29 @@ BLOCK_CELLS = [  # %%shard_map --in x=data --out y=data: y assembled by blocks, 
 ]
 FUNCTION_CELL = "def step(v):\n    return h(v * 1.0) + sg\n"
 
+# Typed PRNG key arrays (issue 33 item 8): `ks` holds 8 keys; cells derive keys and numbers from them.
+KEY_WHOLE_CELLS = [  # %%shard --in ks=data: the whole key array
+    ("kk = jax.vmap(lambda k: jax.random.fold_in(k, 7))(ks)", ("kk",)),
+    ("r = jax.vmap(lambda k: jax.random.uniform(k, (2,)))(ks) * sg", ("r",)),
+    ("kk = jax.vmap(lambda k: jax.random.split(k)[1])(ks)\nr = jax.random.key_data(kk).sum()", ("kk", "r")),
+]
+KEY_DEVICE_CELLS = [  # %%pmap: one key per device
+    ("kk = jax.random.fold_in(ks, 7)", ("kk",)),
+    ("r = jax.random.uniform(ks, (2,)) * sg", ("r",)),
+    ("kk = jax.random.split(ks)[1]\nr = jax.random.normal(kk, (3,))", ("kk", "r")),
+]
+KEY_BLOCK_CELLS = [  # %%shard_map --in ks=data: a block of one key per device, --out by blocks
+    ("kk = jax.vmap(lambda k: jax.random.fold_in(k, 7))(ks)", ("kk",)),
+    ("r = jax.vmap(lambda k: jax.random.uniform(k, (2,)))(ks) * sg", ("r",)),
+]
+# --donate xd (issue 33): against jax.jit(donate_argnums=0) on the same placed input. An output of
+# xd's shape and dtype takes its buffer (xd deleted, in both); a float result of an int xd cannot.
+DONATE_CELLS = [
+    ("yd = h(xd * 1.0) + 1", ("yd",)),
+    ("yd = xd * 2\nq = yd.sum()", ("yd", "q")),
+    ("q = (xd * 1.0).sum() + sg", ("q",)),
+]
+
 
 class Found:
     """What the runs met, for the closing note (printed by the test; `pytest -s` shows it)."""
@@ -99,6 +133,7 @@ class Found:
     steps = 0
     checks = 0
     raised = 0
+    kinds: dict = {}  # checks per kind of step (the magic, with --plan / --donate / keys told apart)
 
 
 def _values(shape, dtype, fill):
@@ -133,7 +168,12 @@ def _has_arrays(value) -> bool:
 def _stacked(per_part: list, join):
     """Per-device (or per-block) results as the magic binds them: arrays joined, plain values once."""
     if _has_arrays(per_part[0]):
-        return jax.tree.map(lambda *leaves: join([np.asarray(leaf) for leaf in leaves]), *per_part)
+        def joined(*leaves):
+            if _is_keys(leaves[0]):  # keys join as keys: jnp's stack and concatenate take them
+                return (jnp.stack if join is np.stack else jnp.concatenate)(leaves)
+            return join([np.asarray(leaf) for leaf in leaves])
+
+        return jax.tree.map(joined, *per_part)
     for other in per_part[1:]:
         _assert_same(other, per_part[0], "a plain value that differs between devices")
     return per_part[0]
@@ -143,8 +183,18 @@ def _bits(value: float) -> bytes:
     return struct.pack("<d", value)
 
 
+def _is_keys(value) -> bool:
+    return isinstance(value, jax.Array) and jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key)
+
+
 def _assert_same(actual, expected, where: str) -> None:
-    if isinstance(expected, (jax.Array, np.ndarray)):
+    if _is_keys(expected):  # a key array: its dtype (key<fry>), shape and key data
+        assert _is_keys(actual), f"{where}: {type(actual).__name__} {getattr(actual, 'dtype', '')}, plain JAX keys"
+        assert (actual.dtype, actual.shape) == (expected.dtype, expected.shape), \
+            f"{where}: {actual.dtype}{actual.shape}, plain JAX {expected.dtype}{expected.shape}"
+        np.testing.assert_array_equal(np.asarray(jax.random.key_data(actual)),
+                                      np.asarray(jax.random.key_data(expected)), err_msg=where)
+    elif isinstance(expected, (jax.Array, np.ndarray)):
         assert isinstance(actual, jax.Array), f"{where}: {type(actual).__name__}, plain JAX gives an array"
         assert actual.shape == expected.shape, f"{where}: shape {actual.shape}, plain JAX {expected.shape}"
         assert actual.dtype == expected.dtype, f"{where}: dtype {actual.dtype}, plain JAX {expected.dtype}"
@@ -188,6 +238,8 @@ class Notebook(RuleBasedStateMachine):
         self.helper = None
         self.defined_step = False
         self.last = None  # (magic, line, cell, oracle) of the last magic cell run
+        self.has_keys = False  # `ks` (8 PRNG keys) is defined
+        self.donor = None  # None: no `xd`; "fresh": a new one; "donated": a --donate run deleted it
         # Each session's cells are its own (a comment line): the magics' caches do not carry a
         # program from one sequence to the next, so a failure replays, and shrinks, the same way.
         self.tag = f"# session {Found.sequences}\n"
@@ -211,6 +263,8 @@ class Notebook(RuleBasedStateMachine):
         self.rebind_x(shape, dtype, fill)
         self.change_sg(sg)
         self.define_h(helper, op)
+        self.make_keys(0)
+        self.make_donor()
 
     @rule(shape=st.sampled_from(SHAPES), dtype=st.sampled_from(DTYPES), fill=st.sampled_from(FILLS))
     def rebind_x(self, shape, dtype, fill):
@@ -225,6 +279,17 @@ class Notebook(RuleBasedStateMachine):
     def define_h(self, helper, op):
         self.helper = helper
         self.plain_step(HELPERS[helper].format(op=op))
+
+    @rule(seed=st.sampled_from([0, 1, 42]))
+    def make_keys(self, seed):
+        self.has_keys = True
+        self.plain_step(f"ks = jax.random.split(jax.random.key({seed}), 8)")
+
+    @rule()
+    def make_donor(self):
+        """A fresh array of x's values for a --donate cell to give away."""
+        self.donor = "fresh"
+        self.plain_step("xd = x * 1")
 
     @precondition(lambda self: self.helper == "a callable object")
     @rule(k=st.sampled_from(ATTRIBUTES))
@@ -246,6 +311,42 @@ class Notebook(RuleBasedStateMachine):
     def shard_map(self, cell, show):
         line = "--mesh mesh --in x=data --out y=data" + ("" if show else " --no-show")
         self.check("shard_map", line, cell, self.oracle_per_block)
+
+    # Cells that read and assign key arrays (jax.random.key, split, fold_in): issue 33 item 8.
+    @precondition(lambda self: self.has_keys)
+    @rule(cell=st.sampled_from(KEY_WHOLE_CELLS), show=st.booleans())
+    def shard_keys(self, cell, show):
+        self.check("shard", "--mesh mesh --in ks=data" + ("" if show else " --no-show"), cell, self.oracle_whole)
+
+    @precondition(lambda self: self.has_keys)
+    @rule(cell=st.sampled_from(KEY_DEVICE_CELLS), show=st.booleans())
+    def pmap_keys(self, cell, show):
+        self.check("pmap", "" if show else "--no-show", cell, functools.partial(self.oracle_per_device, mapped="ks"))
+
+    @precondition(lambda self: self.has_keys)
+    @rule(cell=st.sampled_from(KEY_BLOCK_CELLS), show=st.booleans())
+    def shard_map_keys(self, cell, show):
+        line = f"--mesh mesh --in ks=data --out {cell[1][0]}=data" + ("" if show else " --no-show")
+        self.check("shard_map", line, cell, functools.partial(self.oracle_per_block, mapped="ks"))
+
+    @precondition(lambda self: self.donor is not None)
+    @rule(cell=st.sampled_from(DONATE_CELLS), show=st.booleans())
+    def donate(self, cell, show):
+        """`--donate xd` against jax.jit(donate_argnums=0): the values, and whether xd's buffers are gone."""
+        line = "--mesh mesh --in xd=data --donate xd" + ("" if show else " --no-show")
+        self.check("shard", line, cell, self.oracle_donated)
+
+    @rule(engine=st.sampled_from(["shard", "pmap", "shard_map"]), pick=st.integers(0, 3))
+    def plan(self, engine, pick):
+        """A --plan cell: it binds ShapeDtypeStructs of the shapes plain JAX computes, and never
+        replaces a concrete value (every name that held one holds the very same object after)."""
+        if engine == "shard":
+            line, cell, oracle = "--plan --mesh mesh --in x=data", GLOBAL_CELLS[pick], self.oracle_whole
+        elif engine == "pmap":
+            line, cell, oracle = "--plan", GLOBAL_CELLS[pick], self.oracle_per_device
+        else:
+            line, cell, oracle = "--plan --mesh mesh --in x=data --out y=data", BLOCK_CELLS[pick % 2], self.oracle_per_block
+        self.check_plan(engine, line, cell, oracle)
 
     @precondition(lambda self: self.last is not None)
     @rule()
@@ -288,6 +389,8 @@ class Notebook(RuleBasedStateMachine):
         source, names = cell
         Found.steps += 1
         Found.checks += 1
+        kind = f"{magic}{' --donate' if '--donate' in line else ''}{' keys' if 'ks' in source else ''}"
+        Found.kinds[kind] = Found.kinds.get(kind, 0) + 1
         expected, error = oracle(source, names)
         self.session.append(f"%%{magic} {line}\n{source}")
         before = snapshot(self.ns)
@@ -305,6 +408,46 @@ class Notebook(RuleBasedStateMachine):
         for name in names:
             self.compare(self.ns[name], expected[name], f"{name} bound by the last cell")
         self.compare(final, expected["(final)"], "the last cell's final value")
+        if "(deleted)" in expected:  # --donate: the input's buffers went where jax.jit's went
+            gone = self.ns["xd"].is_deleted()
+            assert gone == expected["(deleted)"], \
+                f"xd.is_deleted() is {gone} after --donate, {expected['(deleted)']} after jax.jit{self.context()}"
+            if gone:  # here, or in rerun_last's run of the same cell
+                self.donor = "donated"
+
+    def check_plan(self, magic: str, line: str, cell, oracle) -> None:
+        source, names = cell
+        Found.steps += 1
+        Found.checks += 1
+        Found.kinds[f"{magic} --plan"] = Found.kinds.get(f"{magic} --plan", 0) + 1
+        expected, error = oracle(source, names)
+        self.session.append(f"%%{magic} {line}\n{source}")
+        before = dict(self.ns)
+        concrete = {n: v for n, v in before.items() if n != "_plan" and not _planned(v)}  # _plan: the last plan
+        try:
+            with capture_output():
+                self.shell.run_cell_magic(magic, line, self.tag + source)
+        except Exception as exc:  # noqa: BLE001
+            if error is None:
+                raise AssertionError(f"%%{magic} {line} raised {exc!r} where plain JAX gives a result"
+                                     f"{self.context()}") from exc
+            Found.raised += 1
+            assert snapshot(self.ns) == snapshot(before), f"a failed plan changed the namespace{self.context()}"
+            return
+        assert error is None, f"plain JAX raised {error!r}, %%{magic} {line} did not{self.context()}"
+        replaced = sorted(n for n, v in concrete.items() if self.ns.get(n, _GONE) is not v)
+        assert not replaced, f"a plan replaced or removed concrete values: {replaced}{self.context()}"
+        for name in names:  # the ones it bound: ShapeDtypeStructs of plain JAX's shapes and dtypes
+            if name in concrete:
+                continue
+            planned = jax.tree.leaves(self.ns[name])
+            computed = jax.tree.leaves(expected[name])
+            assert len(planned) == len(computed), f"{name}: {len(planned)} leaves planned, {len(computed)} computed"
+            for leaf, value in zip(planned, computed):
+                if isinstance(leaf, jax.ShapeDtypeStruct):
+                    assert (leaf.shape, leaf.dtype) == (jnp.shape(value), jnp.result_type(value)), \
+                        f"{name}: planned {leaf.dtype}{leaf.shape}, plain JAX {jnp.result_type(value)}" \
+                        f"{jnp.shape(value)}{self.context()}"
 
     def compare(self, actual, expected, where: str) -> None:
         try:
@@ -335,31 +478,31 @@ class Notebook(RuleBasedStateMachine):
             return None, exc
         return {**{n: ns[n] for n in names}, "(final)": final}, None
 
-    def oracle_per_device(self, source: str, names):
-        """%%pmap: the cell once per device on its slice of x (one row of 8), results stacked."""
+    def oracle_per_device(self, source: str, names, mapped: str = "x"):
+        """%%pmap: the cell once per device on its slice of `mapped` (one row of 8), results stacked."""
         ns = self.fresh_namespace()
-        x = ns["x"]
+        x = ns[mapped]
         if x.shape[0] != N_DEVICES:
             return None, ValueError("no slice per device: the magic's UsageError")
         runs = []
         try:
             for i in range(N_DEVICES):
-                mine = dict(ns, x=x[i])
+                mine = dict(ns, **{mapped: x[i]})
                 final = _run_plain(source, mine)
                 runs.append({**{n: mine[n] for n in names}, "(final)": final})
         except Exception as exc:  # noqa: BLE001
             return None, exc
         return {key: _stacked([run[key] for run in runs], np.stack) for key in runs[0]}, None
 
-    def oracle_per_block(self, source: str, names):
+    def oracle_per_block(self, source: str, names, mapped: str = "x"):
         """%%shard_map --in x=data --out y=data: the cell once per block of rows, y concatenated."""
         ns = self.fresh_namespace()
-        x = ns["x"]
+        x = ns[mapped]
         rows = x.shape[0] // N_DEVICES
         runs = []
         try:
             for i in range(N_DEVICES):
-                mine = dict(ns, x=x[i * rows:(i + 1) * rows])
+                mine = dict(ns, **{mapped: x[i * rows:(i + 1) * rows]})
                 final = _run_plain(source, mine)
                 runs.append({**{n: mine[n] for n in names}, "(final)": final})
         except Exception as exc:  # noqa: BLE001
@@ -367,14 +510,51 @@ class Notebook(RuleBasedStateMachine):
         return {key: _stacked([run[key] for run in runs], np.concatenate) for key in runs[0]}, None
 
 
+    def oracle_donated(self, source: str, names):
+        """--donate xd: the cell under jax.jit(donate_argnums=0), on xd placed as --in places it; with
+        whether that deleted the placed array. A donated xd read again raises (plain JAX: "Array has
+        been deleted", or a crash; the magic: its UsageError)."""
+        if self.donor == "donated":
+            return None, RuntimeError("xd was donated")
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        ns = self.fresh_namespace()
+        body, final = _split_final(source)
+
+        def cell(xd):
+            local = dict(ns, xd=xd)
+            exec(body, local)
+            return {n: local[n] for n in names}, (eval(final, local) if final is not None else None)
+
+        placed = jax.device_put(ns["xd"], NamedSharding(ns["mesh"], P("data")))
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "Some donated buffers were not usable": as the magic's run
+                out, last = jax.jit(cell, donate_argnums=0)(placed)
+        except Exception as exc:  # noqa: BLE001
+            return None, exc
+        return {**out, "(final)": last, "(deleted)": placed.is_deleted()}, None
+
+
+_GONE = object()
+
+
+def _planned(value) -> bool:
+    """What an earlier plan bound: a ShapeDtypeStruct, or a pytree of them (a list of planned blocks)."""
+    leaves = jax.tree.leaves(value)
+    return bool(leaves) and all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in leaves)
+
+
 def test_the_magics_give_what_plain_jax_gives_over_random_sessions(jx, capsys):
     Notebook.shell = jx
     Notebook.baseline = dict(jx.user_ns)
     Found.sequences = Found.steps = Found.checks = Found.raised = 0
+    Found.kinds = {}
     run = settings(max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, database=None,
                    derandomize=not RANDOM, suppress_health_check=list(HealthCheck), print_blob=True)
     run_state_machine_as_test(Notebook, settings=run)
     with capsys.disabled():
         print(f"\ndifferential: {Found.sequences} sequences, {Found.steps} steps, {Found.checks} cells checked "
-              f"against plain JAX ({Found.raised} raised on both sides)")
+              f"against plain JAX ({Found.raised} raised on both sides); by kind: "
+              + ", ".join(f"{kind} {count}" for kind, count in sorted(Found.kinds.items())))
     assert Found.checks > 0

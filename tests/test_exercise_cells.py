@@ -223,3 +223,49 @@ def test_kept_runs_do_not_keep_the_answers_alive(ex):
     ex.run_cell("del bigans, pair, big")
     gc.collect()
     assert [ref() is None for ref in made] == [True] * 4
+
+
+def test_ran_reads_a_spec_tree_from_the_line(ex):
+    """`--in m=@specs` (issue 33 item 11): the check compares the specs the run read, a right answer
+    is right, and a tree that lays a leaf out otherwise is named."""
+    from jax.sharding import PartitionSpec as P
+
+    ex.run_cell("from jax.sharding import PartitionSpec as P\nm = {'a': jnp.arange(128.0).reshape(8, 16) / 10, "
+                "'b': jnp.ones((8, 16))}\nv = jnp.linspace(-1.0, 1.0, 16)")
+    check_cell = """
+run = attempt("mv")
+check(run["mv"], m['a'] @ v + m['b'] @ v, method=[run.ran("shard_map", m=P(None, "i"), v=P("i"))],
+      hint="add the partial products")
+"""
+    ex.run_cell("specs = {'a': P(None, 'i'), 'b': P(None, 'i')}")
+    cell = "%%exercise mv\n%%shard_map --mesh i=8 --in m=@specs v=i --no-show\nmv = lax.psum(m['a'] @ v + m['b'] @ v, 'i')"
+    assert run(ex, cell)[0]
+    assert verdict(ex, check_cell) == "✓ right"
+    assert exercises.attempt("mv").spec("m") == {"a": P(None, "i"), "b": P(None, "i")}
+    ex.run_cell("specs = P(None, 'i')")  # one spec for every leaf, through @
+    assert run(ex, cell)[0]
+    assert verdict(ex, check_cell) == "✓ right"
+    ex.run_cell("specs = {'a': P(None, 'i'), 'b': P()}")
+    ok, said = run(ex, cell.replace("m['b'] @ v, 'i')", "0, 'i') + lax.pmean(m['b'] @ lax.all_gather(v, 'i', tiled=True), 'i')"))
+    assert ok, said
+    assert verdict(ex, check_cell) == ("✗ not yet: keep `--in m=None,i` on the `%%shard_map` line: the exercise is "
+                                       "about that layout. Hint: add the partial products.")
+
+
+def test_a_pmap_function_answer_is_checked_by_the_program_its_call_ran(ex):
+    """An answer that is a %%pmap function (issue 33 item 17): the check calls it, and sends_only
+    reads that call's program (it said "write it as a magic cell", for a magic cell)."""
+    ex.run_cell("readings = jnp.arange(8.0)")
+    check_cell = """
+run = attempt("total")
+check(run["total"](readings), jnp.full(8, 28.0), method=[run.sends_only("all-reduce")], hint="sum over i")
+"""
+    assert run(ex, "%%exercise total\n%%pmap --no-show\ndef total(v):\n    return lax.psum(v, 'i')")[0]
+    assert verdict(ex, check_cell) == "✓ right"
+    assert exercises.attempt("total").collectives == ["all-reduce"]
+    assert run(ex, "%%exercise total\n%%pmap --no-show\ndef total(v):\n    return v * 0 + 28.0")[0]
+    assert verdict(ex, check_cell) == ("✗ not yet: the cell's compiled program sends nothing between devices; it "
+                                       "should send an all-reduce. Hint: sum over i.")
+    assert run(ex, "%%exercise total\n%%pmap --no-show\ndef total(v):\n    return lax.psum(v, 'i')")[0]
+    ok, said = run(ex, "run = attempt('total')\nprint(run.sends_only('all-reduce'))")
+    assert ok and "call `total` before the check reads its program" in said and "magic cell" not in said

@@ -548,3 +548,15 @@ def test_static_html_of_a_4096_shard_3d_plan_stays_light():
     html = sharding_view.to_html(sharding_state("plan", plan))
     assert len(html) < 64 * 1024
     assert html.count("<img") == 16  # one picture per facet, every block in it
+
+
+def test_a_layout_on_no_device_says_where_it_is_instead_of_0_devices(jx):
+    """%sharding of a ShapeDtypeStruct without a sharding, and of host data (issue 33 item 17): no
+    "on 0 devices"."""
+    jx.push({"sd": jax.ShapeDtypeStruct((8, 4), jnp.float32), "host": np.ones((8, 4))})
+    for name, says in (("sd", "1 distinct block, not laid out on devices"),
+                       ("host", "1 distinct block in host memory, on no device")):
+        with capture_output() as shown:
+            jx.run_line_magic("sharding", name)
+        text = shown.outputs[0].data["text/plain"]
+        assert says in text and "0 devices" not in text, text

@@ -195,11 +195,24 @@ def parse(source: str, label: str = "cell") -> ast.Module:
     return tree, filename
 
 
+def _compiles_as_a_cell(tree: ast.Module, filename: str) -> None:
+    """Raise the SyntaxError a plain cell raises for what parses but does not compile at a cell's
+    top level: `return` or `yield` outside a function (our cell function would accept them),
+    `break` outside a loop. Python's own error, with the cell's line."""
+    try:
+        compile(tree, filename, "exec", dont_inherit=True)
+    except SyntaxError as err:
+        if err.text is None and err.lineno:
+            err.text = linecache.getline(filename, err.lineno)
+        raise err.with_traceback(None) from None
+
+
 def analyse(source: str, label: str = "cell") -> Cell:
     """Parse a cell: names read and written, final expression, and the mode it runs in."""
     tree, filename = parse(source, label)
     # The named filename makes tracebacks and our messages quote the user's own lines.
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    _compiles_as_a_cell(tree, filename)
     body = tree.body
     if body and all(_is_definition(s) for s in body) and any(isinstance(s, ast.FunctionDef) for s in body):
         names = tuple(s.name for s in body if isinstance(s, ast.FunctionDef))
@@ -219,6 +232,19 @@ def analyse(source: str, label: str = "cell") -> Cell:
                 reads.append(n)
     final = isinstance(body[-1], ast.Expr) if body else False
     return Cell(source, filename, tuple(reads), tuple(writes), final, (), tree)
+
+
+def unbound_output(cell: Cell, name: str, option: str = "--out") -> UsageError:
+    """The UsageError for an output the line lists that is not bound when the cell ends: the cell
+    deletes it (`del NAME`, named with its line), or assigns it on a branch that did not run."""
+    deleted = [node.lineno for node in ast.walk(cell.tree) if isinstance(node, ast.Delete)
+               and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)]
+    why = (f"line {deleted[-1]} of the cell, `{cell.line(deleted[-1])}`, deletes it" if deleted
+           else "the cell assigns it on a path this run did not take")
+    return UsageError(
+        f"{option} {name}: {name!r} is not bound when the cell ends ({why}), so there is nothing to return under "
+        f"that name. Keep it bound to the end (leave out the `del`), or drop {name} from {option}."
+    )
 
 
 def compile_block(cell: Cell, inputs: tuple[str, ...], rebound: tuple[str, ...] = ()) -> CodeType:

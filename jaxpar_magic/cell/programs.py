@@ -424,6 +424,17 @@ class Rerun:
             self.graph_replay = GraphReplay.of(members, values, found)
         return found, None
 
+    def deleted_error(self, args, cell: cells.Cell) -> Exception | None:
+        """The UsageError for the first input leaf whose buffers were deleted (donated), or None.
+        Asked before every run: JAX 0.10's jit does not raise on a deleted argument on CPU, it
+        crashes the process (SIGSEGV in PJRT's ExecuteLaunch; tests/test_differential.py found it,
+        and plain `f(x); f(x)` with donate_argnums=0 does the same). One is_deleted() per leaf."""
+        for tree, arrays in zip(self.inputs, args):
+            index = deleted_leaf(tree, arrays)
+            if index is not None:
+                return deleted_input_error(tree, index, cell)
+        return None
+
     def input_error(self, args, cell: cells.Cell, mesh, deleted: bool = True) -> Exception | None:
         """The UsageError naming the first input leaf among `args` that JAX cannot take: one whose
         buffers were deleted (donated), else one committed to other devices than the mesh's (jit moves

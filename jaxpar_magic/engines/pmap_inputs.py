@@ -78,8 +78,6 @@ def check_same_leading(mapped: list, devices: int) -> None:
 
 
 def per_device_note(cell, namespace, mesh, broadcast) -> str:
-    import numpy as np
-
     from ..cell.inputs import TreeInput
 
     k = len(mesh.axis_names)
@@ -89,8 +87,9 @@ def per_device_note(cell, namespace, mesh, broadcast) -> str:
         if tree is None:
             continue
         for index, (shape, dtype) in enumerate(tree.signature[:8]):
-            whole = f"{np.dtype(dtype).name}{list(shape)}"
-            per = whole if name in broadcast else f"{np.dtype(dtype).name}{list(shape[k:])}"
+            # str, not np.dtype(...).name: a PRNG key array's key<fry> is no NumPy dtype
+            whole = f"{dtype}{list(shape)}"
+            per = whole if name in broadcast else f"{dtype}{list(shape[k:])}"
             seen.append(f"{tree.label(index)}: {per}" + ("" if name in broadcast else f" (its slice of {whole})"))
         if len(tree.signature) > 8:
             seen.append(f"... and {len(tree.signature) - 8} more leaves of {name}")

@@ -207,8 +207,29 @@ def place_leaves(tree, arrays, value, mesh, spec, namespace, option: str = "--in
         leaf_spec = fitted(leaf_spec, leaf)
         check_spec(tree.label(index), tuple(leaf.shape), leaf_spec, mesh, option)
         target = NamedSharding(mesh, P(*leaf_spec))
-        placed.append(leaf if isinstance(leaf, jax.Array) and leaf.sharding == target else jax.device_put(leaf, target))
+        placed.append(leaf if isinstance(leaf, jax.Array) and leaf.sharding == target else
+                      _put(leaf, target, tree.label(index), option))
     return placed
+
+
+def _put(leaf, target, label: str, option: str):
+    """jax.device_put, with JAX's ShardingTypeError for a leaf whose type still names an Explicit
+    mesh's axes (made there, then moved to one device) said as the fix."""
+    import jax
+
+    try:
+        return jax.device_put(leaf, target)
+    except Exception as err:
+        if type(err).__name__ != "ShardingTypeError":  # jax._src.core's; no public name to catch it by
+            raise
+        kind = jax.typeof(leaf)
+        raise UsageError(
+            f"{option} {label}: its type {kind} still names the axes of the Explicit mesh it was made on (`@` marks "
+            f"them), though its data has moved since ({type(leaf.sharding).__name__}), so JAX cannot lay it out "
+            f"again (plain jax.device_put raises the same ShardingTypeError). Make it afresh from its values, "
+            f"`{label} = jnp.asarray(np.asarray({label}))`, or lay the original out on its own mesh instead of moving it "
+            f"to one device (`jax.reshard(a, P())`, or `jax.device_put(a, NamedSharding(mesh, P()))`)."
+        ) from None
 
 
 def plan(shape, dtype, mesh, spec):
@@ -295,6 +316,9 @@ def _compile(cell, inputs, namespace, mesh, out_specs, outputs=None, donate=()) 
         with within_mesh(mesh):
             outs, final = fn(*args)
             outs = returned(outs, outputs)
+            for name in (*(outputs or ()), *out_specs):
+                if name not in outs:  # assigned, then deleted: never silently bind nothing
+                    raise cells.unbound_output(cell, name)
             for name, spec in out_specs.items():
                 outs[name] = constrained(name, outs[name], spec)
             return capture_outputs(outs, final, lambda v: v)

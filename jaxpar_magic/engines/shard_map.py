@@ -154,6 +154,8 @@ def _chosen_specs(cell, mesh, found: dict, out_specs: dict, check_vma: bool, pro
         if name == FINAL:
             final_spec = P(*chosen.pop(FINAL))
     for name in out_specs:
+        if name not in found and name in cell.writes and name not in probed.static_outputs:
+            raise cells.unbound_output(cell, name)  # assigned, then deleted
         if name not in found:
             why = ("is a plain Python value, not computed on the devices" if name in probed.static_outputs
                    else "is not assigned by the cell")

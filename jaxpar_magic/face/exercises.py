@@ -134,6 +134,26 @@ class Observed:
     options: Any  # the line's options record (face/lines.py)
     facts: Any  # the compiled program's facts (stages/run/program.ProgramFacts), or None
     bound: dict  # the names it bound: name -> _Held
+    specs: dict = field(default_factory=dict)  # --in's specs, `@NAME` read as the run read it
+
+
+def _line_specs(options, namespace: dict) -> dict:
+    """Each `--in` spec as the run used it: a PartitionSpec, or for `NAME=@SPECS` (and the twins'
+    pytrees of specs) the pytree of specs itself, read from the namespace when the cell ran."""
+    from jax.sharding import PartitionSpec
+
+    from ..cell.specs import SpecTree
+    from ..cell.treespecs import GivenSpecs
+
+    specs = {}
+    for name, spec in (getattr(options, "in_specs", None) or {}).items():
+        if isinstance(spec, SpecTree):
+            specs[name] = namespace.get(spec.name)
+        elif isinstance(spec, GivenSpecs):
+            specs[name] = spec.tree
+        else:
+            specs[name] = PartitionSpec(*spec)
+    return specs
 
 
 @dataclass
@@ -191,19 +211,32 @@ class Attempt:
         """The PartitionSpec the magic line's ``--in`` gave input `name` (None if it gave none)."""
         if self.magic is None:
             return None
-        spec = getattr(self.observed.options, "in_specs", {}).get(name)
-        if not isinstance(spec, tuple):
-            return spec
-        from jax.sharding import PartitionSpec
-
-        return PartitionSpec(*spec)
+        return self.observed.specs.get(name)
 
     @property
     def program(self) -> list | None:
-        """The compiled program's collectives (cell/hlo.Collective), or None without a program."""
-        if self.magic is None or self.observed.facts is None:
+        """The compiled program's collectives (cell/hlo.Collective), or None without a program: a
+        block cell's, or for a %%pmap function its latest call's (in the check cell, say)."""
+        if self.magic is None:
             return None
-        return list(self.observed.facts.collectives)
+        facts = self.observed.facts
+        for function in self._functions().values():
+            facts = facts if facts is not None else function.facts
+        return None if facts is None else list(facts.collectives)
+
+    def _functions(self) -> dict:
+        """The %%pmap functions the run bound (ParallelFunction), by name."""
+        from ..stages.run.pmap_function import ParallelFunction
+
+        return {n: v for n, v in self.bound.items() if isinstance(v, ParallelFunction)}
+
+    def _no_program(self) -> str:
+        """Why there is no program to check: plain Python, or a %%pmap function not called yet."""
+        if self._functions():
+            name = next(iter(self._functions()))
+            return (f"call `{name}` before the check reads its program (a %%pmap function compiles when it is "
+                    f"called: `check({name}(x), ..., method=[...])` calls it first)")
+        return "write it as a magic cell (the exercise checks the program it compiles)"
 
     @property
     def collectives(self) -> list[str] | None:
@@ -237,7 +270,7 @@ class Attempt:
         sent = self.collectives
         allowed = " or ".join(_plural([op]) for op in ops)
         if sent is None:
-            return False, f"write it as a magic cell (the exercise checks the program it compiles), using {allowed}"
+            return False, f"{self._no_program()}, using {allowed}"
         if not sent:
             return False, f"the cell's compiled program sends nothing between devices; it should send {allowed}"
         other = sorted(set(sent) - set(ops))
@@ -261,7 +294,7 @@ class Attempt:
         """The compiled program sends nothing between devices."""
         sent = self.collectives
         if sent is None:
-            return False, "write it as a magic cell (the exercise checks the program it compiles)"
+            return False, self._no_program()
         return not sent, f"the cell's compiled program sends {_plural(sorted(set(sent)))}" if sent else ""
 
 
@@ -270,16 +303,38 @@ def _plural(ops: list[str]) -> str:
 
 
 def _normal(spec):
-    """A spec as a tuple without trailing Nones (P('x') and P('x', None) are one layout)."""
+    """A spec as a tuple without trailing Nones (P('x') and P('x', None) are one layout); a pytree of
+    specs (`--in m=@specs`) as the list of its leaves' (with their structure), or the one spec
+    all its leaves share, so `m=P("i")` and `@specs` that give every leaf P("i") are one layout."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
     if spec is None:
         return None
-    entries = list(spec)
-    while entries and entries[-1] is None:
-        entries.pop()
-    return tuple(entries)
+    if isinstance(spec, NamedSharding):
+        spec = spec.spec
+    if isinstance(spec, PartitionSpec) or (isinstance(spec, tuple) and all(map(_is_entry, spec))):
+        entries = list(spec)
+        while entries and entries[-1] is None:
+            entries.pop()
+        return tuple(entries)
+    leaves, structure = jax.tree.flatten(spec, is_leaf=lambda leaf: isinstance(leaf, (PartitionSpec, NamedSharding)))
+    normal = [_normal(leaf) for leaf in leaves]
+    if normal and all(n == normal[0] for n in normal):
+        return normal[0]
+    return str(structure), normal  # a PyTreeDef does not compare with a spec
+
+
+def _is_entry(entry) -> bool:
+    """One entry of a spec in our tuple form: None, an axis name, or a tuple of axis names."""
+    return entry is None or isinstance(entry, str) or (isinstance(entry, tuple) and all(isinstance(e, str) for e in entry))
 
 
 def _spec_text(spec) -> str:
+    from jax.sharding import PartitionSpec
+
+    if not isinstance(spec, (PartitionSpec, tuple)):  # a pytree of specs: the line would say @NAME
+        return f"@<{type(spec).__name__} of specs>"
     return ",".join("None" if e is None else (f"({','.join(e)})" if isinstance(e, tuple) else str(e)) for e in spec)
 
 
@@ -324,7 +379,11 @@ def run_exercise(shell, answers: tuple[str, ...], body: str, cluster=None) -> No
         cluster.execute("".join(f"globals().pop({name!r}, None)\n" for name in answers))
 
     def watch(magic, options, outcome) -> None:
-        record.observed = Observed(magic, options, getattr(outcome, "facts", None), _held(outcome.bindings))
+        for value in outcome.bindings.values():  # a %%pmap function: its calls keep their program's facts
+            if hasattr(value, "keep_facts"):
+                value.keep_facts = True
+        record.observed = Observed(magic, options, getattr(outcome, "facts", None), _held(outcome.bindings),
+                                   _line_specs(options, shell.user_ns))
 
     WATCHERS.append(watch)
     _running.append(record)

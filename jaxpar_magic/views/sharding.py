@@ -72,7 +72,10 @@ def _block_count(state: dict[str, Any]) -> int:
 def _head_sub(state: dict[str, Any]) -> str:
     count = _block_count(state)
     n = state.get("total_devices", "?")
-    return f"{count} distinct block{'' if count == 1 else 's'} on {n} device{'' if n == 1 else 's'}"
+    blocks = f"{count} distinct block{'' if count == 1 else 's'}"
+    if n == 0:  # no sharding: a plan's ShapeDtypeStruct not laid out yet, or host data (the twin of js/sharding.js)
+        return f"{blocks}, not laid out on devices" if state.get("abstract") else f"{blocks} in host memory, on no device"
+    return f"{blocks} on {n} device{'' if n == 1 else 's'}"
 
 
 def process_of(state: dict[str, Any]) -> Any:

@@ -64,7 +64,8 @@ def per_device_summary(name: str, stacked, k: int, device_ids: list[int], coords
 
     total = len(device_ids)
     per_shape = tuple(stacked.shape[k:])
-    head, same = _summariser()(stacked, total)
+    numbers = numbers_of(stacked)  # a key array's words (one dimension more): what its tiles show
+    head, same = _summariser()(numbers, total)
     same = bool(to_host(same))
     shown = 1 if same else min(total, MAX_TILES)
     head = to_host(head)[:shown]  # the only values that ever leave the devices
@@ -74,7 +75,7 @@ def per_device_summary(name: str, stacked, k: int, device_ids: list[int], coords
         tiles.append({
             "devices": ids[:MAX_TILES],
             "coords": list(coords[row]),
-            "text": format_values(head[row], per_shape, stacked.dtype),
+            "text": format_values(head[row], tuple(numbers.shape[k:]), numbers.dtype),
         })
     return {
         "name": name,
@@ -85,6 +86,22 @@ def per_device_summary(name: str, stacked, k: int, device_ids: list[int], coords
         "omitted": 0 if same else total - shown,
         "same_text": f"same on all {total} devices" if same else None,
     }
+
+
+def is_key_array(value) -> bool:
+    """A typed PRNG key array (`jax.random.key`, dtype `key<fry>`): no NumPy form, no arithmetic."""
+    import jax
+
+    dtype = getattr(value, "dtype", None)
+    return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.extended)
+
+
+def numbers_of(value):
+    """The numbers a view may show of `value`: a key array's key data (its uint32 words, a trailing
+    dimension more, laid out as the keys are), any other array unchanged."""
+    import jax
+
+    return jax.random.key_data(value) if is_key_array(value) else value
 
 
 def to_host(value):
@@ -163,8 +180,10 @@ def block_summary(name: str, value, mesh) -> dict:
     total = len(ids)
     sharding = value.sharding
     block_shape = tuple(sharding.shard_shape(value.shape))
-    size = int(np.prod(block_shape, dtype=np.int64))
-    heads = np.asarray(_block_heads(mesh, sharding.spec)(value).addressable_data(0)).reshape(total, -1)
+    numbers = numbers_of(value)  # a key array's words: its own blocks, one dimension more
+    numbers_block = tuple(numbers.sharding.shard_shape(numbers.shape))
+    size = int(np.prod(numbers_block, dtype=np.int64))
+    heads = np.asarray(_block_heads(mesh, sharding.spec)(numbers).addressable_data(0)).reshape(total, -1)
     same = bool(sharding.is_fully_replicated)
     where = sharding.devices_indices_map(tuple(value.shape))
     by_id = {d.id: d for d in mesh.devices.flat}
@@ -175,7 +194,7 @@ def block_summary(name: str, value, mesh) -> dict:
         tiles.append({
             "devices": ids[:MAX_TILES] if same else [ids[row]],
             "coords": list(coords[row]),
-            "text": format_values(heads[row][:min(size, VALUES_PER_TILE)], block_shape, value.dtype),
+            "text": format_values(heads[row][:min(size, VALUES_PER_TILE)], numbers_block, numbers.dtype),
             "slice": "[" + ", ".join(f"{s.start or 0}:{n if s.stop is None else s.stop}"
                                      for s, n in zip(index, value.shape)) + "]",
         })

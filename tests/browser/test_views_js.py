@@ -415,3 +415,16 @@ def test_sharding_shrinks_to_a_narrow_output_area(view_page: Any, samples: Any, 
     view = host.locator(".jpm-view")
     assert view.evaluate("v => v.scrollWidth <= v.clientWidth")
     view_page.shot(host, f"sharding-{width}")
+
+
+def test_sharding_on_no_device_says_so(view_page: Any) -> None:
+    """The twin of views/sharding.py's head line for a layout on no device (issue 33 item 17)."""
+    import jax
+    import numpy as np
+
+    from jaxpar_magic.views.summaries import sharding_state
+
+    for value, says in ((jax.ShapeDtypeStruct((8, 4), "float32"), "1 distinct block, not laid out on devices"),
+                        (np.ones((8, 4)), "1 distinct block in host memory, on no device")):
+        host = view_page.mount("sharding", sharding_state("a", value))
+        assert says in host.inner_text() and "0 devices" not in host.inner_text()

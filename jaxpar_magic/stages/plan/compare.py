@@ -75,7 +75,7 @@ def read_layouts(name: str, namespace: dict) -> dict:
             raise UsageError(f"--compare {name}: the label {label!r} is not a string; expected labels such as "
                              f"\"dp\" or \"fsdp\".")
         if not isinstance(layout, dict) or "mesh" not in layout or set(layout) - set(LAYOUT_KEYS):
-            keys = sorted(layout) if isinstance(layout, dict) else type(layout).__name__
+            keys = sorted(layout, key=repr) if isinstance(layout, dict) else type(layout).__name__  # keys of any type
             raise UsageError(f"--compare {name}: layout {label!r} is {keys}; expected a dict with \"mesh\" (a Mesh), "
                              f"\"in\" (input name -> PartitionSpec) and optionally \"out\", e.g. `{EXAMPLE}`.")
         if not is_mesh(layout["mesh"]):

@@ -257,7 +257,8 @@ def _spec_entries(sharding, ndim: int) -> list | None:
 def output_entries(named: dict) -> list[dict]:
     """The view's `outputs`: one entry per abstract array in `named` (name -> pytree)."""
     import jax
-    import numpy as np
+
+    from ...views.summaries import dtype_of
 
     entries = []
     for name, tree in named.items():
@@ -267,7 +268,7 @@ def output_entries(named: dict) -> list[dict]:
             entries.append({
                 "name": name + jax.tree_util.keystr(path),
                 "shape": [int(d) for d in leaf.shape],
-                "dtype": np.dtype(leaf.dtype).name,
+                "dtype": dtype_of(leaf).name,  # key<fry> for a PRNG key array
                 "spec": _spec_entries(getattr(leaf, "sharding", None), len(leaf.shape)),
             })
     return entries

@@ -89,7 +89,8 @@ def _per_device(record, mesh_shape: tuple[int, ...]):
     array = np.asarray(record)
     k = len(mesh_shape)
     if array.shape[:k] == mesh_shape:
-        return array.reshape((-1,) + array.shape[k:])
+        # the device count, not -1: NumPy cannot infer -1 for an empty record (a 0-size psum)
+        return array.reshape((math.prod(mesh_shape),) + array.shape[k:])
     return array  # already one leading device axis
 
 
