@@ -2,8 +2,7 @@
 holding an array, a closure over one and a functools.partial (issue 33 item 5), each used by a later
 plain cell: plain Python gives a working object, so the magic must bind one that works (the later
 call gives plain JAX's values) or refuse with a UsageError that leaves the namespace as it was, never
-an object holding a leaked tracer. Marked xfail (strict) until that fix merges (safedata's branch):
-it then passes, and the strict mark fails to say so. Same budget variables as the base test.
+an object holding a leaked tracer. Same budget variables as the base test.
 """
 from __future__ import annotations
 
@@ -70,9 +69,6 @@ class NotebookWithObjects(base.Notebook):
         self.compare(self.ns["out"], expected, use)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="issue 33 item 5 (safedata's branch): a %%shard cell binds objects holding leaked tracers; "
-                          "remove this mark when that fix merges")
 def test_cells_that_assign_objects_give_working_objects(jx, capsys):
     NotebookWithObjects.shell = jx
     NotebookWithObjects.baseline = dict(jx.user_ns)
