@@ -125,8 +125,8 @@ class Attempt:
         return self.values[name]
 
     def _problem(self) -> NotRun | None:
-        if self.voided is not None:
-            return NotRun(self.voided)
+        if self.voided is not None:  # the graded run read again: the same hint, not the next one
+            return NotRun(self.voided, again=self.voided == _GRADED)
         if not self.finished:
             return NotRun("the exercise cell has not finished a run")
         if not self.ok:
