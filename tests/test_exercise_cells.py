@@ -201,3 +201,52 @@ check(run["mv"], m @ v, method=[run.ran("shard_map", m=P(None, "i"), v=P("i")), 
     assert verdict(ex, check_cell) == ("✗ not yet: keep `--in m=None,i` on the `%%shard_map` line: the exercise is "
                                        "about that layout. Hint: add the partial products.")
     assert exercises.attempt("mv").spec("m") == P(None, None)
+
+
+# --- issue 30: cheats the contract itself must catch ---------------------------------------------
+
+FOLLOWS_CHECK = """
+ring = attempt("ring_total")
+others = jnp.arange(8.0) ** 2 - 5
+check(ring["ring_total"], jnp.full(8, 31.0),
+      method=[ring.sends_only("collective-permute"), ring.follows(jnp.full(8, others.sum()), readings=others)],
+      hint=["pass on what you received", "seven steps", "open Solution"])
+"""
+
+
+def test_an_answer_that_ignores_its_input_fails_when_the_cell_runs_again(ex):
+    """A dummy collective times 0 plus the known answer sends the right collective and has the right
+    value; run again on other readings it does not follow them. The rerun leaves no trace."""
+    ex.run_cell("readings = jnp.array([3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0])")
+    assert run(ex, RING)[0]
+    before = dict(ex.user_ns)
+    assert verdict(ex, FOLLOWS_CHECK) == "✓ right"
+    assert all(ex.user_ns[name] is value for name, value in before.items() if name not in ("ring", "others", "_"))
+    assert ex.user_ns["readings"] is before["readings"] and ex.user_ns["ring_total"] is before["ring_total"]
+
+    cheat = ("%%exercise ring_total\n%%pmap -a batch --no-show\n"
+             "ring_total = lax.ppermute(readings, 'batch', perm=[(i, (i + 1) % 8) for i in range(8)]) * 0 + 31.0")
+    assert run(ex, cheat)[0]
+    said = verdict(ex, FOLLOWS_CHECK)
+    assert said.startswith("✗ not yet: run again with other values in `readings`, the cell's `ring_total` is wrong"), said
+    assert "31" not in said.split("Hint")[0].replace("31.0)", "")  # nothing of the expected value
+
+
+def test_a_nested_run_cell_is_refused(ex):
+    ex.run_cell("readings = jnp.array([3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0])")
+    nested = ("%%exercise ring_total\n"
+              "get_ipython().run_cell(\"%%pmap -a batch --no-show\\n"
+              "sent = lax.ppermute(readings, 'batch', perm=[(i, (i + 1) % 8) for i in range(8)])\")\n"
+              "ring_total = jnp.full(8, 31.0)")
+    assert run(ex, nested)[0]
+    assert verdict(ex, RING_CHECK).startswith("✗ not yet: the exercise cell ran another cell (get_ipython().run_cell)")
+
+
+def test_an_answer_changed_in_place_later_is_graded_as_the_cell_left_it(ex):
+    check_dict = ('check(attempt("sizes")["sizes"], {"a": 1, "b": np.arange(3)}, hint="h")')
+    assert run(ex, "%%exercise sizes\nsizes = {'a': 2, 'b': np.arange(3)}")[0]
+    ex.run_cell("sizes['a'] = 1")  # no assignment to the name: only the dict changed
+    assert verdict(ex, check_dict).startswith("✗ not yet: at ['a']: got 2")
+    assert run(ex, "%%exercise sizes\nsizes = {'a': 1, 'b': np.zeros(3, dtype=int)}")[0]
+    ex.run_cell("sizes['b'][:] = np.arange(3)")  # a NumPy answer changed in place
+    assert verdict(ex, check_dict).startswith("✗ not yet: at ['b']: the values differ in 2 of 3 places")

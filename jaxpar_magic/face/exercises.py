@@ -78,6 +78,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import checks
 from .checks import NotRun, check  # noqa: F401  (check is re-exported: jaxpar_magic.check)
 
 # Called by the magics (face/magics.py) after a magic cell binds its names, while an exercise runs:
@@ -110,6 +111,9 @@ class Attempt:
     voided: str | None = None  # why this run no longer counts
     namespace: dict | None = None
     graded_in: int | None = None  # the cell (by _cells_run) that first read this run with attempt()
+    body: str | None = None  # the cell's code below `%%exercise`, to run again on other inputs
+    frozen: dict = field(default_factory=dict)  # the answers as the cell left them (copies of mutable ones)
+    cells_seen: int = 0  # cells run while the body ran: more than its own is a nested run_cell
 
     def __getitem__(self, name: str):
         """The value this run bound to the answer `name`, or a NotRun saying why there is none."""
@@ -122,7 +126,7 @@ class Attempt:
             return NotRun(f"the exercise cell's last run did not set `{name}`")
         if self.namespace is not None and self.namespace.get(name, _GONE) is not self.values[name]:
             return NotRun(f"`{name}` changed after the exercise cell ran: run the exercise cell again")
-        return self.values[name]
+        return self.frozen.get(name, self.values[name])  # as the cell left it, not as changed in place since
 
     def _problem(self) -> NotRun | None:
         if self.voided is not None:  # the graded run read again: the same hint, not the next one
@@ -210,6 +214,28 @@ class Attempt:
         why = f"{name} is cut into {count} distinct {noun}, not {blocks}: the other devices hold copies"
         return count == blocks, why
 
+    def follows(self, want, /, *, rtol: float = 1e-5, atol: float | None = None, **inputs) -> tuple[bool, str]:
+        """Run the exercise cell again with other values for its inputs (``readings=other``): its
+        answers must then equal `want` (the reference's answers on those inputs; a dict by answer
+        name, or the value when the exercise has one answer). An answer that does not depend on
+        its inputs, or that adds a value worked out before, fails. The namespace is left as it was."""
+        from .checks import differs
+        from .rerun import run_again
+
+        names = ", ".join(f"`{name}`" for name in inputs)
+        want = want if len(self.answers) > 1 else {self.answers[0]: want}
+        if self._problem() is not None or self.body is None:
+            return False, (self._problem() or NotRun("the exercise cell has not finished a run")).reason
+        got, error = run_again(self, inputs, _running)
+        if error is not None:
+            return False, f"run again with other values in {names}, the exercise cell failed ({error})"
+        for name, expected in want.items():
+            why = differs(got.get(name), expected, rtol=rtol, atol=atol)
+            if why is not None:
+                return False, (f"run again with other values in {names}, the cell's `{name}` is wrong ({why}): "
+                               f"does it compute `{name}` from {names}, or use a value worked out before?")
+        return True, ""
+
     def sends_nothing(self) -> tuple[bool, str]:
         """The compiled program sends nothing between devices."""
         sent = self.collectives
@@ -239,6 +265,8 @@ def _spec_text(spec) -> str:
 _GONE = object()
 _attempts: list[Attempt] = []
 _running: list[Attempt] = []  # the exercise running now (a nested cell must not void it)
+_read_last: tuple = ((), -1)  # the answers attempt() read last, and in which cell
+_runs: dict[tuple[str, ...], int] = {}  # runs of each exercise cell in this kernel, for the grades
 _cells_run = 0  # cells run in this kernel so far (each exercise body counts with its cell)
 
 _GRADED = ("the check already graded the exercise cell's last run: run the exercise cell again, then "
@@ -249,8 +277,10 @@ _GRADED = ("the check already graded the exercise cell's last run: run the exerc
 def attempt(name: str) -> Attempt:
     """The latest run of the exercise cell whose answers include `name`. The first cell that asks
     grades that run; a later cell asking for the same run gets it voided (the module's docstring)."""
+    global _read_last
     for found in reversed(_attempts):
         if name in found.answers:
+            _read_last = (found.answers, _cells_run)
             if found.graded_in is None:
                 found.graded_in = _cells_run
             elif found.graded_in != _cells_run and found.voided is None:
@@ -261,6 +291,16 @@ def attempt(name: str) -> Attempt:
     return never
 
 
+def _graded_now() -> tuple[tuple[str, ...], int] | None:
+    """For the check's record (face/checks.py): the answers the running cell read with attempt(),
+    and how many times this kernel ran their exercise cell; None if it read none."""
+    answers, cell = _read_last
+    return (answers, _runs.get(answers, 0)) if cell == _cells_run else None
+
+
+checks.graded_now[0] = _graded_now
+
+
 def run_exercise(shell, answers: tuple[str, ...], body: str, cluster=None) -> None:
     """``%%exercise ANSWERS``: forget the answers, run `body` as a cell, record the run. With a
     `cluster` running, the answers are forgotten in its processes too, and a magic cell's answers
@@ -268,7 +308,8 @@ def run_exercise(shell, answers: tuple[str, ...], body: str, cluster=None) -> No
 
     Raises :class:`ExerciseStopped` (one line, after the body's own error) when the body failed.
     """
-    record = Attempt(answers=tuple(answers), namespace=shell.user_ns)
+    record = Attempt(answers=tuple(answers), namespace=shell.user_ns, body=body)
+    _runs[record.answers] = _runs.get(record.answers, 0) + 1
     _attempts.append(record)
     del _attempts[:-_KEPT]
     for name in answers:
@@ -296,6 +337,20 @@ def run_exercise(shell, answers: tuple[str, ...], body: str, cluster=None) -> No
     if cluster is not None and on_processes:  # the cell ran in every process: its names live there
         record.on_cluster = cluster
     record.values = {name: shell.user_ns[name] for name in answers if name in shell.user_ns}
+    record.frozen = {name: _frozen(value) for name, value in record.values.items()}
+
+
+def _frozen(value):
+    """`value` with its mutable parts copied (dicts, lists, NumPy arrays), so that changing the
+    answer in place in a later cell does not change what the check grades. JAX arrays are immutable."""
+    import jax
+    import numpy as np
+
+    try:
+        return jax.tree_util.tree_map(lambda leaf: np.array(leaf) if isinstance(leaf, np.ndarray) else leaf,
+                                      value)  # tree_map rebuilds the dicts, lists and tuples
+    except Exception:  # a value jax cannot walk: graded as it is
+        return value
 
 
 class ExerciseStopped(Exception):
@@ -328,7 +383,12 @@ def unwatch_cells(shell) -> None:
 
 def _before_cell(info) -> None:
     global _cells_run
-    if _running:  # the exercise's own body, run as a cell
+    if _running:  # the exercise's own body, run as a cell; a second cell is a nested run_cell
+        record = _running[-1]
+        record.cells_seen += 1
+        if record.cells_seen > 1 and record.voided is None:
+            record.voided = ("the exercise cell ran another cell (get_ipython().run_cell): write the code in "
+                             "the exercise cell itself, then run it")
         return
     _cells_run += 1
     source = (getattr(info, "raw_cell", "") or "").lstrip()
