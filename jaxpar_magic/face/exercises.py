@@ -49,7 +49,12 @@ Requirements for ``method=`` (each a ``(condition, why)`` pair that names what i
 ``.ran("shard_map", m=P(None, "i"))`` (the cell ran as that magic, laying out those inputs so),
 ``.sends_only("collective-permute", count=None)`` (the compiled program sends something, and only
 these collectives), ``.sends_nothing()``, and ``.split_into("m", 8)`` (the input ``m``, as the
-magic's ``--in`` placed it this run, has 8 distinct blocks). Write any other as ``(condition, "why")``.
+magic's ``--in`` placed it this run, has 8 distinct blocks), and ``.follows(want, x=other_x)`` (run again
+with ``x`` replaced, the cell's answer is ``want``: an answer that ignores its inputs, or adds a value
+worked out before, fails; face/rerun.py). Write any other as ``(condition, "why")``.
+
+An exercise cell that runs another cell (``get_ipython().run_cell``) is refused, and the answers
+are graded as the cell left them: a dict or NumPy answer changed in place later does not count.
 
 What :class:`Attempt` offers a check: ``attempt[name]`` (an answer), ``.ok``, ``.magic`` (``"pmap"``,
 ``"shard"``, ``"shard_map"`` or None for plain Python), ``.spec(name)`` (the PartitionSpec the
