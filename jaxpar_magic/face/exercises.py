@@ -231,6 +231,8 @@ class Attempt:
         want = want if len(self.answers) > 1 else {self.answers[0]: want}
         if self._problem() is not None or self.body is None:
             return False, (self._problem() or NotRun("the exercise cell has not finished a run")).reason
+        if self.on_cluster is not None:  # its inputs live in the processes, not in this namespace
+            return False, "this check cannot run a cluster cell again on other inputs"
         got, error = run_again(self, inputs, _running)
         if error is not None:
             return False, f"run again with other values in {names}, the exercise cell failed ({error})"
@@ -238,7 +240,7 @@ class Attempt:
             why = differs(got.get(name), expected, rtol=rtol, atol=atol)
             if why is not None:
                 return False, (f"run again with other values in {names}, the cell's `{name}` is wrong ({why}): "
-                               f"does it compute `{name}` from {names}, or use a value worked out before?")
+                               f"compute it from {names}, not from a value worked out before")
         return True, ""
 
     def sends_nothing(self) -> tuple[bool, str]:
@@ -351,6 +353,8 @@ def _frozen(value):
     import jax
     import numpy as np
 
+    if not isinstance(value, (dict, list, tuple, np.ndarray)):  # a module, a function: graded as it is
+        return value
     try:
         return jax.tree_util.tree_map(lambda leaf: np.array(leaf) if isinstance(leaf, np.ndarray) else leaf,
                                       value)  # tree_map rebuilds the dicts, lists and tuples
