@@ -255,7 +255,9 @@ def test_a_condition_must_be_a_boolean(capsys):
     check([False], hint="h2")
     check(np.array([True, True]), hint="h3")
     check(True, method=[((c for c in []), "the program sends an all-reduce")], hint="h4")
+    check(1490.3, method=[(True, "a number of tokens")], hint="h5")  # an answer judged by its method alone
     lines = said(capsys)
+    assert lines[4] == "✓ right"
     assert lines[0].startswith("✗ not yet: the check's condition is a generator, not True or False")
     assert lines[1].startswith("✗ not yet: the check's condition is a list, not True or False")
     assert lines[2] == "✓ right"

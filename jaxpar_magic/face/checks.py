@@ -51,7 +51,8 @@ def check(got: Any, want: Any = _MISSING, *, hint: str | Sequence[str], method: 
     ``got`` is true), else ``✗ not yet: <what differs>. Hint: <hint>``. Never raises.
 
     ``method``: ``(condition, why)`` pairs, each a requirement on how the answer was made; the
-    first false one is reported (with ``why``) before the value is compared. ``atol`` (an absolute
+    first false one is reported (with ``why``) before the value is compared. With ``method`` and no
+    ``want``, a ``got`` that is not a boolean is the answer itself, judged by ``method`` alone. ``atol`` (an absolute
     tolerance) is off by default: values are compared relative to the expected one (``rtol``).
     """
     hints = (hint,) if isinstance(hint, str) else tuple(hint)
@@ -119,6 +120,8 @@ def _verdict(got, want, method, rtol, atol) -> str | None:
         if not _all_true(condition):
             return why
     if want is _MISSING:
+        if method and not _is_condition(got):  # `got` is the answer, judged by `method` alone
+            return None
         if not _is_condition(got):
             return (f"the check's condition is a {type(got).__name__}, not True or False (write a comparison, "
                     "or all(...) around a generator)")
