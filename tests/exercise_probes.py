@@ -15,6 +15,11 @@ CHEATS: dict[tuple[str, str], list[tuple[str, str]]] = {
         ("the psum's result copied", "%%exercise ring_total\n%%pmap -a batch\nring_total = total"),
         ("psum itself", "%%exercise ring_total\n%%pmap -a batch\nring_total = lax.psum(readings, 'batch')"),
         ("plain Python", "%%exercise ring_total\nring_total = jnp.full(8, 31.0)"),
+        ("a dummy ppermute times 0 plus the total (issue 30)",
+         "%%exercise ring_total\n%%pmap -a batch\nring_total = lax.ppermute(readings, 'batch', perm=ring) * 0 + 31.0"),
+        ("a nested run_cell, then the total copied (issue 30)",
+         "%%exercise ring_total\nget_ipython().run_cell(\"%%pmap -a batch --no-show\\n"
+         "sent = lax.ppermute(readings, 'batch', perm=ring)\")\nring_total = total"),
         ("one step too many", "%%exercise ring_total\n%%pmap -a batch\npassing = readings\nring_total = readings\n"
                               "for _ in range(n_dev):\n    passing = lax.ppermute(passing, 'batch', perm=ring)\n"
                               "    ring_total = ring_total + passing"),
@@ -29,6 +34,9 @@ CHEATS: dict[tuple[str, str], list[tuple[str, str]]] = {
                                     "row_totals = jnp.sum(m, axis=1)"),
         ("split both dimensions", "%%exercise row_totals\n%%shard --mesh grid --in m=data,model --no-show\n"
                                   "row_totals = jnp.sum(m, axis=1)"),
+        ("the expected totals added to a zero sum (issue 30)",
+         "%%exercise row_totals\n%%shard --mesh grid --in m=(data,model),None --report --no-show\n"
+         "row_totals = jnp.sum(m, 1) * 0 + expected_row_totals"),
         ("rows over data only", "%%exercise row_totals\n%%shard --mesh grid --in m=data,None --no-show\n"
                                 "row_totals = jnp.sum(m, axis=1)"),
     ],
@@ -89,12 +97,17 @@ CHEATS.update({
     ("memory_chapter.ipynb", "dp_gradient"): [
         ("the one-device gradient, closed over", "%%exercise dp_gradient\ndef dp_gradient(params, x, y):\n"
                                                  "    return whole\n"),
+        ("the closed-over answer plus 0 × a psum (issue 30)",
+         "%%exercise dp_gradient\ndef dp_gradient(params, x, y):\n"
+         "    return jax.tree.map(lambda w, g: w + 0 * g, whole, lax.psum(jax.grad(loss_fn)(params, x, y), 'data'))\n"),
         ("psum instead of pmean", "%%exercise dp_gradient\ndef dp_gradient(params, x, y):\n"
                                   "    return lax.psum(jax.grad(loss_fn)(params, x, y), 'data')\n"),
     ],
     ("memory_chapter.ipynb", "stash_slots"): [
         ("every microbatch, both schedules", "%%exercise stash_slots\ndef stash_slots(stages, micro, kind):\n"
                                             "    return micro\n"),
+        ("the chapter's simulator called (issue 30)", "%%exercise stash_slots\ndef stash_slots(stages, micro, kind):\n"
+                                                     "    return most_in_flight(schedule(stages, micro, kind))[0]\n"),
         ("1F1B without the few-microbatches case", "%%exercise stash_slots\ndef stash_slots(stages, micro, kind):\n"
                                                    "    return micro if kind == 'GPipe' else stages\n"),
     ],

@@ -269,3 +269,57 @@ check(run["total"](readings), jnp.full(8, 28.0), method=[run.sends_only("all-red
     assert run(ex, "%%exercise total\n%%pmap --no-show\ndef total(v):\n    return lax.psum(v, 'i')")[0]
     ok, said = run(ex, "run = attempt('total')\nprint(run.sends_only('all-reduce'))")
     assert ok and "call `total` before the check reads its program" in said and "magic cell" not in said
+
+
+# --- issue 30: cheats the contract itself must catch ---------------------------------------------
+
+FOLLOWS_CHECK = """
+ring = attempt("ring_total")
+others = jnp.arange(8.0) ** 2 - 5
+check(ring["ring_total"], jnp.full(8, 31.0),
+      method=[ring.sends_only("collective-permute"), ring.follows(jnp.full(8, others.sum()), readings=others)],
+      hint=["pass on what you received", "seven steps", "open Solution"])
+"""
+
+
+def test_an_answer_that_ignores_its_input_fails_when_the_cell_runs_again(ex):
+    """A dummy collective times 0 plus the known answer sends the right collective and has the right
+    value; run again on other readings it does not follow them. The rerun leaves no trace."""
+    ex.run_cell("readings = jnp.array([3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0])")
+    assert run(ex, RING)[0]
+    before = dict(ex.user_ns)
+    assert verdict(ex, FOLLOWS_CHECK) == "✓ right"
+    assert all(ex.user_ns[name] is value for name, value in before.items() if name not in ("ring", "others", "_"))
+    assert ex.user_ns["readings"] is before["readings"] and ex.user_ns["ring_total"] is before["ring_total"]
+
+    cheat = ("%%exercise ring_total\n%%pmap -a batch --no-show\n"
+             "ring_total = lax.ppermute(readings, 'batch', perm=[(i, (i + 1) % 8) for i in range(8)]) * 0 + 31.0")
+    assert run(ex, cheat)[0]
+    said = verdict(ex, FOLLOWS_CHECK)
+    assert said.startswith("✗ not yet: run again with other values in `readings`, the cell's `ring_total` is wrong"), said
+    assert "31" not in said.split("Hint")[0].replace("31.0)", "")  # nothing of the expected value
+
+
+def test_a_nested_run_cell_is_refused(ex):
+    ex.run_cell("readings = jnp.array([3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0])")
+    nested = ("%%exercise ring_total\n"
+              "get_ipython().run_cell(\"%%pmap -a batch --no-show\\n"
+              "sent = lax.ppermute(readings, 'batch', perm=[(i, (i + 1) % 8) for i in range(8)])\")\n"
+              "ring_total = jnp.full(8, 31.0)")
+    assert run(ex, nested)[0]
+    assert verdict(ex, RING_CHECK).startswith("✗ not yet: the exercise cell ran another cell (get_ipython().run_cell)")
+
+
+def test_an_answer_changed_in_place_later_is_not_graded(ex):
+    """Issue 30: only what the exercise cell made counts. A dict or NumPy answer changed in place in
+    a later cell is refused (the run keeps a digest of it, not a copy: issue 33 item 15)."""
+    check_dict = ('check(attempt("sizes")["sizes"], {"a": 1, "b": np.arange(3)}, hint="h")')
+    changed = "✗ not yet: `sizes` was changed in place after the exercise cell ran"
+    assert run(ex, "%%exercise sizes\nsizes = {'a': 2, 'b': np.arange(3)}")[0]
+    ex.run_cell("sizes['a'] = 1")  # no assignment to the name: only the dict changed
+    assert verdict(ex, check_dict).startswith(changed)
+    assert run(ex, "%%exercise sizes\nsizes = {'a': 1, 'b': np.zeros(3, dtype=int)}")[0]
+    ex.run_cell("sizes['b'][:] = np.arange(3)")  # a NumPy answer changed in place
+    assert verdict(ex, check_dict).startswith(changed)
+    assert run(ex, "%%exercise sizes\nsizes = {'a': 1, 'b': np.arange(3)}")[0]  # made by the cell: right
+    assert verdict(ex, check_dict) == "✓ right"

@@ -70,8 +70,8 @@ def test_a_pytree_names_the_leaf_that_differs(capsys):
     check((1, 2), (1, 2, 3), hint="three")
     assert said(capsys) == [
         "✗ not yet: at ['b'][1]: the values differ in 2 of 2 places. Hint: look at b.",
-        "✗ not yet: a dict with keys ['w'] has no ['b']. Hint: add b.",
-        "✗ not yet: a tuple of 2 has no [2]. Hint: three.",
+        "✗ not yet: the dict has no key 'b'. Hint: add b.",
+        "✗ not yet: got 2 values in a tuple, expected 3. Hint: three.",
     ]
 
 
@@ -134,7 +134,8 @@ def test_what_it_cannot_compare_is_one_line_with_the_reason(capsys):
     lines = said(capsys)
     assert lines == [
         "✗ not yet: could not compare the answer (RuntimeError: no comparing me). Hint: h.",
-        "✗ not yet: could not compare the answer (RuntimeError: no truth either). Hint: h2.",
+        "✗ not yet: the check's condition is a Stubborn, not True or False (write a comparison, or all(...) "
+        "around a generator). Hint: h2.",
     ]
 
 
@@ -236,3 +237,56 @@ def test_in_a_notebook_cell_a_wrong_answer_is_one_line(ip):
 
 def test_is_a_twin_exported_from_the_package():
     assert jaxpar_magic.check is check
+
+
+# --- issue 30: what check() itself let through ----------------------------------------------------
+
+def test_tolerances_are_relative_so_tiny_wrong_answers_are_wrong(capsys):
+    """An absolute atol=1e-6 passed 2e-6 against 3e-6; a relative tolerance does not, and still
+    forgives float noise around a large value and the zeros of an array."""
+    check(2e-6, 3e-6, hint="h")
+    check(3e-6 * (1 + 1e-7), 3e-6, hint="h")
+    check(np.array([0.0, 1e-9, 5.0]), np.array([0.0, 0.0, 5.0]), hint="h")
+    assert said(capsys) == ["✗ not yet: got 2e-06. Hint: h.", "✓ right", "✓ right"]
+
+
+def test_a_condition_must_be_a_boolean(capsys):
+    check((x for x in [False]), hint="h")
+    check([False], hint="h2")
+    check(np.array([True, True]), hint="h3")
+    check(True, method=[((c for c in []), "the program sends an all-reduce")], hint="h4")
+    check(1490.3, method=[(True, "a number of tokens")], hint="h5")  # an answer judged by its method alone
+    lines = said(capsys)
+    assert lines[4] == "✓ right"
+    assert lines[0].startswith("✗ not yet: the check's condition is a generator, not True or False")
+    assert lines[1].startswith("✗ not yet: the check's condition is a list, not True or False")
+    assert lines[2] == "✓ right"
+    assert lines[3].startswith("✗ not yet: the check's requirement “the program sends an all-reduce” is a generator")
+
+
+def test_python_ints_of_any_size_compare(capsys):
+    check(2**70, float(2**70), hint="h")
+    check(2**70, 2**70, hint="h")
+    check(2**70 + 1, 2**70, hint="h")
+    assert said(capsys) == ["✓ right", "✓ right", f"✗ not yet: got {2**70 + 1}. Hint: h."]
+
+
+def test_structure_messages_say_where_and_what(capsys):
+    check([1.0] * 9 + [None], [1.0] * 10, hint="h")
+    check([6.5, 6.5], 6.5, hint="h")
+    check([1, 2, [3]], [1, 2, 3], hint="h")
+    assert said(capsys) == [
+        "✗ not yet: at [9]: got None, expected a number (float). Hint: h.",
+        "✗ not yet: got a list of 2 ([6.5, 6.5]), expected one value, not a list. Hint: h.",
+        "✗ not yet: at [2]: got a list of 1 ([3]), expected one value, not a list. Hint: h.",
+    ]
+
+
+def test_reading_the_same_graded_run_again_keeps_the_hint(capsys):
+    hints = ["first", "second", "third"]
+    check(1, 2, hint=hints)
+    again = NotRun("the check already graded the exercise cell's last run", again=True)
+    check(again, 2, hint=hints)
+    check(again, 2, hint=hints)
+    check(3, 2, hint=hints)
+    assert [line.split(" Hint ")[1][:3] for line in said(capsys)] == ["1/3", "1/3", "1/3", "2/3"]

@@ -18,6 +18,7 @@ MAY_IMPORT = {
     "stages": {"cell", "engines", "views"},
     "cluster": {"cell", "views"},
     "face": {"cell", "engines", "views", "stages", "cluster"},
+    "grade": {"face"},  # python -m jaxpar_magic.grade: runs notebooks, reads what the checks saved
 }
 SHARED = {"jaxpar_magic", "jaxpar_magic.errors"}
 

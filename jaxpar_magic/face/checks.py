@@ -7,13 +7,16 @@ the way they would by eye, and it never shows a traceback:
   optax states. Their structure must match; array leaves must match in shape, in dtype *kind*
   (bool, integer, floating, complex: float32 against float64 is fine, int against float is not,
   except for a plain Python number, which JAX treats as weakly typed too) and in values within
-  ``rtol``/``atol``, NaN equal to NaN; other leaves compare with ``==``;
-* a condition (``check(a == b, hint=...)``) is right when all of it is true, an array included;
+  ``rtol`` (relative to the expected leaf's largest value: 2e-6 against 3e-6 is wrong, however small),
+  NaN equal to NaN; Python integers of any size compare exactly; other leaves compare with ``==``;
+* a condition (``check(a == b, hint=...)``) is right when all of it is true, an array included; it
+  must be a boolean or a boolean array (a generator or a list is the check's own mistake, said so);
 * anything it cannot compare is one "not yet" line that says why.
 
 It never prints the expected value: only what differs (where, how many places, the student's own
 value). ``hint`` may be a list: the first failure shows the first hint, each later failure of the
-same check the next one (a nudge first, more later). ``method`` lists ``(condition, why)`` pairs:
+same check the next one (a nudge first, more later); running the check again on the run it already
+graded shows the same hint again, so re-reading a check does not use one up. ``method`` lists ``(condition, why)`` pairs:
 how the answer must have been made, tested before its value (face/exercises.py builds them from
 the exercise cell's own run).
 """
@@ -28,10 +31,12 @@ _failures: dict[tuple[str, ...], int] = {}
 
 
 class NotRun:
-    """An answer the exercise cell's latest run did not produce, and why (face/exercises.py)."""
+    """An answer the exercise cell's latest run did not produce, and why (face/exercises.py).
+    ``again``: the check already graded this run (re-reading it shows the same hint, not the next)."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, again: bool = False):
         self.reason = reason
+        self.again = again
 
     def __repr__(self) -> str:
         return f"NotRun({self.reason!r})"
@@ -41,12 +46,14 @@ class NotRun:
 
 
 def check(got: Any, want: Any = _MISSING, *, hint: str | Sequence[str], method: Sequence = (),
-          done: str = "right", rtol: float = 1e-5, atol: float = 1e-6) -> None:
+          done: str = "right", rtol: float = 1e-5, atol: float | None = None) -> None:
     """Print ``✓ <done>`` when ``got`` equals ``want`` (or, with no ``want``, when the condition
     ``got`` is true), else ``✗ not yet: <what differs>. Hint: <hint>``. Never raises.
 
     ``method``: ``(condition, why)`` pairs, each a requirement on how the answer was made; the
-    first false one is reported (with ``why``) before the value is compared.
+    first false one is reported (with ``why``) before the value is compared. With ``method`` and no
+    ``want``, a ``got`` that is not a boolean is the answer itself, judged by ``method`` alone. ``atol`` (an absolute
+    tolerance) is off by default: values are compared relative to the expected one (``rtol``).
     """
     hints = (hint,) if isinstance(hint, str) else tuple(hint)
     try:
@@ -55,15 +62,45 @@ def check(got: Any, want: Any = _MISSING, *, hint: str | Sequence[str], method: 
         why = f"could not compare the answer ({type(error).__name__}: {_short(str(error))})"
     if why is None:
         print(f"✓ {done}")
-        return
-    print(f"✗ not yet: {why}. {_next_hint(hints)}")
+    else:
+        missing = _first_missing(got)
+        again = missing is not None and missing.again
+        print(f"✗ not yet: {why}. {_next_hint(hints, advance=not again)}")
+    _record(hints, right=why is None)
 
 
-def _next_hint(hints: tuple[str, ...]) -> str:
+# The check's record for `python -m jaxpar_magic.grade`: saved with the notebook as an output of a
+# type nothing renders (JupyterLab shows no output for a MIME type without a renderer).
+RECORD_MIME = "application/vnd.jaxpar-magic.check+json"
+
+
+# face/exercises.py sets it: () -> (the answers the running cell read with attempt(), the exercise
+# cell's runs in this kernel), or None when the cell read none.
+graded_now: list = [lambda: None]
+
+
+def _record(hints: tuple[str, ...], right: bool) -> None:
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    graded = graded_now[0]()
+    if shell is None or graded is None or type(shell).__name__ != "ZMQInteractiveShell":
+        return  # only a kernel saves it with the notebook
+    from IPython.display import display
+
+    answers, attempts = graded
+    display({RECORD_MIME: {"answers": list(answers), "verdict": "right" if right else "not yet",
+                           "attempts": attempts, "hints_used": _failures.get(hints, 0)}}, raw=True)
+
+
+def _next_hint(hints: tuple[str, ...], advance: bool = True) -> str:
     if not hints:
         return ""
     shown = _failures.get(hints, 0)
-    _failures[hints] = shown + 1
+    if advance:
+        _failures[hints] = shown + 1
+    else:  # the same run read again: the hint it was last given
+        shown = max(shown - 1, 0)
     text = hints[min(shown, len(hints) - 1)].strip()
     text = text if text.endswith((".", "?", "!")) else text + "."
     if len(hints) == 1:
@@ -78,11 +115,26 @@ def _verdict(got, want, method, rtol, atol) -> str | None:
     for condition, why in method:
         if isinstance(condition, NotRun):
             return condition.reason
+        if not _is_condition(condition):
+            return f"the check's requirement “{why}” is a {type(condition).__name__}, not True or False"
         if not _all_true(condition):
             return why
     if want is _MISSING:
+        if method and not _is_condition(got):  # `got` is the answer, judged by `method` alone
+            return None
+        if not _is_condition(got):
+            return (f"the check's condition is a {type(got).__name__}, not True or False (write a comparison, "
+                    "or all(...) around a generator)")
         return None if _all_true(got) else "the check is false"
     return differs(got, want, rtol=rtol, atol=atol)
+
+
+def _is_condition(value) -> bool:
+    """A boolean, a NumPy/JAX boolean scalar or array, or a NotRun (always false)."""
+    if isinstance(value, (bool, NotRun)):
+        return True
+    dtype = getattr(value, "dtype", None)
+    return dtype is not None and getattr(dtype, "kind", None) == "b" and hasattr(value, "shape")
 
 
 def _first_missing(value) -> NotRun | None:
@@ -111,7 +163,7 @@ def _all_true(condition) -> bool:
 
 # --- comparing two values --------------------------------------------------------------------------
 
-def differs(got: Any, want: Any, *, rtol: float = 1e-5, atol: float = 1e-6) -> str | None:
+def differs(got: Any, want: Any, *, rtol: float = 1e-5, atol: float | None = None) -> str | None:
     """Why `got` is not `want` (None when they agree), in words that never show `want`'s values."""
     import jax
 
@@ -131,21 +183,41 @@ def differs(got: Any, want: Any, *, rtol: float = 1e-5, atol: float = 1e-6) -> s
 
 
 def _structure_differs(got, want, got_leaves, want_leaves) -> str:
+    where, got, want = _where_structures_part(got, want)
+    at = f"at {where}: " if where else ""
+    if isinstance(got, dict) and isinstance(want, dict):
+        missing = [k for k in want if k not in got]
+        extra = [k for k in got if k not in want]
+        if missing:
+            more = f" (and {len(missing) - 1} more missing)" if len(missing) > 1 else ""
+            return f"{at}the dict has no key {missing[0]!r}{more}"
+        if extra:
+            return f"{at}the dict has an unexpected key {extra[0]!r}"
+    if isinstance(got, (list, tuple)) and type(got) is type(want) and len(got) != len(want):
+        return f"{at}got {len(got)} values in a {type(got).__name__}, expected {len(want)}"
+    if isinstance(got, (list, tuple)) and not isinstance(want, (list, tuple, dict)) and _is_array(want):
+        return f"{at}got {_describe(got)}, expected one value, not a {type(got).__name__}"
+    return f"{at}got {_describe(got)}, expected {_describe(want, values=False)}"
+
+
+def _where_structures_part(got, want, where: str = "") -> tuple[str, Any, Any]:
+    """The first place, from the root, where the two trees' shapes part: (where, got there, want there)."""
+    if type(got) is type(want) and isinstance(got, (list, tuple)) and len(got) == len(want):
+        pairs = [(f"[{i}]", a, b) for i, (a, b) in enumerate(zip(got, want))]
+    elif isinstance(got, dict) and isinstance(want, dict) and set(got) == set(want):
+        pairs = [(f"[{k!r}]", got[k], want[k]) for k in want]
+    else:
+        return where, got, want
+    for key, a, b in pairs:
+        if _structure(a) != _structure(b):
+            return _where_structures_part(a, b, where + key)
+    return where, got, want
+
+
+def _structure(value):
     import jax
 
-    if (type(got) is not type(want) or not got_leaves or not want_leaves or got_leaves[0][0] == ()
-            or want_leaves[0][0] == ()):
-        return f"got {_describe(got)}, expected {_describe(want, values=False)}"
-    got_paths = [jax.tree_util.keystr(p) for p, _ in got_leaves]
-    want_paths = [jax.tree_util.keystr(p) for p, _ in want_leaves]
-    missing = [p for p in want_paths if p not in got_paths]
-    extra = [p for p in got_paths if p not in want_paths]
-    if missing:
-        more = f" (and {len(missing) - 1} more missing)" if len(missing) > 1 else ""
-        return f"{_describe(got)} has no {missing[0]}{more}"
-    if extra:
-        return f"{_describe(got)} has an unexpected {extra[0]}"
-    return f"the structure differs: got {_describe(got)}, expected {_describe(want, values=False)}"
+    return jax.tree_util.tree_structure(value)
 
 
 def _is_array(value) -> bool:
@@ -177,6 +249,8 @@ def _kind(value) -> str | None:
 def _leaf_differs(got, want, rtol, atol) -> str | None:
     import numpy as np
 
+    if _python_int(got) and _python_int(want):  # exact, and of any size (NumPy stops at 2**63)
+        return None if got == want else f"got {_describe(got)}"
     if _is_array(got) and _is_array(want):
         g, w = _host(got), _host(want)
         if g.shape != w.shape:
@@ -188,8 +262,12 @@ def _leaf_differs(got, want, rtol, atol) -> str | None:
             wanted = dict(_KINDS).get(want_kind, str(w.dtype))
             return f"the dtype is {g.dtype}, expected {wanted} dtype"
         if want_kind in ("floating", "complexfloating") or got_kind in ("floating", "complexfloating"):
-            close = np.isclose(g.astype(np.result_type(g, w, np.float32)), w.astype(np.result_type(g, w, np.float32)),
-                               rtol=rtol, atol=atol, equal_nan=True)
+            common = np.result_type(g, w, np.float32)
+            g, w = g.astype(common), w.astype(common)
+            if atol is None:  # relative to the expected leaf's scale: its zeros need not be exact
+                finite = np.abs(w[np.isfinite(w)])
+                atol = rtol * float(finite.max()) if finite.size else 0.0
+            close = np.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
         else:
             close = np.equal(g, w)
         if bool(np.all(close)):
@@ -207,10 +285,17 @@ def _leaf_differs(got, want, rtol, atol) -> str | None:
     return None
 
 
+def _python_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _host(value):
-    """A NumPy copy of an array leaf; bfloat16 and other ML dtypes as float32, so NumPy can compare them."""
+    """A NumPy copy of an array leaf; bfloat16 and other ML dtypes as float32, so NumPy can compare them;
+    a Python int too large for int64 as a float (it is then compared with a float)."""
     import numpy as np
 
+    if _python_int(value) and not -2**63 <= value < 2**63:
+        return np.asarray(float(value))
     array = np.asarray(value)
     if array.dtype.kind == "V":  # ml_dtypes (bfloat16, float8): NumPy knows them as void
         array = array.astype(np.float32)
@@ -232,7 +317,9 @@ def _describe(value, values: bool = True) -> str:
     if isinstance(value, dict):
         return f"a dict with keys {_short(repr(list(value)))}"
     if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
-        return f"a {type(value).__name__} of {len(value)}"
+        shown = f" ({_short(repr(value), 40)})" if values and all(_is_array(v) and not hasattr(v, "shape")
+                                                                  for v in value) else ""
+        return f"a {type(value).__name__} of {len(value)}{shown}"
     if values and type(value).__repr__ is object.__repr__ or not values or _is_pytree_node(value):
         return f"a {type(value).__name__}"
     return _short(repr(value))

@@ -49,7 +49,12 @@ Requirements for ``method=`` (each a ``(condition, why)`` pair that names what i
 ``.ran("shard_map", m=P(None, "i"))`` (the cell ran as that magic, laying out those inputs so),
 ``.sends_only("collective-permute", count=None)`` (the compiled program sends something, and only
 these collectives), ``.sends_nothing()``, and ``.split_into("m", 8)`` (the input ``m``, as the
-magic's ``--in`` placed it this run, has 8 distinct blocks). Write any other as ``(condition, "why")``.
+magic's ``--in`` placed it this run, has 8 distinct blocks), and ``.follows(want, x=other_x)`` (run again
+with ``x`` replaced, the cell's answer is ``want``: an answer that ignores its inputs, or adds a value
+worked out before, fails; face/rerun.py). Write any other as ``(condition, "why")``.
+
+An exercise cell that runs another cell (``get_ipython().run_cell``) is refused, and the answers
+are graded as the cell left them: a dict or NumPy answer changed in place later does not count.
 
 What :class:`Attempt` offers a check: ``attempt[name]`` (an answer), ``.ok``, ``.magic`` (``"pmap"``,
 ``"shard"``, ``"shard_map"`` or None for plain Python), ``.spec(name)`` (the PartitionSpec the
@@ -79,6 +84,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import checks
 from .checks import NotRun, check  # noqa: F401  (check is re-exported: jaxpar_magic.check)
 
 # Called by the magics (face/magics.py) after a magic cell binds its names, while an exercise runs:
@@ -169,6 +175,9 @@ class Attempt:
     voided: str | None = None  # why this run no longer counts
     namespace: dict | None = None
     graded_in: int | None = None  # the cell (by _cells_run) that first read this run with attempt()
+    body: str | None = None  # the cell's code below `%%exercise`, to run again on other inputs
+    frozen: dict = field(default_factory=dict)  # each mutable answer's _digest as the cell left it
+    cells_seen: int = 0  # cells run while the body ran: more than its own is a nested run_cell
 
     def __getitem__(self, name: str):
         """The value this run bound to the answer `name`, or a NotRun saying why there is none."""
@@ -184,13 +193,18 @@ class Attempt:
             current = self.namespace.get(name, _GONE)
             if current is _GONE or not held.matches(current):
                 return NotRun(f"`{name}` changed after the exercise cell ran: run the exercise cell again")
-            return current
-        value = held.get()
-        return NotRun(f"`{name}` is gone: run the exercise cell again") if value is _GONE else value
+            value = current
+        else:
+            value = held.get()
+            if value is _GONE:
+                return NotRun(f"`{name}` is gone: run the exercise cell again")
+        if name in self.frozen and _digest(value) != self.frozen[name]:  # changed in place since
+            return NotRun(f"`{name}` was changed in place after the exercise cell ran: run the exercise cell again")
+        return value
 
     def _problem(self) -> NotRun | None:
-        if self.voided is not None:
-            return NotRun(self.voided)
+        if self.voided is not None:  # the graded run read again: the same hint, not the next one
+            return NotRun(self.voided, again=self.voided == _GRADED)
         if not self.finished:
             return NotRun("the exercise cell has not finished a run")
         if not self.ok:
@@ -290,6 +304,30 @@ class Attempt:
         why = f"{name} is cut into {count} distinct {noun}, not {blocks}: the other devices hold copies"
         return count == blocks, why
 
+    def follows(self, want, /, *, rtol: float = 1e-5, atol: float | None = None, **inputs) -> tuple[bool, str]:
+        """Run the exercise cell again with other values for its inputs (``readings=other``): its
+        answers must then equal `want` (the reference's answers on those inputs; a dict by answer
+        name, or the value when the exercise has one answer). An answer that does not depend on
+        its inputs, or that adds a value worked out before, fails. The namespace is left as it was."""
+        from .checks import differs
+        from .rerun import run_again
+
+        names = ", ".join(f"`{name}`" for name in inputs)
+        want = want if len(self.answers) > 1 else {self.answers[0]: want}
+        if self._problem() is not None or self.body is None:
+            return False, (self._problem() or NotRun("the exercise cell has not finished a run")).reason
+        if self.on_cluster is not None:  # its inputs live in the processes, not in this namespace
+            return False, "this check cannot run a cluster cell again on other inputs"
+        got, error = run_again(self, inputs, _running)
+        if error is not None:
+            return False, f"run again with other values in {names}, the exercise cell failed ({error})"
+        for name, expected in want.items():
+            why = differs(got.get(name), expected, rtol=rtol, atol=atol)
+            if why is not None:
+                return False, (f"run again with other values in {names}, the cell's `{name}` is wrong ({why}): "
+                               f"compute it from {names}, not from a value worked out before")
+        return True, ""
+
     def sends_nothing(self) -> tuple[bool, str]:
         """The compiled program sends nothing between devices."""
         sent = self.collectives
@@ -341,6 +379,8 @@ def _spec_text(spec) -> str:
 _GONE = object()
 _attempts: list[Attempt] = []
 _running: list[Attempt] = []  # the exercise running now (a nested cell must not void it)
+_read_last: tuple = ((), -1)  # the answers attempt() read last, and in which cell
+_runs: dict[tuple[str, ...], int] = {}  # runs of each exercise cell in this kernel, for the grades
 _cells_run = 0  # cells run in this kernel so far (each exercise body counts with its cell)
 
 _GRADED = ("the check already graded the exercise cell's last run: run the exercise cell again, then "
@@ -351,8 +391,10 @@ _GRADED = ("the check already graded the exercise cell's last run: run the exerc
 def attempt(name: str) -> Attempt:
     """The latest run of the exercise cell whose answers include `name`. The first cell that asks
     grades that run; a later cell asking for the same run gets it voided (the module's docstring)."""
+    global _read_last
     for found in reversed(_attempts):
         if name in found.answers:
+            _read_last = (found.answers, _cells_run)
             if found.graded_in is None:
                 found.graded_in = _cells_run
             elif found.graded_in != _cells_run and found.voided is None:
@@ -363,6 +405,16 @@ def attempt(name: str) -> Attempt:
     return never
 
 
+def _graded_now() -> tuple[tuple[str, ...], int] | None:
+    """For the check's record (face/checks.py): the answers the running cell read with attempt(),
+    and how many times this kernel ran their exercise cell; None if it read none."""
+    answers, cell = _read_last
+    return (answers, _runs.get(answers, 0)) if cell == _cells_run else None
+
+
+checks.graded_now[0] = _graded_now
+
+
 def run_exercise(shell, answers: tuple[str, ...], body: str, cluster=None) -> None:
     """``%%exercise ANSWERS``: forget the answers, run `body` as a cell, record the run. With a
     `cluster` running, the answers are forgotten in its processes too, and a magic cell's answers
@@ -370,7 +422,8 @@ def run_exercise(shell, answers: tuple[str, ...], body: str, cluster=None) -> No
 
     Raises :class:`ExerciseStopped` (one line, after the body's own error) when the body failed.
     """
-    record = Attempt(answers=tuple(answers), namespace=shell.user_ns)
+    record = Attempt(answers=tuple(answers), namespace=shell.user_ns, body=body)
+    _runs[record.answers] = _runs.get(record.answers, 0) + 1
     _attempts.append(record)
     del _attempts[:-_KEPT]
     for name in answers:
@@ -401,7 +454,41 @@ def run_exercise(shell, answers: tuple[str, ...], body: str, cluster=None) -> No
     on_processes = record.observed is not None or body.lstrip().startswith("%%cluster")
     if cluster is not None and on_processes:  # the cell ran in every process: its names live there
         record.on_cluster = cluster
-    record.values = _held({name: shell.user_ns[name] for name in answers if name in shell.user_ns})
+    values = {name: shell.user_ns[name] for name in answers if name in shell.user_ns}
+    record.values = _held(values)
+    record.frozen = {name: _digest(value) for name, value in values.items() if _mutable(value)}
+
+
+def _mutable(value) -> bool:
+    import numpy as np
+
+    return isinstance(value, (dict, list, np.ndarray)) or (
+        isinstance(value, tuple) and any(isinstance(v, (dict, list, np.ndarray)) for v in value))
+
+
+def _digest(value):
+    """What a mutable answer (a dict, list or NumPy array, or a tuple of them) was when the cell
+    ended, small enough to keep: its structure, each NumPy leaf's dtype, shape and a hash of its
+    bytes, each other leaf's identity (JAX arrays are immutable). A later in-place change shows as
+    another digest, and the check refuses to grade it, without keeping the arrays alive (issue 33
+    item 15 keeps no answer's arrays; issue 30 grades an answer only as the cell left it)."""
+    import hashlib
+
+    import jax
+    import numpy as np
+
+    def leaf(x):
+        if isinstance(x, np.ndarray):
+            return ("np", x.dtype.str, x.shape, hashlib.blake2b(np.ascontiguousarray(x).tobytes(), digest_size=16).digest())
+        if isinstance(x, (int, float, complex, str, bytes, bool, type(None))):
+            return (type(x), x)
+        return ("id", id(x))
+
+    try:
+        leaves, tree = jax.tree_util.tree_flatten(value)
+    except Exception:  # a value jax cannot walk: its identity alone
+        return ("id", id(value))
+    return tree, tuple(leaf(x) for x in leaves)
 
 
 class ExerciseStopped(Exception):
@@ -434,7 +521,12 @@ def unwatch_cells(shell) -> None:
 
 def _before_cell(info) -> None:
     global _cells_run
-    if _running:  # the exercise's own body, run as a cell
+    if _running:  # the exercise's own body, run as a cell; a second cell is a nested run_cell
+        record = _running[-1]
+        record.cells_seen += 1
+        if record.cells_seen > 1 and record.voided is None:
+            record.voided = ("the exercise cell ran another cell (get_ipython().run_cell): write the code in "
+                             "the exercise cell itself, then run it")
         return
     _cells_run += 1
     source = (getattr(info, "raw_cell", "") or "").lstrip()
