@@ -255,6 +255,19 @@ def test_abstract_4096_device_mesh(ip):
     assert len(jax.devices()) == N_DEVICES
 
 
+def test_an_abstract_mesh_too_large_to_draw_is_a_usage_error(ip):
+    """A view lists every position of a mesh: 10**21 positions raised Python's OverflowError from
+    `range` (hypothesis found it in test_fuzz_lines), and 10**9 would have built a 10**9-long list.
+    The largest allowed size still works; one more position is refused, with the namespace as it was."""
+    before = snapshot(ip.user_ns)
+    for line in ("--abstract --name huge x=999999999999999999999", "--abstract --name huge x=65537"):
+        with pytest.raises(UsageError, match=r"positions; an abstract mesh here has at most 65,536"):
+            ip.run_line_magic("mesh", line)
+        assert snapshot(ip.user_ns) == before
+    mesh_magic(ip, "--abstract --name big x=256 y=256 --no-show")
+    assert dict(ip.user_ns["big"].shape) == {"x": 256, "y": 256}
+
+
 def test_abstract_mesh_ignores_the_device_count(ip):
     mesh_magic(ip, "--abstract --name tiny x=2 --no-show")
     assert isinstance(ip.user_ns["tiny"], jax.sharding.AbstractMesh)

@@ -24,6 +24,12 @@ COUNT_AXIS_TYPE = "auto"
 
 # --- meshes ------------------------------------------------------------------------------------
 
+#: The most positions an abstract mesh may have: its view lists every position (mesh_state), so this
+#: bounds what one view sends (~0.5 MB of ids), well above any planned layout the course or the
+#: tests use (4,096 positions, the sharding chapter's).
+MAX_ABSTRACT_POSITIONS = 65_536
+
+
 def make_mesh(shape: str | MeshShape, devices=None, axis_types: str | None = None, abstract: bool = False):
     """Plain-Python twin of `%mesh data=4 model=2`: a Mesh over exactly the devices asked for.
 
@@ -38,6 +44,11 @@ def make_mesh(shape: str | MeshShape, devices=None, axis_types: str | None = Non
     if abstract:
         import jax
 
+        if shape.size > MAX_ABSTRACT_POSITIONS:
+            axes = " ".join(f"{n}={s}" for n, s in zip(shape.names, shape.sizes))
+            raise UsageError(
+                f"%mesh {axes} --abstract: {shape.size:,} positions; an abstract mesh here has at most "
+                f"{MAX_ABSTRACT_POSITIONS:,} (its view lists every position). Use smaller axis sizes.")
         return jax.sharding.AbstractMesh(shape.sizes, shape.names, axis_types=types_of(axis_types, len(shape.names)))
     return build_mesh(shape, devices, axis_types)
 
