@@ -111,3 +111,14 @@ def test_imports_flow_one_way_between_subpackages():
             if target is not None and target != layer and target not in MAY_IMPORT[layer]:
                 wrong.append(f"{name} ({layer}) imports {source} ({target})")
     assert not wrong, wrong
+
+
+def test_every_subpackage_is_in_the_wheel():
+    """pyproject.toml lists the packages a wheel holds (setuptools does not look for them): a new
+    subpackage left off that list imports from a source checkout and is missing from an install
+    (jaxpar_magic.grade was, and CI's installed package failed test_grade with ModuleNotFoundError)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(path.parent.relative_to(ROOT).parts) for path in PACKAGE.rglob("__init__.py")}
+    assert found - listed == set()
