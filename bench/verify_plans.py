@@ -7,9 +7,11 @@ function compiled by hand for the same slice (`jax.jit(f).lower(...).compile()` 
 also against a hand count and against the same model with the scan unrolled. The models are the
 issue's, scaled down so each XLA:TPU compile takes about a minute on two loaded cores.
 
-    PYTHONPATH=$PWD .venv/bin/python bench/verify_plans.py [--only fsdp remat ...]
+    PYTHONPATH=$PWD .venv/bin/python bench/verify_plans.py [--only fsdp remat ...] [--jobs 3] [--json F]
 
-Prints one row per (item, case): holds / DOES NOT HOLD, and the figures.
+Prints one row per (item, case): holds / DOES NOT HOLD, and the figures. About 14 min with --jobs 3
+on 2 loaded cores (the FSDP case alone compiles four times: ~13 min); `--only mlp nofit multislice
+cpu` takes about 4. Needs libtpu (ALLOW_MULTIPLE_LIBTPU_LOAD is set for the cases' Pythons).
 """
 from __future__ import annotations
 
