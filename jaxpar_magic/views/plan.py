@@ -3,10 +3,11 @@ with static HTML and text renderings of the same state."""
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ms, format_seconds, format_shape, format_si, format_spec, op_words, style_block
-from .memory import section_html as memory_section_html, section_text as memory_section_text, what_text
+from .memory import TEXT_WIDTH, section_html as memory_section_html, section_text as memory_section_text, what_text
 
 MAX_COLLECTIVES = 256
 #: Collectives the text rendering lists (a terminal screenful).
@@ -468,7 +469,8 @@ def to_text(state: dict[str, Any]) -> str:
             verdict = "DOES NOT FIT" + verdict[len("does not fit") :]
         lines.append("  " + verdict)
         for note in ([m["note"]] if m.get("note") else []) + list(m.get("notes") or []):
-            lines.append("  " + str(note))
+            # wrapped, never cut: the text is read at 80 columns
+            lines += textwrap.wrap(str(note), TEXT_WIDTH, initial_indent="  ", subsequent_indent="    ")
     if state.get("peak"):
         lines += memory_section_text(memory_state(state))
     cost = state.get("cost") or {}
