@@ -145,7 +145,9 @@ class NotebookDonating(base.Notebook):
             assert not any(leaf.is_deleted() for n in ins for leaf in jax.tree.leaves(self.ns[n])), \
                 f"a refused donation deleted an input{self.context()}"
             base.Found.raised += 1
+            _tally("aliases: refused, as plain jax.jit cannot run them")
             return
+        _tally("aliases: ran, as plain jax.jit does")
         assert alias is None, (f"plain jax.jit would be given {alias[0]} and {alias[1]}, one buffer, donated "
                                f"(XLA ends the process); %%shard {line} ran{self.context()}")
         for name in names:
@@ -163,9 +165,13 @@ class NotebookDonating(base.Notebook):
         ns = self.fresh_namespace()
         sharding = NamedSharding(ns["mesh"], P("data"))
         placed = {n: jax.device_put(ns[n], sharding) for n in ins}
+        # Which buffers are shared is the notebook's own state: an earlier `--in x=data` left `x` placed,
+        # so `xg = x * 1` made then is placed too, where the replayed plain steps make it on one device.
+        # Placing the notebook's arrays (nothing is donated here) tells what jax.jit would be given.
+        here = NamedSharding(self.ns["mesh"], P("data"))
         owners = {}
         for n in ins:
-            for label, leaf in _paths(n, placed[n]):
+            for label, leaf in _paths(n, jax.device_put(self.ns[n], here)):
                 for buffer in _buffers(leaf):
                     owners.setdefault(buffer, []).append((label, n in donated))
         for users in owners.values():
