@@ -30,7 +30,9 @@ With the -0.0 key of cell/fingerprints.py reverted to the float itself, 60 seque
 The --donate steps found that a cell run again on a donated input crashed the kernel (JAX 0.10's jit
 segfaults on a deleted argument on CPU): it is now the UsageError the README promises.
 
-tests/test_differential_objects.py plays the same sessions with cells that assign objects and closures.
+tests/test_differential_objects.py plays the same sessions with cells that assign objects and closures,
+and exercise answers changed in place; tests/test_differential_donation.py with aliased and interrupted
+--donate cells and a donated Flax NNX model.
 """
 from __future__ import annotations
 

@@ -2,14 +2,27 @@
 holding an array, a closure over one and a functools.partial (issue 33 item 5), each used by a later
 plain cell: plain Python gives a working object, so the magic must bind one that works (the later
 call gives plain JAX's values) or refuse with a UsageError that leaves the namespace as it was, never
-an object holding a leaked tracer. Same budget variables as the base test.
+an object holding a leaked tracer.
+
+They also run `%%exercise ans` cells (a dict, a list or a NumPy answer made from `x`), plain cells that
+change the answer in place (or write back the value it holds), and the check
+`check(attempt("ans")["ans"], expected)` against the answer as the exercise cell left it, or as it is
+now (issue 30; issue 33, "exercise answers changed in place"). The oracle is plain Python: the same
+cells on a copy of the answer. The check must say right when the answer still holds what the cell left
+and this run was not graded yet, and never when the answer was changed or the run already graded.
+
+Same budget variables as the base test.
 """
 from __future__ import annotations
 
+import copy
+import struct
+
+import numpy as np
 import pytest
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import rule, run_state_machine_as_test
+from hypothesis.stateful import initialize, precondition, rule, run_state_machine_as_test
 from IPython.utils.capture import capture_output
 
 import test_differential as base
@@ -25,14 +38,106 @@ OBJECT_CELLS = [  # (the cell, the name it binds, a later plain cell that uses i
     ("fp = functools.partial(jnp.add, x * 1.0)", "fp", "out = fp(x)"),
 ]
 
+# Exercise cells (their answer `ans` made from x) and the plain cells that change it in place; some
+# write back what it holds, a change of nothing.
+ANSWERS = {
+    "dict": "ans = {'s': float(np.asarray(x).sum()), 'v': np.asarray(x) * 2}",
+    "list": "ans = [int(x.size), np.asarray(x) + 1]",
+    "numpy": "ans = np.asarray(x) * 3",
+}
+CHANGES = {
+    "dict": ["ans['s'] = ans['s'] + 1", "ans['v'][:1] = 7", "ans['s'] = ans['s']", "ans['v'] += 0",
+             "ans['extra'] = 1", "del ans['s']"],
+    "list": ["ans[0] = ans[0] + 1", "ans[1][-1:] = 5", "ans.append(0)", "ans[1] *= 1"],
+    "numpy": ["ans[0] = ans[0] + 1", "ans[:] = ans * 1", "ans[-1:] = 9"],
+}
+RIGHT = "✓ right"
+
+
+def _same_answer(a, b) -> bool:
+    """Plain Python's equality of two answers, exact: structure, NumPy dtype, shape and bytes, float bits."""
+    if isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and (a.dtype, a.shape) == (b.dtype, b.shape) and a.tobytes() == b.tobytes()
+    if isinstance(b, dict):
+        return type(a) is dict and a.keys() == b.keys() and all(_same_answer(a[k], b[k]) for k in b)
+    if isinstance(b, list):
+        return type(a) is list and len(a) == len(b) and all(_same_answer(p, q) for p, q in zip(a, b))
+    if isinstance(b, float):
+        return type(a) is float and struct.pack("<d", a) == struct.pack("<d", b)
+    return type(a) is type(b) and a == b
+
 
 class NotebookWithObjects(base.Notebook):
-    """The base sessions, plus assign_object."""
+    """The base sessions, plus assign_object and exercise answers changed in place."""
 
     def __init__(self):
         super().__init__()
         self.history.append(SCALER)
         self.play(SCALER)
+        self.play("from jaxpar_magic import attempt, check")
+        self.exercise = None  # (kind, the answer as the cell left it, plain Python's answer now, graded?)
+
+    @initialize(shape=st.sampled_from(base.SHAPES), dtype=st.sampled_from(base.DTYPES),
+                fill=st.sampled_from(base.FILLS), sg=st.sampled_from(base.GLOBALS),
+                helper=st.sampled_from(list(base.HELPERS)), op=st.sampled_from(base.OPERATORS),
+                kind=st.sampled_from(list(ANSWERS)))
+    def start(self, shape, dtype, fill, sg, helper, op, kind):
+        """The base session's start, then an exercise cell (the base rules are many)."""
+        super().start(shape, dtype, fill, sg, helper, op)
+        self.run_exercise(kind)
+
+    @rule(kind=st.sampled_from(list(ANSWERS)))
+    def run_exercise(self, kind):
+        base.Found.steps += 1
+        ns = self.fresh_namespace()
+        exec(ANSWERS[kind], ns)  # the oracle: the cell as plain Python
+        self.exercise = (kind, copy.deepcopy(ns["ans"]), ns["ans"], False)
+        self.session.append(f"%%exercise ans\n{ANSWERS[kind]}")
+        with capture_output():
+            result = self.shell.run_cell(f"%%exercise ans\n{ANSWERS[kind]}", store_history=False)
+        result.raise_error()
+
+    @precondition(lambda self: self.exercise is not None)
+    @rule(pick=st.integers(0, 5))
+    def change_answer(self, pick):
+        kind, made, plain, graded = self.exercise
+        change = CHANGES[kind][pick % len(CHANGES[kind])]
+        base.Found.steps += 1
+        exec(change, {"ans": plain, "np": np})
+        self.session.append(change)
+        self.play(change)
+
+    @rule(kind=st.sampled_from(list(ANSWERS)), pick=st.integers(0, 5), against=st.sampled_from(["as the cell left it", "as it is now"]))
+    def exercise_changed_then_checked(self, kind, pick, against):
+        """The three cells in a row (the rules above also come apart, with other cells between)."""
+        self.run_exercise(kind)
+        self.change_answer(pick)
+        self.check_answer(against)
+
+    @precondition(lambda self: self.exercise is not None)
+    @rule(against=st.sampled_from(["as the cell left it", "as it is now"]))
+    def check_answer(self, against):
+        """The check never grades a changed answer, or an answer graded before, as right."""
+        kind, made, plain, graded = self.exercise
+        self.exercise = (kind, made, plain, True)
+        base.Found.steps += 1
+        base.Found.checks += 1
+        changed = not _same_answer(plain, made)
+        base.Found.kinds[f"exercise check, {'changed' if changed else 'unchanged'}"] = \
+            base.Found.kinds.get(f"exercise check, {'changed' if changed else 'unchanged'}", 0) + 1
+        self.shell.user_ns["_expected"] = copy.deepcopy(made if against == "as the cell left it" else plain)
+        source = 'check(attempt("ans")["ans"], _expected, hint="h")'
+        self.session.append(f"{source}  # _expected: the answer {against}")
+        with capture_output() as shown:
+            result = self.shell.run_cell(source, store_history=False)
+        del self.shell.user_ns["_expected"]
+        result.raise_error()
+        said = shown.stdout.strip()
+        if changed or graded:
+            assert not said.startswith(RIGHT), (f"the check graded an answer {'changed in place' if changed else 'graded before'} "
+                                                f"as right: {said!r}{self.context()}")
+        else:
+            assert said == RIGHT, f"the answer as the exercise cell left it, not yet graded: {said!r}{self.context()}"
 
     @rule(pick=st.integers(0, len(OBJECT_CELLS) - 1))
     def assign_object(self, pick):
@@ -73,8 +178,12 @@ def test_cells_that_assign_objects_give_working_objects(jx, capsys):
     NotebookWithObjects.shell = jx
     NotebookWithObjects.baseline = dict(jx.user_ns)
     base.Found.sequences = base.Found.steps = base.Found.checks = base.Found.raised = 0
-    run = settings(max_examples=max(4, base.EXAMPLES // 4), stateful_step_count=base.STEPS, deadline=None, database=None,
-                   derandomize=not base.RANDOM, suppress_health_check=list(HealthCheck), print_blob=True,
-                   phases=[Phase.explicit, Phase.generate])  # no shrinking while the mark stands: it fails fast
+    base.Found.kinds = {}
+    run = settings(max_examples=max(4, base.EXAMPLES // 2), stateful_step_count=base.STEPS, deadline=None, database=None,
+                   derandomize=not base.RANDOM, suppress_health_check=list(HealthCheck), print_blob=True)
     run_state_machine_as_test(NotebookWithObjects, settings=run)
+    with capsys.disabled():
+        print(f"\ndifferential (objects, exercises): {base.Found.sequences} sequences, {base.Found.steps} steps, "
+              f"{base.Found.checks} cells checked; by kind: "
+              + ", ".join(f"{kind} {count}" for kind, count in sorted(base.Found.kinds.items())))
     assert base.Found.checks > 0
