@@ -140,7 +140,9 @@ def test_fsdp_gradient_is_the_reduce_scatter_the_target_makes(flat):
 def test_a_cell_with_jax_checkpoint_says_xla_cpu_undoes_it_and_how_to_get_the_tpu_compile(flat):
     ns = {"jnp": jnp, "jax": jax, "x": plan((64, 256), "float32", flat, ("data", None)),
           "w": plan((256, 256), "float32", flat, ())}
-    source = "block = jax.checkpoint(lambda h: jnp.tanh(h @ w))\ng = jax.grad(lambda v: block(block(v)).sum())(x)\n"
+    # `del block`: a function closing over the cell's traced `w` may not leave the cell (issue 33 item 5)
+    source = ("block = jax.checkpoint(lambda h: jnp.tanh(h @ w))\ng = jax.grad(lambda v: block(block(v)).sum())(x)\n"
+              "del block\n")
     result = jaxpar_magic.plan_cell(source, ns, mesh=flat, hardware="tpu-v5e", bind=False)
     first = result.caveats[0]
     assert "jax.checkpoint" in first and "XLA:CPU undoes it" in first

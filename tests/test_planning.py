@@ -152,9 +152,11 @@ def test_planning_64_gib_of_inputs_on_64_devices_allocates_none_of_it():
     assert facts["total"] >= 64 * 2**30
     assert facts["argument"] == facts["total"] // 64
     assert facts["output"] == facts["total"] // 2 // 64
-    # Far below the 64 GiB planned: the peak is JAX, XLA's compile and the parsed buffer assignment
-    # (2.07 GiB measured once under CI load), never the arrays.
-    assert facts["rss"] < 3 * 2**30, f"peak RSS {facts['rss'] / 2**30:.2f} GiB"
+    # Far below the 64 GiB planned: the peak is JAX, XLA's compile and the parsed buffer assignment,
+    # never the arrays. It depends on the machine's load, not on the plan: 0.34 GiB alone on a quiet
+    # machine, 2.07 and 3.72 GiB in full suites under load (2026-12-04; why is not established). An
+    # eighth of the plan still proves no array was allocated.
+    assert facts["rss"] < 8 * 2**30, f"peak RSS {facts['rss'] / 2**30:.2f} GiB"
 
 
 # --- the roofline -----------------------------------------------------------------------------------
