@@ -18,8 +18,8 @@ import re
 from .hlo_text import Instruction, instructions
 
 _TRIP_COUNT = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
-_BODY = re.compile(r"\bbody=%?([\w.\-]+)")
-_CONDITION = re.compile(r"\bcondition=%?([\w.\-]+)")
+BODY = re.compile(r"\bbody=%?([\w.\-]+)")
+CONDITION = re.compile(r"\bcondition=%?([\w.\-]+)")
 _DIRECTION = re.compile(r"\bdirection=(\w+)")
 _INDEX = re.compile(r"\bindex=(\d+)")
 _CONSTANT = re.compile(r"\bconstant\((-?\d+)\)")
@@ -87,7 +87,7 @@ def trip_count(loop: Instruction, program: Program) -> int | None:
     known = _TRIP_COUNT.search(loop.line)
     if known:
         return int(known.group(1))
-    body, condition = _BODY.search(loop.line), _CONDITION.search(loop.line)
+    body, condition = BODY.search(loop.line), CONDITION.search(loop.line)
     root = program.root(condition.group(1)) if condition else None
     compared = program.binary(root, "compare") if root is not None else None
     if not body or compared is None or len(compared[0]) != 2:
@@ -155,7 +155,7 @@ def calls(program: Program, as_walked: bool = False) -> dict[str, int | None]:
         out = edges.setdefault(ins.computation, [])
         if ins.op == "while":
             trips = 1 if as_walked else trip_count(ins, program)
-            body, condition = _BODY.search(ins.line), _CONDITION.search(ins.line)
+            body, condition = BODY.search(ins.line), CONDITION.search(ins.line)
             if body:
                 out.append((body.group(1), trips))
             if condition:

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 
 from .hlo_text import ARRAY, ints, type_bytes
-from .loops import Program, trip_count
+from .loops import BODY, CONDITION, Program, trip_count
 
 _ELEMENTWISE = {
     "add", "subtract", "multiply", "divide", "maximum", "minimum", "compare", "select", "and", "or", "xor",
@@ -35,8 +35,6 @@ _CONTRACTING = re.compile(r"lhs_contracting_dims=\{([\d,]*)\}")
 _CONV_LABELS = re.compile(r"dim_labels=(\w+)_(\w+)->(\w+)")
 _WINDOW = re.compile(r"\bwindow=\{([^}]*)\}")
 _TO_APPLY = re.compile(r"\bto_apply=%?([\w.\-]+)")
-_BODY = re.compile(r"\bbody=%?([\w.\-]+)")
-_CONDITION = re.compile(r"\bcondition=%?([\w.\-]+)")
 
 
 @dataclass(frozen=True)
@@ -174,7 +172,7 @@ class _Work:
                 if trips is None:
                     self.unknown.append(ins.name)
                     trips = 1
-                parts = [self.of(m.group(1), fused) for m in (_BODY.search(ins.line), _CONDITION.search(ins.line)) if m]
+                parts = [self.of(m.group(1), fused) for m in (BODY.search(ins.line), CONDITION.search(ins.line)) if m]
                 flops += trips * sum(p[0] for p in parts)
                 moved += trips * sum(p[1] for p in parts)
         return flops, moved
