@@ -14,7 +14,7 @@ import contextlib
 import signal
 import threading
 
-from ...cell.inputs import deleted_input_error, jax_array_type
+from ...cell.inputs import jax_array_type
 from ...errors import UsageError
 
 
@@ -23,10 +23,10 @@ def _buffers(leaf) -> tuple:
     return tuple((shard.device.id, shard.data.unsafe_buffer_pointer()) for shard in leaf.addressable_shards)
 
 
-def check_donation(inputs, args, donated: tuple, cell) -> None:
-    """Before a donating program is called: a donated leaf whose buffers are gone (an earlier
-    donation) is our UsageError, and so is a buffer that a donated leaf shares with any other leaf
-    (two names for one array, one array in two leaves of a pytree): XLA would abort the process."""
+def check_donation(inputs, args, donated: tuple) -> None:
+    """Before a donating program is called: a buffer that a donated leaf shares with any other leaf
+    (two names for one array, one array in two leaves of a pytree) is our UsageError, since XLA would
+    abort the process. Deleted leaves never reach here: every caller asks Rerun.deleted_error first."""
     array = jax_array_type()
     owners: dict = {}  # (device id, address) -> (label, donated?)
     for position, (tree, arrays) in enumerate(zip(inputs, args)):
@@ -34,10 +34,6 @@ def check_donation(inputs, args, donated: tuple, cell) -> None:
         for index, leaf in enumerate(arrays):
             if not isinstance(leaf, array):
                 continue
-            if leaf.is_deleted():
-                if gives:
-                    raise deleted_input_error(tree, index, cell)
-                continue  # jax.jit's own error says so once the run fails
             label = tree.label(index)
             for buffer in _buffers(leaf):
                 other = owners.setdefault(buffer, (label, gives))
@@ -80,13 +76,13 @@ def interrupts_deferred():
         signal.signal(signal.SIGINT, previous)
 
 
-def call_donating(program, args, inputs, cell, donated: tuple):
+def call_donating(program, args, inputs, donated: tuple):
     """Call a donating program and wait for it, an interrupt deferred; returns (results, note): the
     note (None without an interrupt) says that the interrupt came once the inputs were given away,
     so the cell finished and its results are bound."""
     import jax
 
-    check_donation(inputs, args, donated, cell)
+    check_donation(inputs, args, donated)
     with interrupts_deferred() as deferred:
         results = program.jitted(*args)
         jax.block_until_ready(results)

@@ -146,7 +146,7 @@ def run_program(cache: BoundedCache, rerun: Rerun, args, cell: cells.Cell, mesh,
     try:
         with on_cell_mesh(mesh):  # the cell's own mesh, whatever jax.set_mesh set
             if program.donated:
-                results = _run_donating(program, args, rerun.inputs, cell, first)
+                results = _run_donating(program, args, rerun.inputs, first)
             elif first:
                 with compile_progress():
                     results = program.jitted(*args)
@@ -164,14 +164,14 @@ def run_program(cache: BoundedCache, rerun: Rerun, args, cell: cells.Cell, mesh,
     return results, max(0.0, elapsed - compile_ms), signature
 
 
-def _run_donating(program: CellProgram, args, inputs, cell: cells.Cell, first: bool):
+def _run_donating(program: CellProgram, args, inputs, first: bool):
     """A --donate run: compiled first (an interrupt there leaves the inputs whole), then called with
     its inputs checked and an interrupt deferred (donation.call_donating); the note of an interrupt
     that came once the program had the inputs is printed under the cell."""
     if first:
         with compile_progress():
             program.jitted.lower(*args).compile()  # jit's caches keep it for the call below
-    results, interrupted = call_donating(program, args, inputs, cell, program.donated)
+    results, interrupted = call_donating(program, args, inputs, program.donated)
     if interrupted is not None:
         print(interrupted)
     return results
@@ -270,7 +270,7 @@ def replay_function(reruns: BoundedCache, cache: BoundedCache, key, cell: cells.
         try:
             with on_cell_mesh(mesh):
                 if rerun.program.donated:
-                    results = _run_donating(rerun.program, args, rerun.inputs, cell, False)
+                    results = _run_donating(rerun.program, args, rerun.inputs, False)
                 else:
                     results = rerun.program.jitted(*args)
                     jax.block_until_ready(results)
