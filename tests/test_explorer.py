@@ -235,3 +235,27 @@ def test_explore_elsewhere_is_a_usage_error(cell, magic, line, said):
     with pytest.raises(UsageError, match=r"(?s)" + __import__("re").escape(said)):
         cell.run_cell_magic(magic, line, STEP)
     assert snapshot(cell.user_ns) == before
+
+
+def test_a_target_gives_estimates_ranks_by_them_and_can_be_changed(cell):
+    ex, (view,) = explore(cell, "--in x=data,None --hardware tpu-v5e")
+    state = view.state
+    assert state["target"]["hardware"] == "tpu-v5e" and state["target"]["topology"] is None
+    assert "tpu-v5p" in state["target"]["options"]["hardware"]
+    assert state["plan"]["estimate_s"] == ex.plan.roofline.estimate_s and state["plan"]["bound"] is not None
+    assert state["plan"]["capacity_bytes"] == ex.plan.capacity and state["plan"]["fits"] is True
+    ex.choose("params['w1']", P(None, "model"))
+    assert "estimate " in ex.state()["diff"]
+    v5p = ex.retarget(hardware="tpu-v5p")
+    assert v5p.hardware.name == "tpu-v5p" and ex.line().split()[:6] == ["%%shard", "--plan", "--mesh", "mesh",
+                                                                      "--hardware", "tpu-v5p"]
+    tried = ex.tried
+    assert [r.estimate_s for r in tried] == sorted(r.estimate_s for r in tried)  # with a profile: by estimate
+    assert figures(planned_as_cell(cell, ex)) == figures(v5p)
+
+
+def test_retarget_without_a_target_is_refused(cell):
+    ex, _ = explore(cell)
+    with pytest.raises(UsageError, match="gave no target; start it with --hardware"):
+        ex.retarget(hardware="tpu-v5e")
+    assert repr(ex).startswith("<Explorer: 1 layouts tried; current: %%shard --plan --mesh mesh --in x=P('data',None)")

@@ -165,6 +165,10 @@ class Explorer:
         with self._lock:
             return explorer_state(self)
 
+    def __repr__(self) -> str:
+        return (f"<Explorer: {len(self._order)} layouts tried; current: {self.current.line if self.current else '-'}"
+                f"{'; refused: ' + self.message if self.message else ''}>")
+
     # --- changes as layouts ------------------------------------------------------------------------
     def choosing(self, layout: Layout, name: str, spec, group: bool = False) -> Layout:
         indices = self._indices(name, group, layout)
