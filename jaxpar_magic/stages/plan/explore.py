@@ -88,6 +88,7 @@ class Explorer:
         self._lock = threading.RLock()  # the explorer's fields
         self._planning = threading.Lock()  # one plan at a time (the kept compiles are not shared across threads)
         self._listeners: list = []
+        self._notifying = threading.Lock()
         self._gate = None  # tests: called on the planning thread just before a compile
         self.compiles = 0
         self.generation = 0
@@ -304,11 +305,14 @@ class Explorer:
         self._notify()
 
     def _notify(self) -> None:
+        """Each listener gets the state; one at a time, so the last state delivered is the last made (the
+        status ticker and the worker both notify)."""
         if not self._listeners:
             return
-        state = self.state()
-        for callback in list(self._listeners):
-            callback(state)
+        with self._notifying:
+            state = self.state()
+            for callback in list(self._listeners):
+                callback(state)
 
     # --- layouts as meshes, specs and lines -------------------------------------------------------
     def _mesh_of(self, layout: Layout):
@@ -348,7 +352,9 @@ class Explorer:
         elif set(layout.types) == {default_axis_type()} and self.mesh.devices.size == len(__import__("jax").devices()):
             words += ["--mesh", str(layout.shape)]
         else:
-            name = "mesh_" + "x".join(str(s) for s in layout.shape.sizes)
+            kinds = set(layout.types)
+            name = "mesh_" + "x".join(str(s) for s in layout.shape.sizes) + (
+                "" if kinds == {"auto"} else "_" + "_".join(layout.types))
             names[name] = self._mesh_of(layout)
             words += ["--mesh", name]
         if layout.hardware is not None:
@@ -356,12 +362,15 @@ class Explorer:
         if self.device_memory is not None:
             words += ["--device-memory", str(int(self.device_memory))]
         ins = []
+        with self._lock:  # the layout's number among those tried (the next one's, for a layout not tried yet)
+            number = self._order.index(layout) + 1 if layout in self._order else len(self._order) + 1
         for name, per_leaf in self._per_input(layout).items():
             if len(set(per_leaf)) == 1:
                 ins.append(f"{name}={format_spec(per_leaf[0])}")
-            else:
-                names[f"{name}_specs"] = controls.spec_tree(self.leaves, list(layout.specs), name, self._namespace[name])
-                ins.append(f"{name}=@{name}_specs")
+            else:  # one tree of specs per layout, so that every tried layout's line is its own
+                tree = f"{name}_specs_{number}"
+                names[tree] = controls.spec_tree(self.leaves, list(layout.specs), name, self._namespace[name])
+                ins.append(f"{name}=@{tree}")
         words += ["--in"] + ins
         if self._out_specs:
             words += ["--out"] + [f"{n}={format_spec(controls.canonical(s, len(s), '--out'))}"
