@@ -49,14 +49,14 @@ def figures(plan) -> dict:
             "peak": [(b.kind, b.name, b.bytes, b.shape, b.line) for b in plan.peak.buffers]}
 
 
-def planned_as_cell(ip, ex) -> object:
+def planned_as_cell(ip, ex, source: str = STEP) -> object:
     """The explorer's current layout planned by `%%shard --plan` with `ex.line()`'s options, compiled afresh."""
     line = ex.line()
     assert line.startswith("%%shard ")
     ip.user_ns.update(ex.line_names())
     compiled_plans.forget()  # no kept compile: the cell compiles its own
     with capture_output():
-        ip.run_cell_magic("shard", line[len("%%shard "):] + " --no-show", STEP)
+        ip.run_cell_magic("shard", line[len("%%shard "):] + " --no-show", source)
     return ip.user_ns["_plan"]
 
 
@@ -258,3 +258,27 @@ def test_retarget_without_a_target_is_refused(cell):
     with pytest.raises(UsageError, match="gave no target; start it with --hardware"):
         ex.retarget(hardware="tpu-v5e")
     assert repr(ex).startswith("<Explorer: 1 layouts tried; current: %%shard --plan --mesh mesh --in x=P('data',None)")
+
+
+def test_leaves_of_one_layout_are_one_control_as_sharding_groups_them(cell):
+    """An optax-like state: leaves of the same shape, dtype and layout are one row; the view's choice moves
+    them together, a choice by path moves one leaf."""
+    square = jax.ShapeDtypeStruct((128, 128), jnp.float32)
+    cell.push({"state": {"mu": {"a": square, "b": square}, "nu": {"a": square, "b": square}}})
+    with capture_output():
+        cell.run_cell_magic("shard", "--plan --explore --in x=data,None", "y = x @ (state['mu']['a'] + state['nu']['b'])")
+    ex = cell.user_ns["_explorer"]
+    (group,) = [i for i in ex.state()["inputs"] if i["group"] == "state"]
+    assert group["count"] == 4 and group["paths"] == ["state['mu']['a']", "state['mu']['b']", "state['nu']['a']",
+                                                      "state['nu']['b']"]
+    ex.submit({"kind": "choose", "name": group["name"], "spec": [["data"], []]})  # the view's control: the group
+    assert ex.wait(120)
+    (group,) = [i for i in ex.state()["inputs"] if i["group"] == "state"]
+    assert group["count"] == 4 and group["spec"] == [["data"], []]
+    assert ex.line().endswith("state=P('data',None)")
+    ex.choose("state['nu']['b']", P(None, "model"))  # one leaf by its path: the group splits
+    rows = {i["name"]: (i["count"], i["spec"]) for i in ex.state()["inputs"] if i["group"] == "state"}
+    assert rows == {"state['mu']['a']": (3, [["data"], []]), "state['nu']['b']": (1, [[], ["model"]])}
+    assert figures(planned_as_cell(cell, ex, "y = x @ (state['mu']['a'] + state['nu']['b'])")) == \
+        figures(ex.plan)
+
