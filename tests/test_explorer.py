@@ -282,3 +282,24 @@ def test_leaves_of_one_layout_are_one_control_as_sharding_groups_them(cell):
     assert figures(planned_as_cell(cell, ex, "y = x @ (state['mu']['a'] + state['nu']['b'])")) == \
         figures(ex.plan)
 
+
+
+def test_no_show_prints_the_plan_and_a_name_the_user_holds_is_left_alone(cell):
+    with capture_output() as captured:
+        cell.run_cell_magic("shard", "--plan --explore --no-show --in x=data,None", STEP)
+    assert captured.stdout.startswith("planned by XLA:CPU: ") and not captured.outputs
+    cell.user_ns["_explorer"] = "mine"
+    with capture_output() as captured:
+        cell.run_cell_magic("shard", "--plan --explore --in x=data,None", STEP)
+    assert cell.user_ns["_explorer"] == "mine" and "`_explorer` holds your own str" in captured.stdout
+    assert [type(w).__name__ for w in shown_widgets(captured)] == ["ExplorerView"]
+
+
+def test_exploring_while_a_cluster_runs_is_a_usage_error(cell, monkeypatch):
+    from jaxpar_magic.face import magics
+
+    monkeypatch.setattr(magics, "_running_cluster", lambda: object())  # %%shard would run on every process
+    before = snapshot(cell.user_ns)
+    with pytest.raises(UsageError, match="Explore before `%cluster start`"):
+        cell.run_cell_magic("shard", "--plan --explore --in x=data,None", STEP)
+    assert snapshot(cell.user_ns) == before
