@@ -4,6 +4,7 @@ planned as cells with the line it gives (the differential oracle)."""
 from __future__ import annotations
 
 import html
+import re
 import textwrap
 import threading
 
@@ -231,7 +232,7 @@ def test_explore_cell_is_the_plain_python_twin(cell):
 ])
 def test_explore_elsewhere_is_a_usage_error(cell, magic, line, said):
     before = snapshot(cell.user_ns)
-    with pytest.raises(UsageError, match=r"(?s)" + __import__("re").escape(said)):
+    with pytest.raises(UsageError, match=r"(?s)" + re.escape(said)):
         cell.run_cell_magic(magic, line, STEP)
     assert snapshot(cell.user_ns) == before
 

@@ -54,6 +54,8 @@ class Explorer:
 
     def __init__(self, source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None, hardware=None,
                  topology: str | None = None, device_memory=None, donate=(), compiler: str = "auto"):
+        import jax
+
         from ...engines.shard import is_mesh, resolve_mesh
         from .hardware import Hardware, parse_hardware, parse_memory_size
         from .plan_cell import engine_spec
@@ -66,7 +68,7 @@ class Explorer:
         if mesh is None and is_mesh(namespace.get("mesh")):
             self._mesh_name = "mesh"
         self.mesh = mesh if is_mesh(mesh) else resolve_mesh(mesh, namespace, [in_specs, self._out_specs])
-        if isinstance(self.mesh, __import__("jax").sharding.AbstractMesh):
+        if isinstance(self.mesh, jax.sharding.AbstractMesh):
             raise UsageError("--explore plans layouts over the mesh's devices; this mesh is an AbstractMesh. Build a "
                              "Mesh over simulated devices (`%devices --simulate 64`, then `%mesh data=8 model=8`).")
         self.leaves, specs = controls.cell_leaves(source, self._namespace, in_specs, self.mesh)
@@ -316,6 +318,8 @@ class Explorer:
 
     # --- layouts as meshes, specs and lines -------------------------------------------------------
     def _mesh_of(self, layout: Layout):
+        import jax
+
         from ...engines.shard import make_mesh
 
         if layout.shape == self._first.shape and layout.types == self._first.types:
@@ -324,7 +328,7 @@ class Explorer:
             raise UsageError(f"reshape: axes of different types {layout.types} on a new mesh shape; give one type "
                              f"for all axes (reshape(..., axis_types=\"auto\")).")
         ids = tuple(d.id for d in self.mesh.devices.flat)
-        devices = None if len(ids) == len(__import__("jax").devices()) else tuple(sorted(ids))
+        devices = None if len(ids) == len(jax.devices()) else tuple(sorted(ids))
         return make_mesh(layout.shape, devices, layout.types[0])
 
     def _per_input(self, layout: Layout) -> dict:
@@ -343,13 +347,15 @@ class Explorer:
         return specs
 
     def _line(self, layout: Layout) -> tuple[str, dict]:
+        import jax
+
         from ...cell.meshes import default_axis_type
 
         names: dict = {}
         words = ["%%shard", "--plan"]
         if layout.shape == self._first.shape and layout.types == self._first.types and self._mesh_name:
             words += ["--mesh", self._mesh_name]
-        elif set(layout.types) == {default_axis_type()} and self.mesh.devices.size == len(__import__("jax").devices()):
+        elif set(layout.types) == {default_axis_type()} and self.mesh.devices.size == len(jax.devices()):
             words += ["--mesh", str(layout.shape)]
         else:
             kinds = set(layout.types)
