@@ -22,6 +22,8 @@ import nbformat
 import pytest
 from notebooks import EXAMPLES, ROOT, executed, exercises, with_solutions
 
+from jaxpar_magic.face.checks import said
+
 CAPSTONE = EXAMPLES / "capstone.ipynb"
 
 
@@ -47,8 +49,7 @@ def test_solved_every_part_is_right_and_the_layout_fits_by_its_compiled_program(
     nb = executed(CAPSTONE)
     shipped = nbformat.read(CAPSTONE, as_version=4)
     for exercise in exercises(shipped):
-        printed = "".join(o.get("text", "") for o in nb.cells[exercise.check_index].outputs
-                          if o.output_type == "stream").splitlines()
+        printed = "".join(said(o) for o in nb.cells[exercise.check_index].outputs).splitlines()
         assert printed == ["✓ right"], (exercise.answers, printed)
     # The --compare table: neither starting candidate fits 3 MiB (what the note under it says).
     compare = next(i for i, c in enumerate(nb.cells) if c.source.startswith("%%shard --plan --compare"))

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 COLUMNS = ["student", "notebook", "exercise", "part", "points", "verdict", "attempts", "hints_used", "note"]
-from ..face.checks import RECORD_MIME  # each check's record of the student's session
+from ..face.checks import RECORD_KEY, said  # each check's record of the student's session, its line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,7 +193,7 @@ def _execute(nb, folder: Path, cell_timeout: float, timeout: float) -> list[str]
 
 
 def _verdict(cell) -> tuple[str, str]:
-    text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+    text = "".join(said(o) for o in cell.get("outputs", []))
     lines = [line for line in text.splitlines() if line.startswith(("✓", "✗"))]
     if not lines:
         return "not graded", "the check printed no verdict (it did not run, or raised)"
@@ -201,8 +201,8 @@ def _verdict(cell) -> tuple[str, str]:
 
 
 def _saved_record(cell) -> dict | None:
-    records = [o["data"][RECORD_MIME] for o in cell.get("outputs", [])
-               if o.get("output_type") == "display_data" and RECORD_MIME in o.get("data", {})]
+    records = [o["metadata"][RECORD_KEY] for o in cell.get("outputs", [])
+               if o.get("output_type") == "display_data" and RECORD_KEY in o.get("metadata", {})]
     return records[-1] if records else None
 
 
