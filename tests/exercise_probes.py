@@ -20,6 +20,10 @@ CHEATS: dict[tuple[str, str], list[tuple[str, str]]] = {
         ("a nested run_cell, then the total copied (issue 30)",
          "%%exercise ring_total\nget_ipython().run_cell(\"%%pmap -a batch --no-show\\n"
          "sent = lax.ppermute(readings, 'batch', perm=ring)\")\nring_total = total"),
+        ("a ring of whole 8-vectors: the right collective, 8 times the bytes (issue 30)",
+         "%%exercise ring_total\n%%pmap -a batch\npassing = jnp.stack([readings] * 8)\nring_total = readings\n"
+         "for _ in range(n_dev - 1):\n    passing = lax.ppermute(passing, 'batch', perm=ring)\n"
+         "    ring_total = ring_total + passing[0]"),
         ("one step too many", "%%exercise ring_total\n%%pmap -a batch\npassing = readings\nring_total = readings\n"
                               "for _ in range(n_dev):\n    passing = lax.ppermute(passing, 'batch', perm=ring)\n"
                               "    ring_total = ring_total + passing"),
@@ -46,6 +50,8 @@ CHEATS: dict[tuple[str, str], list[tuple[str, str]]] = {
         ("gather m and v", "%%exercise mv\n%%shard_map --mesh i=8 --in m=None,i v=i --no-show\n"
                            "mv = lax.all_gather(m, 'i', axis=1, tiled=True, to='invarying') "
                            "@ lax.all_gather(v, 'i', tiled=True, to='invarying')"),
+        ("one all-reduce of the 8 x 2 products: twice the bytes (issue 30)",
+         "%%exercise mv\n%%shard_map --mesh i=8 --in m=None,i v=i --no-show\nmv = lax.psum(m * v, 'i').sum(1)"),
         ("a mean, not a sum", "%%exercise mv\n%%shard_map --mesh i=8 --in m=None,i v=i --no-show\n"
                               "mv = lax.pmean(m @ v, 'i')"),
     ],
@@ -58,6 +64,9 @@ CHEATS: dict[tuple[str, str], list[tuple[str, str]]] = {
         ("untiled psum_scatter", "%%exercise grad_w\n"
                                  "%%shard_map --mesh flat --in xs=data dy=data --out grad_w=data --report --no-show\n"
                                  "grad_w = lax.psum_scatter(xs.T @ dy, 'data')"),
+        ("a reduce-scatter of the gradient twice over: twice the bytes (issue 30)",
+         "%%exercise grad_w\n%%shard_map --mesh flat --in xs=data dy=data --out grad_w=data --report --no-show\n"
+         "g = xs.T @ dy\ngrad_w = lax.psum_scatter(jnp.concatenate([g, g], 1), 'data', tiled=True)[:, :4]"),
         ("the mean, scattered", "%%exercise grad_w\n"
                                 "%%shard_map --mesh flat --in xs=data dy=data --out grad_w=data --report --no-show\n"
                                 "grad_w = lax.psum_scatter(xs.T @ dy, 'data', tiled=True) / 8"),
@@ -74,6 +83,8 @@ CHEATS: dict[tuple[str, str], list[tuple[str, str]]] = {
     ],
     ("cluster_chapter.ipynb", "mean_all"): [
         ("the right number, typed in", "%%exercise mean_all\n%%cluster\nmean_all = 6.5"),
+        ("6.5 placed on the mesh (issue 30)", "%%exercise mean_all\n%%cluster\n"
+                                              "mean_all = jax.device_put(jnp.float32(6.5), NamedSharding(mesh_i, P()))"),
         ("each process's own mean, in jnp", "%%exercise mean_all\n%%cluster\nmean_all = jnp.mean(jnp.asarray(local))"),
         ("the sum, not the mean", "%%exercise mean_all\n%%cluster\nmean_all = jax.jit(jnp.sum)(x)"),
     ],

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import nbformat
 
+from jaxpar_magic.face.checks import said
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 CELL_TIMEOUT_S = 600  # a plan compiled by XLA:TPU for 256 chips (the planning chapter) takes minutes on 2 cores
@@ -149,7 +151,7 @@ def _probe(client, nb, exercise: Exercise, sources: list[tuple[str, str]]) -> li
         for cell in (tried, checked):
             nb.cells.append(cell)
             client.execute_cell(cell, len(nb.cells) - 1, execution_count=client.code_cells_executed + 1)
-        printed = "".join(o.get("text", "") for o in checked.outputs if o.output_type == "stream")
+        printed = "".join(said(o) for o in checked.outputs)  # printed text, and a check's line
         found.append(Probe(label, source, any(o.output_type == "error" for o in tried.outputs), printed.splitlines()))
     for model_id in set(client.widget_state) - widgets_before:
         client.widget_state.pop(model_id, None)

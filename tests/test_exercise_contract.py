@@ -20,6 +20,8 @@ import pytest
 from exercise_probes import CHEATS
 from notebooks import example_notebooks, executed, exercise_probes, exercises
 
+from jaxpar_magic.face.checks import said
+
 NOTEBOOKS = example_notebooks()
 CHAPTERS = [p for p in NOTEBOOKS if p.name != "index.ipynb"]
 IDS = [p.name for p in CHAPTERS]
@@ -54,7 +56,7 @@ def test_a_solved_exercise_is_right_and_nothing_else_is(path):
     for exercise in exercises(nbformat.read(path, as_version=4)):
         where = f"{path.name}, exercise cell {exercise.index} ({', '.join(exercise.answers)})"
         check = nb.cells[exercise.check_index]
-        printed = "".join(o.get("text", "") for o in check.outputs if o.output_type == "stream").splitlines()
+        printed = "".join(said(o) for o in check.outputs).splitlines()
         assert printed == ["✓ right"], f"{where}: the full run's check printed {printed}"
         assert not [o for o in check.outputs if o.output_type == "error"], f"{where}: the check raised"
 

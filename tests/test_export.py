@@ -83,6 +83,11 @@ SAYS = {
         "same on all 8 devices", "52.",  # the psum across processes
         "ppermute", "p1",  # the ring's card, and tiles labelled with their process
     ],
+    "capstone.ipynb": [
+        "8 cpu devices",  # the device view
+        "2 layouts, best first", "DOES NOT FIT",  # --compare of the two starting candidates
+        "%%shard --plan over 8 devices",  # the chosen layout's plan
+    ],
     "planning_chapter.ipynb": [
         "256 cpu devices", "data=32 × model=8",  # the device and mesh views
         "PLANNED, NOT RUN", "does not fit", "fits:", "tpu-v5e", "all-gather",  # plan views (a badge, in capitals)

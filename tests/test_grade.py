@@ -17,7 +17,7 @@ import nbformat
 import pytest
 from notebooks import EXAMPLES, ROOT, exercises
 
-from jaxpar_magic.face.checks import RECORD_MIME
+from jaxpar_magic.face.checks import RECORD_KEY, said
 
 
 def _small_chapter() -> nbformat.NotebookNode:
@@ -43,8 +43,8 @@ def _copies(folder):
     def solved(copy):
         copy.cells[exercise].source = ring.solution
         copy.cells[check].outputs = [nbformat.v4.new_output(  # what the student's own session saved
-            "display_data", data={RECORD_MIME: {"answers": ["ring_total"], "verdict": "right", "attempts": 3,
-                                                "hints_used": 2}})]
+            "display_data", data={"text/plain": "✓ right"}, metadata={RECORD_KEY: {
+                "answers": ["ring_total"], "verdict": "right", "attempts": 3, "hints_used": 2}})]
 
     def cheating(copy):
         copy.cells[exercise].source = ("%%exercise ring_total\n%%pmap -a batch --no-show\n"
@@ -100,7 +100,13 @@ def test_grading_a_folder_of_submissions(tmp_path):
 @pytest.mark.slow
 def test_a_check_in_a_kernel_saves_the_sessions_record(tmp_path):
     """What the grades' attempts and hints come from: each check run in a kernel saves a record with
-    the notebook (an output no front end renders), counting the exercise's runs and the hints shown."""
+    the notebook (in the metadata of the check's line), counting the exercise's runs and the hints
+    shown. The line shows as printed text, and nbconvert exports it without a warning (a record of a
+    MIME type of its own made nbconvert warn that it "is not able to be represented")."""
+    import warnings
+
+    from nbconvert import HTMLExporter
+
     from jaxpar_magic.grade import _execute
 
     nb, ring = _small_chapter()
@@ -110,7 +116,16 @@ def test_a_check_in_a_kernel_saves_the_sessions_record(tmp_path):
     solved.source = ring.solution
     nb.cells[exercise + 2:exercise + 2] = [solved, nbformat.from_dict(check)]  # unsolved, checked; solved, checked
     assert _execute(nb, tmp_path, cell_timeout=120, timeout=600) == []
-    records = [[o.data[RECORD_MIME] for o in nb.cells[i].outputs if o.output_type == "display_data"
-                and RECORD_MIME in o.data] for i in (exercise + 1, exercise + 3)]
+    records = [[o.metadata[RECORD_KEY] for o in nb.cells[i].outputs if o.output_type == "display_data"
+                and RECORD_KEY in o.metadata] for i in (exercise + 1, exercise + 3)]
+    lines = ["".join(said(o) for o in nb.cells[i].outputs) for i in (exercise + 1, exercise + 3)]
+    assert lines[0].startswith("✗ not yet: ") and lines[1] == "✓ right\n", lines
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        page, _ = HTMLExporter().from_notebook_node(nb)
+    unrepresented = [str(w.message) for w in caught if "not able to be represented" in str(w.message)]
+    # (the views' widget outputs warn too here: this run saved no widget state; test_export exports them)
+    assert not [m for m in unrepresented if "widget-view" not in m], unrepresented
+    assert "✓ right" in page
     assert records == [[{"answers": ["ring_total"], "verdict": "not yet", "attempts": 1, "hints_used": 1}],
                        [{"answers": ["ring_total"], "verdict": "right", "attempts": 2, "hints_used": 1}]]

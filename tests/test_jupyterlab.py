@@ -422,7 +422,18 @@ def plans_and_unsolved_checks(chapter: str, plans_shown: str):
     return check
 
 
+def check_capstone(page, shots: Path) -> None:
+    """The capstone: the --compare table and the chosen layout's plan live; its three exercises,
+    shipped unsolved, each say "not yet" in one line."""
+    plans = live_view(page, "plan")
+    assert plans.count() >= 1, "the capstone shows no live plan view"
+    unsolved = output_with(page, "✗ not yet:")
+    assert unsolved.count() == 3, f"{unsolved.count()} of the capstone's 3 unsolved checks say 'not yet'"
+    shot_in_viewport(page, plans.last, shots.with_name(shots.name + ".png"))
+
+
 CHECKS: dict[str, Callable] = {
+    "capstone.ipynb": check_capstone,
     "ecosystem_chapter.ipynb": check_ecosystem_chapter,
     "training_chapter.ipynb": check_training_chapter,
     "index.ipynb": check_index,

@@ -8,6 +8,7 @@ import re
 
 import nbformat
 import pytest
+from jaxpar_magic.face.checks import said
 from jaxpar_magic.views.base import read_asset
 from notebooks import EXAMPLES, WIDGET_STATE, WIDGET_VIEW, example_notebooks, executed, expected_views, rich_outputs
 
@@ -84,6 +85,23 @@ def test_the_course_maps_reading_order_gives_every_chapter_a_row_with_its_exerci
     for name, cells in rows.items():
         learn, exercise = (part.strip() for part in cells.split(" | ")[-2:])
         assert learn and exercise, f"{name}'s row names no exercise"
+
+
+def test_the_course_map_gives_each_chapter_its_time_and_prerequisites_and_a_decision_table():
+    """For the teacher (issue 30): a row per chapter with the seconds it runs in and what it needs,
+    and a "which parallelism when" table whose every row says which chapter measured it."""
+    text = "".join(c.source for c in nbformat.read(EXAMPLES / "index.ipynb", as_version=4).cells)
+    teacher = text[text.index("## For the teacher"):text.index("## Three ways to run")]
+    order = text[text.index("## Reading order"):text.index("## How the exercises work")]
+    names = dict(re.findall(r"^\| *(\d+) *\| \[([^]]+)\]", order, re.M))
+    timed = dict(re.findall(r"^\| (\d+) \| ([^|]+?) \| \d+ s\b[^|]*\| [^|]+ \|$", teacher, re.M))
+    assert timed == names, "each chapter of the reading order needs a row with its time and prerequisites"
+    table = teacher[teacher.index("**Which parallelism when.**"):]
+    rows = [r for r in re.findall(r"^\| ([^|]+) \|.*\| ([^|]+) \|$", table, re.M) if r[0] not in ("parallelism", "---")]
+    assert len(rows) >= 5, rows
+    chapters = ("capstone", "planning", "training", "memory", "splitting one model", "cluster", "pmap", "shard_map")
+    for parallelism, where in rows:
+        assert any(name in where for name in chapters), f"the {parallelism!r} row cites no chapter: {where!r}"
 
 
 @pytest.mark.parametrize("cell", [
@@ -221,6 +239,12 @@ def stdout(cell) -> str:
     return stream(cell, "stdout")
 
 
+def check_said(cell) -> str:
+    """What a check cell shows: its printed text and the check's line (in a kernel, a display of
+    plain text carrying the grader's record: face/checks.py)."""
+    return "".join(said(o) for o in cell.outputs)
+
+
 def lists_collective(text: str, op: str, shape: str, size: str) -> bool:
     """Whether a view's text lists the collective `op (reduction) · shape · result buffer size`."""
     pattern = rf"{re.escape(op)}( \(\w+\))? · {re.escape(shape)} · result buffer {re.escape(size)}\b"
@@ -252,7 +276,7 @@ def test_pmap_chapter_teaches_what_it_says():
     # The exercise's filled-in solution passes its check.
     exercise = cell_with("ring_total = ring_total + passing")
     assert "same on all 8 devices: 31." in plain(exercise)
-    assert stdout(cell_with('check(ring_run["ring_total"]')) == "✓ right\n"
+    assert check_said(cell_with('check(ring_run["ring_total"]')) == "✓ right\n"
     # jax.pmap's own rule: an axis shorter than the device count runs on a subset of devices.
     assert plain(cell_with("tripled, len(tripled.sharding.device_set)")).endswith(", 3)")
     assert plain(cell_with("array_equal(tripled, tripled_too)")) == "True"
@@ -302,7 +326,7 @@ def test_sharding_chapter_teaches_what_it_says():
     assert stdout(cell_with('print("gram:"')) == "gram: float32[8@data,8] | gram_too: P('data',) | same values: True\n"
     # The exercise's solution: split over all 8 devices, no collectives, and its check passes.
     assert "Collectives (0): none" in plain(cell_with("row_totals = jnp.sum(m, axis=1)"))
-    assert stdout(cell_with('check(layout["row_totals"]')) == "✓ right\n"
+    assert check_said(cell_with('check(layout["row_totals"]')) == "✓ right\n"
 
 
 @pytest.mark.slow
@@ -319,7 +343,7 @@ def test_training_chapter_shows_what_it_says():
     assert "all-gather · f32[64,32]" in fsdp and lists_collective(fsdp, "all-reduce", "f32[32,64]", "8.0 KiB")  # CPU
     assert lists_collective(plain(cell_with('lax.psum_scatter(xs.T @ dy, "data", tiled=True)')), "reduce-scatter",
                             "f32[2,4]", "32 B")
-    assert stdout(cell_with('check(fsdp_grad["grad_w"]')) == "✓ right\n"
+    assert check_said(cell_with('check(fsdp_grad["grad_w"]')) == "✓ right\n"
     donation = stdout(cell_with("donate_argnums=0"))
     assert "without donation: 0 | with donation: 1024" in donation and "old_w deleted after the step: True" in donation
     assert "gradient: bfloat16[64,32] 4096 bytes | float32 would be 8192" in stdout(cell_with('print("gradient:"'))
@@ -328,7 +352,14 @@ def test_training_chapter_shows_what_it_says():
     # The view fits its text to the terminal's width: read the sentence across line breaks.
     assert "each of the 4 senders sends to the one 4 places later" in " ".join(pipeline.split())
     assert "cyclic" not in pipeline
-    assert stdout(cell_with("check(out,")) == "✓ right\n"
+    assert check_said(cell_with("check(out,")) == "✓ right\n"
+    # Random numbers under sharding: what the section's sentences say, as its cell printed it.
+    drawn = stdout(cell_with("def noise_by_device"))
+    assert "one key on every device: distinct blocks of 2 rows: 1\n" in drawn
+    assert "fold_in(key, axis_index): distinct blocks of 2 rows: 8\n" in drawn
+    assert "the same code on 4 devices gives the same 16 x 4 noise: False\n" in drawn
+    assert "drawn as one array, on 8 devices and on 4, equal: True\n" in drawn
+    assert "jax_threefry_partitionable: True" in drawn
 
 
 def card_rows(text: str) -> list[tuple[str, dict[int, tuple[str, float]]]]:
@@ -382,7 +413,7 @@ def test_shard_map_chapter_teaches_what_it_says():
     # Each card names what it moves: the input `w` gathered, the output `grad_w` scattered.
     assert "all_gather w  f32[2,4] → f32[16,4]" in fsdp and "psum_scatter grad_w  f32[16,4] → f32[2,4]" in fsdp
     assert "compile" in plain(cell_with(" --report"))
-    assert stdout(cell_with('check(product["mv"]')) == "✓ right\n"  # the exercise's solution
+    assert check_said(cell_with('check(product["mv"]')) == "✓ right\n"  # the exercise's solution
     # all_gather(..., to='invarying'): the same on every device, so one replicated array without --out.
     assert stdout(cell_with('print(w_whole.shape')) == "(16, 4) P(None, None) | equal to w: True\n"  # P() as Explicit axes write it
 
@@ -476,7 +507,7 @@ def test_collectives_chapter_cards_show_what_jax_computes():
 
     # The exercise: the check passes on the solution, and the card that reveals the figures comes
     # after it: two rings of 4 (one per row), 3 blocks of 64 bytes sent, a 256-byte result.
-    assert stdout(cell_with('check({"sent": prediction["predicted_sent"]')) == "✓ right\n"
+    assert check_said(cell_with('check({"sent": prediction["predicted_sent"]')) == "✓ right\n"
     revealed = plain(next(c for c in cells if c.source.startswith("%%pmap --mesh row=2,col=4 --collectives")
                           and "wide_grid" in c.source))
     assert "sent 192 B" in revealed and "result buffer: 256 B per device" in revealed, revealed
@@ -510,8 +541,8 @@ def test_planning_chapter_plans_what_it_says():
     assert "8 distinct blocks on 256 devices" in plain(cell_with("%sharding w1_grad"))
 
     # Both exercises' checks pass on their solutions; the closing cell's check agrees with the shapes.
-    assert stdout(cell_with('check(state["state_bytes"]')) == "✓ right\n"
-    assert stdout(cell_with('check(gather["w1_gather_s"]')) == "✓ right\n"
+    assert check_said(cell_with('check(state["state_bytes"]')) == "✓ right\n"
+    assert check_said(cell_with('check(gather["w1_gather_s"]')) == "✓ right\n"
     summary = stdout(cell_with("state_bytes_fsdp = "))
     assert re.search(r"FSDP, XLA:CPU: .* fits: True", summary) and "✓ the arguments are what the shapes say" in summary, summary
     # --compare plans the whole step: data parallelism (Adam's state copied) does not fit.
@@ -545,5 +576,12 @@ def test_cluster_chapter_runs_across_two_processes():
     assert plain(find(cells, "%%shard --in v1s=data v2s=data")).count("process 1: devices 2048–2051") == 3
     # The training step's gradient all-reduce spans both processes' devices.
     assert "groups: {0–3,2048–2051}" in plain(find(cells, "%%shard --mesh mesh_i --in batch_x=i"))
-    assert stdout(find(cells, 'check(mean["mean_all"]')) == "✓ right\n"  # the bug, fixed
+    assert check_said(find(cells, 'check(mean["mean_all"]')) == "✓ right\n"  # the bug, fixed
+    # Mesh axes on the hardware: make_mesh's last axis inside a process, its first across them.
+    owners = stdout(find(cells, "hw = jax.make_mesh((2, 4)"))
+    assert "[process 0] [[0 0 0 0]\n[process 0]  [1 1 1 1]]" in owners, owners
+    assert "create_hybrid_device_mesh(ici=(1, 4), dcn=(2, 1)): True" in owners
+    groups = plain(find(cells, "inside = lax.psum(a, 'model')"))
+    assert "2 groups of 4" in groups and "groups: {0–3} {2048–2051}" in groups, groups
+    assert "4 groups of 2" in groups and "groups: {0,2048} {1,2049} {2,2050} {3,2051}" in groups
     assert not stream(find(cells, "%cluster stop"), "stderr")

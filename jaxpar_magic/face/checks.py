@@ -61,17 +61,41 @@ def check(got: Any, want: Any = _MISSING, *, hint: str | Sequence[str], method: 
     except Exception as error:  # a value nothing here foresaw: still one line
         why = f"could not compare the answer ({type(error).__name__}: {_short(str(error))})"
     if why is None:
-        print(f"✓ {done}")
+        line = f"✓ {done}"
     else:
         missing = _first_missing(got)
         again = missing is not None and missing.again
-        print(f"✗ not yet: {why}. {_next_hint(hints, advance=not again)}")
-    _record(hints, right=why is None)
+        line = f"✗ not yet: {why}. {_next_hint(hints, advance=not again)}"
+    _say(line, _record(hints, right=why is None))
 
 
-# The check's record for `python -m jaxpar_magic.grade`: saved with the notebook as an output of a
-# type nothing renders (JupyterLab shows no output for a MIME type without a renderer).
-RECORD_MIME = "application/vnd.jaxpar-magic.check+json"
+# The check's record for `python -m jaxpar_magic.grade`, saved with the notebook in the metadata of
+# the check's own line: in a kernel the line is a display of plain text, which every front end and
+# nbconvert render as they render printed text (an output of a MIME type of its own would make
+# nbconvert warn that it "is not able to be represented").
+RECORD_KEY = "jaxpar_magic.check"
+
+
+def _say(line: str, record: dict | None) -> None:
+    if record is None:
+        print(line)
+        return
+    import sys
+
+    from IPython.display import display
+
+    sys.stdout.flush()  # what the cell printed before stays above the line
+    display({"text/plain": line}, metadata={RECORD_KEY: record}, raw=True)
+
+
+def said(output: dict) -> str:
+    """The text a saved output shows if it is a check's line or printed text (for readers of
+    executed notebooks: the grader, the tests)."""
+    if output.get("output_type") == "stream":
+        return output.get("text", "")
+    if RECORD_KEY in output.get("metadata", {}):
+        return output.get("data", {}).get("text/plain", "") + "\n"
+    return ""
 
 
 # face/exercises.py sets it: () -> (the answers the running cell read with attempt(), the exercise
@@ -79,18 +103,16 @@ RECORD_MIME = "application/vnd.jaxpar-magic.check+json"
 graded_now: list = [lambda: None]
 
 
-def _record(hints: tuple[str, ...], right: bool) -> None:
+def _record(hints: tuple[str, ...], right: bool) -> dict | None:
     from IPython import get_ipython
 
     shell = get_ipython()
     graded = graded_now[0]()
     if shell is None or graded is None or type(shell).__name__ != "ZMQInteractiveShell":
-        return  # only a kernel saves it with the notebook
-    from IPython.display import display
-
+        return None  # only a kernel saves it with the notebook
     answers, attempts = graded
-    display({RECORD_MIME: {"answers": list(answers), "verdict": "right" if right else "not yet",
-                           "attempts": attempts, "hints_used": _failures.get(hints, 0)}}, raw=True)
+    return {"answers": list(answers), "verdict": "right" if right else "not yet", "attempts": attempts,
+            "hints_used": _failures.get(hints, 0)}
 
 
 def _next_hint(hints: tuple[str, ...], advance: bool = True) -> str:

@@ -212,8 +212,10 @@ class Attempt:
         return None
 
     def _gather(self, name: str):
+        from .rerun import one_value
+
         try:
-            return self.on_cluster.gather([name])[name]
+            return one_value(self.on_cluster.gather([name])[name])
         except Exception:  # not defined on the processes, or the cluster is gone
             return NotRun(f"the exercise cell's last run did not set `{name}` on the cluster")
 
@@ -279,8 +281,9 @@ class Attempt:
                 return False, f"keep `{layout}` on the `%%{magic}` line: the exercise is about that layout"
         return True, why
 
-    def sends_only(self, *ops: str, count: int | None = None) -> tuple[bool, str]:
-        """The compiled program sends something, and only these collectives (``count`` of them)."""
+    def sends_only(self, *ops: str, count: int | None = None, most_bytes: int | None = None) -> tuple[bool, str]:
+        """The compiled program sends something, and only these collectives (``count`` of them, whose
+        buffers on one device add up to at most ``most_bytes``: `carried`)."""
         sent = self.collectives
         allowed = " or ".join(_plural([op]) for op in ops)
         if sent is None:
@@ -292,6 +295,9 @@ class Attempt:
             return False, f"the cell's compiled program sends {_plural(other)}; this exercise allows only {allowed}"
         if count is not None and len(sent) != count:
             return False, f"the cell's compiled program sends {len(sent)} collectives, not {count}"
+        if most_bytes is not None and carried(self.program) > most_bytes:
+            return False, (f"the cell's {_plural(sorted(set(sent)))} carry {carried(self.program):,} bytes per device, "
+                           "more than the exercise's method needs: send the smallest array that does the job")
         return True, ""
 
     def split_into(self, name: str, blocks: int) -> tuple[bool, str]:
@@ -304,25 +310,34 @@ class Attempt:
         why = f"{name} is cut into {count} distinct {noun}, not {blocks}: the other devices hold copies"
         return count == blocks, why
 
-    def follows(self, want, /, *, rtol: float = 1e-5, atol: float | None = None, **inputs) -> tuple[bool, str]:
+    def follows(self, want, /, *, rtol: float = 1e-5, atol: float | None = None, setup: str | None = None,
+                inputs_named: str = "", **inputs) -> tuple[bool, str]:
         """Run the exercise cell again with other values for its inputs (``readings=other``): its
         answers must then equal `want` (the reference's answers on those inputs; a dict by answer
         name, or the value when the exercise has one answer). An answer that does not depend on
-        its inputs, or that adds a value worked out before, fails. The namespace is left as it was."""
+        its inputs, or that adds a value worked out before, fails. The namespace is left as it was.
+        On a cluster the inputs live in the processes: `setup` is code each process runs first to
+        rebind them (`inputs_named` names them for the message), and every namespace is put back."""
         from .checks import differs
-        from .rerun import run_again
+        from .rerun import run_again, run_again_on_cluster
 
-        names = ", ".join(f"`{name}`" for name in inputs)
+        names = inputs_named or ", ".join(f"`{name}`" for name in inputs)
         want = want if len(self.answers) > 1 else {self.answers[0]: want}
         if self._problem() is not None or self.body is None:
             return False, (self._problem() or NotRun("the exercise cell has not finished a run")).reason
-        if self.on_cluster is not None:  # its inputs live in the processes, not in this namespace
-            return False, "this check cannot run a cluster cell again on other inputs"
-        got, error = run_again(self, inputs, _running)
+        if setup is not None and self.on_cluster is None:
+            return False, "run the exercise cell in the cluster's processes (`%%cluster` below `%%exercise`)"
+        if setup is None and self.on_cluster is not None:  # its inputs live in the processes
+            return False, "this check cannot run a cluster cell again without `setup=` code for its inputs"
+        if self.on_cluster is not None:
+            got, error = run_again_on_cluster(self, setup, _running, self.on_cluster)
+        else:
+            got, error = run_again(self, inputs, _running)
         if error is not None:
             return False, f"run again with other values in {names}, the exercise cell failed ({error})"
         for name, expected in want.items():
-            why = differs(got.get(name), expected, rtol=rtol, atol=atol)
+            value = got.get(name, NotRun(f"the cell did not set `{name}`"))
+            why = value.reason if isinstance(value, NotRun) else differs(value, expected, rtol=rtol, atol=atol)
             if why is not None:
                 return False, (f"run again with other values in {names}, the cell's `{name}` is wrong ({why}): "
                                f"compute it from {names}, not from a value worked out before")
@@ -334,6 +349,12 @@ class Attempt:
         if sent is None:
             return False, self._no_program()
         return not sent, f"the cell's compiled program sends {_plural(sorted(set(sent)))}" if sent else ""
+
+
+def carried(program: list) -> int:
+    """Bytes the collectives carry on one device: each one's larger buffer (a reduce-scatter's input,
+    an all-gather's result), times the times it runs (a loop of unknown length counts once)."""
+    return sum(max(c.bytes, c.operand_bytes or 0) * (c.count or 1) for c in program)
 
 
 def _plural(ops: list[str]) -> str:

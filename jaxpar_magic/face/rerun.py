@@ -60,3 +60,76 @@ def _restore(namespace: dict, before: dict) -> None:
     for name, value in before.items():
         if namespace.get(name, _ABSENT) is not value:
             namespace[name] = value
+
+
+# --- on a running cluster: the inputs live in its processes ---------------------------------------
+
+def run_again_on_cluster(record, setup: str, running: list, cluster) -> tuple[dict, str | None]:
+    """Run `setup` (code that rebinds the inputs) then `record.body` in every process of `cluster`,
+    and gather the answers: (answers as `one_value` reads them, None) or ({}, why it failed). Every
+    process's namespace is put back as it was before `setup`, and the kernel's too."""
+    from IPython.utils.capture import capture_output
+
+    answers = list(record.answers)
+    with capture_output(display=True):
+        cluster.call("jaxpar_magic.face.rerun:keep_namespace", answers)
+        try:
+            try:
+                cluster.execute(setup)
+            except Exception as error:  # the check's own code: say so, do not blame the student
+                return {}, f"the check could not set its other inputs ({type(error).__name__})"
+            _, error = run_again(record, {}, running)
+            if error is not None:
+                return {}, error
+            present = [name for name in answers if name in _defined(cluster, answers)]
+            got = cluster.gather(present) if present else {}
+        finally:
+            cluster.call("jaxpar_magic.face.rerun:put_namespace_back")
+    return {name: one_value(value) for name, value in got.items()}, None
+
+
+def _defined(cluster, names: list[str]) -> set[str]:
+    replies = cluster.call("jaxpar_magic.face.rerun:defined_names", names)
+    return set.intersection(*(set(reply) for reply in replies)) if replies else set()
+
+
+def one_value(gathered):
+    """A value gathered from the processes as the check reads it: a global array as itself; a
+    plain value (a NumPy number, a float) that every process holds alike as that one value, as
+    `%cluster gather` would give one replicated array; processes that disagree as a NotRun naming
+    what each holds (a process-local answer is the exercise's bug)."""
+    from .checks import NotRun, differs
+
+    if not isinstance(gathered, list):
+        return gathered
+    if gathered and all(differs(value, gathered[0], rtol=1e-6) is None for value in gathered[1:]):
+        return gathered[0]
+    held = ", ".join(f"process {rank}: {_short(value)}" for rank, value in enumerate(gathered[:4]))
+    return NotRun(f"the processes ended with different values ({held}); the answer must be one value every "
+                  "process agrees on")
+
+
+def _short(value) -> str:
+    text = repr(value.tolist() if hasattr(value, "tolist") else value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# Run in each process by ClusterRuns.call (`func(namespace, *args)` -> (reply, bindings to commit)).
+_kept: list[dict] = []
+
+
+def keep_namespace(namespace: dict, answers: list[str]) -> tuple[None, dict]:
+    _kept[:] = [dict(namespace)]
+    for name in answers:  # a rerun that does not set an answer must not find the old one
+        namespace.pop(name, None)
+    return None, {}
+
+
+def put_namespace_back(namespace: dict) -> tuple[None, dict]:
+    if _kept:
+        _restore(namespace, _kept.pop())
+    return None, {}
+
+
+def defined_names(namespace: dict, names: list[str]) -> tuple[list[str], dict]:
+    return [name for name in names if name in namespace], {}

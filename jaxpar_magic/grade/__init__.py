@@ -9,7 +9,11 @@ Then one CSV row per student and exercise:
   file;
 * ``attempts`` and ``hints_used``: the student's own session, from the record each check saved with
   the notebook (face/checks.py); empty when the check never ran there;
-* ``note``: the check's line, or why the notebook could not be graded.
+* ``note``: the check's line, or why the notebook could not be graded;
+* ``part`` and ``points``: for a notebook with a rubric in its metadata (``jaxpar_magic.rubric``, a
+  list of ``{"part", "exercise", "points", "graded"}``; examples/capstone.ipynb has one), the part an
+  exercise grades and its points when right (0 when not); a part graded by the teacher gets a row
+  with verdict ``for the teacher``. With ``--course``, the course's rubric counts, not the file's.
 
 A notebook that stops with an error outside its exercise cells, hangs past its time limit, or
 cannot be read gets a row that says so (exercise ``(notebook)``), and the others are still graded.
@@ -26,8 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-COLUMNS = ["student", "notebook", "exercise", "verdict", "attempts", "hints_used", "note"]
-from ..face.checks import RECORD_MIME  # each check's record of the student's session
+COLUMNS = ["student", "notebook", "exercise", "part", "points", "verdict", "attempts", "hints_used", "note"]
+from ..face.checks import RECORD_KEY, said  # each check's record of the student's session, its line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,10 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one notebook may run (default 1800)")
     args = parser.parse_args(argv)
     checks = course_checks(args.course) if args.course else {}
+    rubrics = course_rubrics(args.course) if args.course else None
     rows = []
     for path in args.notebooks:
         print(f"grading {path} ...", file=sys.stderr, flush=True)
-        rows += grade(path, cell_timeout=args.cell_timeout, timeout=args.timeout, checks=checks)
+        rows += grade(path, cell_timeout=args.cell_timeout, timeout=args.timeout, checks=checks, rubrics=rubrics)
     with open(args.out, "w", newline="", encoding="utf-8") as out:
         writer = csv.DictWriter(out, fieldnames=COLUMNS)
         writer.writeheader()
@@ -79,7 +84,29 @@ def course_checks(course: Path) -> dict[tuple[str, ...], str]:
     return found
 
 
-def grade(path: Path, *, cell_timeout: float = 600, timeout: float = 1800, checks: dict | None = None) -> list[dict]:
+def course_rubrics(course: Path) -> list[list[dict]]:
+    """The rubric of each of the course's chapters that has one."""
+    import nbformat
+
+    chapters = sorted(course.glob("*.ipynb")) if course.is_dir() else [course]
+    found = [nbformat.read(chapter, as_version=4).metadata.get("jaxpar_magic", {}).get("rubric") for chapter in chapters]
+    return [rubric for rubric in found if rubric]
+
+
+def _rubric(submitted, found: list, rubrics: list | None) -> dict:
+    """exercise (its answer names, space-separated, or None for a teacher's part) -> the rubric's entry:
+    the course's rubric that grades this notebook's exercises when `rubrics` is given, else the file's."""
+    names = {" ".join(answers) for answers, _ in found}
+    if rubrics is None:
+        rubric = submitted.metadata.get("jaxpar_magic", {}).get("rubric") or []
+    else:
+        rubric = next((r for r in rubrics if {e["exercise"] for e in r if e.get("exercise")} & names), [])
+    return {entry.get("exercise"): entry for entry in rubric if isinstance(entry, dict)} | {
+        None: [entry for entry in rubric if isinstance(entry, dict) and not entry.get("exercise")]}
+
+
+def grade(path: Path, *, cell_timeout: float = 600, timeout: float = 1800, checks: dict | None = None,
+          rubrics: list | None = None) -> list[dict]:
     """The rows of one submitted notebook."""
     import nbformat
 
@@ -90,6 +117,7 @@ def grade(path: Path, *, cell_timeout: float = 600, timeout: float = 1800, check
     except Exception as error:  # not a notebook, or a broken one
         return [{**row, "exercise": "(notebook)", "verdict": "unreadable", "note": _line(error)}]
     found = exercises_of(submitted)
+    rubric = _rubric(submitted, found, rubrics)
     saved = {answers: _saved_record(submitted.cells[check]) for answers, check in found}
     nb = nbformat.from_dict(submitted)  # runs on a copy: the outputs it saved stay what the student saw
     edited = []
@@ -105,8 +133,14 @@ def grade(path: Path, *, cell_timeout: float = 600, timeout: float = 1800, check
         record = saved[answers] or {}
         note = line + (" (the submission's check cell was edited; the course's ran)"
                        if " ".join(answers) in edited else "")
-        rows.append({**row, "exercise": " ".join(answers), "verdict": verdict,
-                     "attempts": record.get("attempts", ""), "hints_used": record.get("hints_used", ""), "note": note})
+        part = rubric.get(" ".join(answers)) or {}
+        points = (part.get("points", 0) if verdict == "right" else 0) if part else ""
+        rows.append({**row, "exercise": " ".join(answers), "part": part.get("part", ""), "points": points,
+                     "verdict": verdict, "attempts": record.get("attempts", ""),
+                     "hints_used": record.get("hints_used", ""), "note": note})
+    for part in rubric[None]:
+        rows.append({**row, "exercise": "", "part": part.get("part", ""), "points": "", "verdict": "for the teacher",
+                     "note": f"{part.get('points', '')} points, graded by the teacher"})
     if not found:
         problems.insert(0, "no exercise cell (a code cell tagged `exercise` starting with %%exercise)")
     if problems:
@@ -159,7 +193,7 @@ def _execute(nb, folder: Path, cell_timeout: float, timeout: float) -> list[str]
 
 
 def _verdict(cell) -> tuple[str, str]:
-    text = "".join(o.get("text", "") for o in cell.get("outputs", []) if o.get("output_type") == "stream")
+    text = "".join(said(o) for o in cell.get("outputs", []))
     lines = [line for line in text.splitlines() if line.startswith(("✓", "✗"))]
     if not lines:
         return "not graded", "the check printed no verdict (it did not run, or raised)"
@@ -167,8 +201,8 @@ def _verdict(cell) -> tuple[str, str]:
 
 
 def _saved_record(cell) -> dict | None:
-    records = [o["data"][RECORD_MIME] for o in cell.get("outputs", [])
-               if o.get("output_type") == "display_data" and RECORD_MIME in o.get("data", {})]
+    records = [o["metadata"][RECORD_KEY] for o in cell.get("outputs", [])
+               if o.get("output_type") == "display_data" and RECORD_KEY in o.get("metadata", {})]
     return records[-1] if records else None
 
 
