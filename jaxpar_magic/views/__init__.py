@@ -12,6 +12,7 @@ from __future__ import annotations
 _VIEWS = {
     "CollectivesView": "collectives",
     "DevicesView": "devices",
+    "ExplorerView": "explorer",
     "MemoryView": "memory",
     "MeshView": "mesh",
     "PlanView": "plan",
