@@ -107,7 +107,14 @@ function inputsSection(state, send) {
       h(
         "tr",
         { class: "jpm-ex-input", data: { name: inp.name } },
-        h("td", {}, h("span", { class: "jpm-out-name", text: inp.name }), h("div", { class: "jpm-sub jpm-mono", text: formatShape(inp.dtype, inp.shape) })),
+        h(
+          "td",
+          {},
+          h("span", { class: "jpm-out-name", text: inp.name }),
+          h("div", { class: "jpm-sub jpm-mono", text: formatShape(inp.dtype, inp.shape) }),
+          // A group of leaves of one shape and layout is one row: a toggle changes them all.
+          (inp.count || 1) > 1 ? h("div", { class: "jpm-sub jpm-ex-count", text: `and ${inp.count - 1} more leaves like it` }) : null,
+        ),
         h("td", { class: "jpm-spec jpm-ex-spec", text: specText(spec) }),
         dims,
       ),

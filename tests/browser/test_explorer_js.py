@@ -25,7 +25,7 @@ def explorer_state(*, name: str = "params['w1']", busy: bool = False, message: s
     return {
         "inputs": [
             {"name": name, "group": "params", "shape": [1024, 4096], "dtype": "float32", "spec": [["data"], []]},
-            {"name": "params['b1']", "group": "params", "shape": [4096], "dtype": "float32", "spec": [[]]},
+            {"name": "params['b1']", "group": "params", "shape": [4096], "dtype": "float32", "spec": [[]], "count": 3},
             {"name": "x", "group": "x", "shape": [32, 1024], "dtype": "bfloat16", "spec": [["data", "model"], []]},
             {"name": "step", "group": "step", "shape": [], "dtype": "int32", "spec": []},
         ],
@@ -62,6 +62,14 @@ def toggle(host: Any, name: str, dim: int, axis: str) -> Any:
     return row.locator(f'.jpm-ex-dim[data-dim="{dim}"] .jpm-ex-axis[data-axis="{axis}"]')
 
 
+def test_native_module_and_bundle_agree(view_page: Any) -> None:
+    native = view_page.mount("explorer", explorer_state(), mode="native")
+    bundled = view_page.mount("explorer", explorer_state(), mode="bundle")
+    loaded = view_page.mount("explorer", explorer_state(), mode="loader")  # as every view model ships it
+    assert native.inner_html() == bundled.inner_html() == loaded.inner_html()
+    assert native.locator(".jpm-explorer").count() == 1
+
+
 def test_draws_the_state(view_page: Any, artifacts: Any) -> None:
     host = view_page.mount("explorer", explorer_state(busy=True), mode="native")
     rows = host.locator(".jpm-ex-input")
@@ -75,6 +83,8 @@ def test_draws_the_state(view_page: Any, artifacts: Any) -> None:
     assert rows.nth(2).locator(".jpm-ex-spec").inner_text() == "P(('data', 'model'), None)"
     assert "float32[1024, 4096]" in rows.nth(0).inner_text()
     assert "nothing to cut" in rows.nth(3).inner_text()
+    assert rows.nth(1).locator(".jpm-ex-count").inner_text() == "and 2 more leaves like it"
+    assert rows.nth(0).locator(".jpm-ex-count").count() == 0
     # 4096 / (data=4 * model=2) divides; 4096 // 4 then ×... a 1024 dim cut by both divides too.
     assert "jpm-ex-nodiv" not in (toggle(host, "params['b1']", 0, "data").get_attribute("class") or "")
     assert host.locator(".jpm-ex-group").first.inner_text() == "params"
