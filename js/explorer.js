@@ -345,7 +345,8 @@ function triedSection(state, send) {
  * @param {(msg: any) => void} [send]
  */
 export function draw(state, send = () => {}) {
-  const root = h("div", { class: "jpm-view jpm-explorer" });
+  // generation: +1 per new current plan; compiles: layouts compiled so far (tests wait on both).
+  const root = h("div", { class: "jpm-view jpm-explorer", data: { generation: state.generation ?? 0, compiles: state.compiles ?? 0 } });
   const status = state.status || {};
   root.append(
     h(
