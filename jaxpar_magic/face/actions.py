@@ -16,6 +16,7 @@ from ..errors import UsageError
 
 ARRAY_VIEWS = ("results", "sharding", "collectives")  # views whose devices may span processes
 PLAN_NAME = "_plan"  # where a planning magic leaves its Plan
+EXPLORER_NAME = "_explorer"  # where --explore leaves its Explorer
 
 
 @dataclass
@@ -271,6 +272,8 @@ def _plan(magic: str, options, source, namespace, **engine_options) -> Outcome:
 
     if options.plan.compare is not None or options.plan.search:
         return _compare(magic, options, source, namespace, **engine_options)
+    if options.plan.explore:
+        return _explore(options, source, namespace, **engine_options)
     quiet = options.show is False  # no view to take a status line's place: show none, print one line
     plan = plan_cell(source, namespace, magic=magic, hardware=options.plan.hardware,
                      device_memory=options.plan.device_memory, bind=False, status=not quiet, **engine_options)
@@ -310,6 +313,24 @@ def _compare(magic: str, options, source, namespace, **engine_options) -> Outcom
     if not plan.compare:
         state["caveats"] = [search_note(devices)] + state["caveats"]
     return Outcome(views=[] if options.show is False else [("plan", state)])
+
+
+def _explore(options, source, namespace, **engine_options) -> Outcome:
+    """--plan --explore: the layout explorer over the cell, bound as `_explorer` (only if that name is new or
+    holds an earlier explorer); the view drives it."""
+    from ..stages.plan.explore import Explorer
+    from ..views.progress import Progress
+
+    with Progress("planning the first layout"):
+        explorer = Explorer(source, namespace, hardware=options.plan.hardware, device_memory=options.plan.device_memory,
+                            **engine_options)
+    held = namespace.get(EXPLORER_NAME, explorer)
+    bindings = {EXPLORER_NAME: explorer} if isinstance(held, Explorer) else {}
+    said = "" if bindings else (f"`{EXPLORER_NAME}` holds your own {type(held).__name__}, so the explorer is not bound "
+                                f"under it; drive this one from its view, or `del {EXPLORER_NAME}` and run the cell again.")
+    if options.show is False:
+        return Outcome(text="\n".join(t for t in (explorer.plan.summary(), said) if t), bindings=bindings)
+    return Outcome(views=[("explorer", explorer)], bindings=bindings, text=said)
 
 
 def _as_code(magic: str, options, source, namespace, **extra) -> Outcome:

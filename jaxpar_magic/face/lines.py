@@ -88,6 +88,7 @@ class PlanOptions:
     device_memory: int | None
     compare: str | None = None  # the name of a dict of layouts
     search: tuple[str, ...] = ()  # batch inputs, for the proposed layouts
+    explore: bool = False  # --explore: the layout explorer (%%shard only)
 
 
 def plan_options(args, magic: str) -> PlanOptions | None:
@@ -95,9 +96,13 @@ def plan_options(args, magic: str) -> PlanOptions | None:
     from ..stages.plan.hardware import parse_hardware, parse_memory_size
 
     compare, search, topology = (getattr(args, k, None) for k in ("compare", "search", "topology"))
+    explore = bool(getattr(args, "explore", False))
     extras = [f for f, v in (("--hardware", args.hardware), ("--device-memory", args.device_memory),
                              ("--topology", topology), ("--compare", compare), ("--search", search)) if v is not None]
     if not args.plan:
+        if explore:
+            raise UsageError(f"{magic} --explore: the explorer re-plans the cell under the layouts you choose; add "
+                             f"--plan (`%%shard --plan --explore ...`).")
         if extras:
             raise UsageError(f"{magic} {extras[0]}: only a planned cell has a device to fit; add --plan to the line.")
         return None
@@ -114,6 +119,13 @@ def plan_options(args, magic: str) -> PlanOptions | None:
         flag = "--compare" if compare is not None else "--search"
         raise UsageError(f"%%pmap --plan {flag}: layouts are PartitionSpecs per input, which %%pmap does not take; "
                          f"compare layouts with `%%shard --plan {flag} ...` (or %%shard_map).")
+    if explore and magic != "%%shard":
+        raise UsageError(f"{magic} --plan --explore: the explorer chooses PartitionSpecs per input of a %%shard cell; "
+                         f"explore this computation as `%%shard --plan --explore ...`.")
+    if explore and (compare is not None or search is not None):
+        flag = "--compare" if compare is not None else "--search"
+        raise UsageError(f"{magic} --plan --explore {flag}: the explorer ranks the layouts you try itself; use "
+                         f"--explore or {flag}.")
     if compare is not None and search is not None:
         raise UsageError(f"{magic} --plan --compare --search: compare your own layouts or let --search propose "
                          f"them; use one of them.")
@@ -122,7 +134,7 @@ def plan_options(args, magic: str) -> PlanOptions | None:
         hardware = with_topology(hardware, topology)
     memory = parse_memory_size(args.device_memory) if args.device_memory is not None else None
     return PlanOptions(hardware, memory, python_names([compare], "--compare")[0] if compare is not None else None,
-                       python_names(search, "--search") if search is not None else ())
+                       python_names(search, "--search") if search is not None else (), explore)
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,8 @@ def view_of(kind: str, state: dict):
     """The widget that shows a view state of `kind` (actions.Outcome.views)."""
     from .. import views
 
+    if kind == "explorer":  # a live view over its explorer (stages/plan/explore.py), not a state alone
+        return views.ExplorerView(explorer=state)
     classes = {"devices": views.DevicesView, "mesh": views.MeshView, "sharding": views.ShardingView,
                "results": views.ResultView, "collectives": views.CollectivesView, "plan": views.PlanView,
                "tree": views.TreeView}
@@ -88,6 +90,9 @@ _code_and_plan_options = _applying(
     argument("--compare", metavar="NAME",
              help="With --plan: plan the cell under every layout of the dict NAME ({label: {'mesh': mesh, 'in': "
                   "{input: PartitionSpec}}}) and rank them by estimated step time."),
+    argument("--explore", action="store_true",
+             help="With %%shard --plan: an explorer of layouts (each input's dimensions cut by mesh axes, the mesh's "
+                  "shape, the target), re-planned as you choose; bound as `_explorer` (choose, reshape, tried, line, best)."),
     argument("--search", metavar="BATCH", nargs="+",
              help="With --plan: propose DP, FSDP, TP and FSDP x TP layouts over the mesh's devices (BATCH: the inputs "
                   "whose first dimension is the batch) and rank them."),

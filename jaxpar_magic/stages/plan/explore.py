@@ -112,19 +112,19 @@ class Explorer:
 
     def choose(self, name: str, spec):
         """Cut input `name` (every leaf) or one leaf (`"params['w1']"`) by `spec`; the new Plan."""
-        return self._go(self.choosing(self.layout, name, spec))
+        return self._go(lambda: self.choosing(self.layout, name, spec))
 
     def reshape(self, shape, axis_types: str | None = None):
         """The mesh as `shape` (`"data=16,model=4"`, --mesh syntax) over the same devices; the new Plan."""
-        return self._go(self.reshaping(self.layout, shape, axis_types))
+        return self._go(lambda: self.reshaping(self.layout, shape, axis_types))
 
     def retarget(self, hardware: str | None = None, topology: str | None = None):
         """Another profile (`"tpu-v5p"`) or slice (`"4x8"`), where the cell gave a target; the new Plan."""
-        return self._go(self.retargeting(self.layout, hardware, topology))
+        return self._go(lambda: self.retargeting(self.layout, hardware, topology))
 
     def restore(self, line: str):
         """Go back to a tried layout by its line (a tried row's `.line`); its Plan, from the cache."""
-        return self._go(self.restoring(line))
+        return self._go(lambda: self.restoring(line))
 
     @property
     def tried(self) -> list[Row]:
@@ -221,11 +221,12 @@ class Explorer:
         return found
 
     # --- planning ---------------------------------------------------------------------------------
-    def _go(self, layout: Layout):
-        """Plan `layout` here and make it current (a UsageError leaves everything as it was, but the message)."""
+    def _go(self, make):
+        """Plan the layout `make()` gives here and make it current (a UsageError leaves everything as it was,
+        but the message)."""
         with self._planning:
             try:
-                row = self._plan(layout)
+                row = self._plan(make())
             except UsageError as err:
                 self._say(str(err))
                 raise
@@ -372,3 +373,15 @@ class Explorer:
         target = ([layout.hardware] if layout.hardware != self._first.hardware else []) + \
             ([layout.topology] if layout.topology != self._first.topology and layout.topology else [])
         return " ".join([str(layout.shape)] + changed + target)
+
+
+def explore_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None, hardware=None,
+                 topology: str | None = None, device_memory=None, donate=(), compiler: str = "auto"):
+    """Plain-Python twin of `%%shard --plan --explore` (marimo, scripts): `(explorer, view)`, the Explorer
+    over `source` read against `namespace` (never written) and its live ExplorerView. `in_specs` as
+    plan_cell's (input name -> PartitionSpec, or a pytree of them)."""
+    from ...views.explorer import ExplorerView
+
+    explorer = Explorer(source, namespace, mesh=mesh, in_specs=in_specs, out_specs=out_specs, hardware=hardware,
+                        topology=topology, device_memory=device_memory, donate=donate, compiler=compiler)
+    return explorer, ExplorerView(explorer=explorer)

@@ -1,0 +1,237 @@
+"""The layout explorer (`%%shard --plan --explore`, `_explorer`, `explore_cell`) through a real
+InteractiveShell over 8 simulated devices: its Python side, and its plans against the same layouts
+planned as cells with the line it gives (the differential oracle)."""
+from __future__ import annotations
+
+import html
+import textwrap
+import threading
+
+import jax
+import jax.numpy as jnp
+import pytest
+from IPython.core.error import UsageError
+from IPython.utils.capture import capture_output
+from jax.sharding import PartitionSpec as P
+
+import jaxpar_magic
+from jaxpar_magic.stages.plan import compiled_plans
+from shell_helpers import shown_widgets, snapshot
+
+STEP = """
+h = jnp.tanh(x @ params['w1'])
+y = h @ params['w2']
+"""
+
+
+@pytest.fixture
+def cell(jx):
+    """A Flax/optax-like params dict and a batch, abstract (nothing allocated), on an Auto mesh."""
+    with capture_output():
+        jx.run_line_magic("mesh", "data=4 model=2 --axis-types auto --no-show")
+    jx.push({"x": jax.ShapeDtypeStruct((64, 128), jnp.float32),
+             "params": {"w1": jax.ShapeDtypeStruct((128, 256), jnp.float32),
+                        "w2": jax.ShapeDtypeStruct((256, 12), jnp.float32)}})
+    return jx
+
+
+def explore(ip, line: str = "--in x=data,None"):
+    with capture_output() as captured:
+        ip.run_cell_magic("shard", f"--plan --explore {line}", STEP)
+    return ip.user_ns["_explorer"], shown_widgets(captured)
+
+
+def figures(plan) -> dict:
+    """What a plan says, without the compile's own timing."""
+    return {"memory": (plan.argument_bytes, plan.output_bytes, plan.temp_bytes, plan.alias_bytes, plan.total_bytes),
+            "flops": plan.flops, "bytes_accessed": plan.bytes_accessed, "axes": plan.axes,
+            "collectives": [(c.op, c.shape, c.bytes, c.count, c.axes, c.line) for c in plan.collectives],
+            "peak": [(b.kind, b.name, b.bytes, b.shape, b.line) for b in plan.peak.buffers]}
+
+
+def planned_as_cell(ip, ex) -> object:
+    """The explorer's current layout planned by `%%shard --plan` with `ex.line()`'s options, compiled afresh."""
+    line = ex.line()
+    assert line.startswith("%%shard ")
+    ip.user_ns.update(ex.line_names())
+    compiled_plans.forget()  # no kept compile: the cell compiles its own
+    with capture_output():
+        ip.run_cell_magic("shard", line[len("%%shard "):] + " --no-show", STEP)
+    return ip.user_ns["_plan"]
+
+
+def test_the_magic_binds_the_explorer_and_shows_its_view(cell):
+    before = set(cell.user_ns)
+    ex, widgets = explore(cell)
+    assert [type(w).__name__ for w in widgets] == ["ExplorerView"]
+    assert set(cell.user_ns) - before == {"_explorer"}  # the cell's names (h, y) are not bound
+    state = widgets[0].state
+    assert [i["name"] for i in state["inputs"]] == ["x", "params['w1']", "params['w2']"]
+    assert state["inputs"][0]["spec"] == [["data"], []]
+    assert state["inputs"][1]["group"] == "params" and state["inputs"][1]["shape"] == [128, 256]
+    assert state["mesh"]["axes"] == [["data", 4], ["model", 2]] and state["mesh"]["types"] == ["Auto", "Auto"]
+    assert state["mesh"]["shapes"] == ["data=8,model=1", "data=4,model=2", "data=2,model=4", "data=1,model=8"]
+    assert state["plan"]["peak_bytes"] == ex.plan.total_bytes and state["generation"] == 1 == state["compiles"]
+    assert state["tried"] == [{"rank": 1, "line": ex.line(), "peak_bytes": ex.plan.total_bytes, "fits": None,
+                               "collective_bytes": 0, "estimate_s": None, "bound": None, "current": True}]
+
+
+def test_choose_reshape_tried_line_and_best(cell):
+    ex, _ = explore(cell)
+    first = ex.plan
+    tp = ex.choose("params['w1']", P(None, "model"))  # one leaf, by its path
+    assert ex.line() == "%%shard --plan --mesh mesh --in x=P('data',None) params=@params_specs"
+    specs = ex.line_names()["params_specs"]
+    assert specs == {"w1": P(None, "model"), "w2": P(None, None)}
+    assert any(c.group_size > 1 for c in tp.collectives) and tp is not first  # w1 cut: data moves
+    ex.choose("params", "None,model")  # every leaf of an input, in --in's syntax
+    assert ex.line().endswith("params=P(None,'model')") and ex.line_names() == {}
+    ex.reshape("data=2,model=4")
+    assert ex.plan.axes == {"data": 2, "model": 4}
+    assert ex.line() == "%%shard --plan --mesh mesh_2x4 --in x=P('data',None) params=P(None,'model')"
+    tried = ex.tried
+    assert len(tried) == 4 and sum(r.plan is ex.plan for r in tried) == 1
+    assert [r.peak_bytes for r in tried] == sorted(r.peak_bytes for r in tried)  # no profile: ranked by peak
+    assert ex.best() is tried[0]
+    assert ex.state()["diff"].startswith("peak ")
+
+
+def test_the_explorers_plans_equal_the_same_layouts_planned_as_cells(cell):
+    """The oracle: `%%shard --plan` with the explorer's line plans the same program, figure for figure."""
+    ex, _ = explore(cell)
+    layouts = [lambda: None,
+               lambda: ex.choose("params['w1']", "P(None,'model')"),  # per-leaf specs: @params_specs
+               lambda: ex.reshape("data=8,model=1", axis_types="explicit"),  # inline --mesh (JAX's default type)
+               lambda: (ex.choose("params", P()), ex.choose("x", P(("data", "model"), None)))]
+    for change in layouts:
+        change()
+        mine = ex.plan
+        assert figures(planned_as_cell(cell, ex)) == figures(mine), ex.line()
+
+
+def test_a_tried_layout_comes_back_from_the_cache_without_compiling(cell, compiles):
+    ex, _ = explore(cell)
+    dp = ex.plan
+    ex.choose("params", "P(None,'model')")
+    count, made = ex.compiles, compiles.count
+    again = ex.choose("params", P())  # the first layout again
+    assert again is dp and ex.compiles == count and compiles.count == made
+    ex.submit({"kind": "restore", "line": ex.tried[-1].line if ex.tried[-1].plan is not dp else ex.tried[0].line})
+    assert ex.wait(60) and ex.compiles == count and compiles.count == made
+
+
+def test_changes_made_during_a_compile_are_coalesced_to_the_latest(cell):
+    ex, _ = explore(cell)
+    started, release = threading.Event(), threading.Event()
+
+    def held():  # the compile waits until the test lets it go: deterministic, no timing
+        started.set()
+        assert release.wait(120)
+
+    ex._gate = held
+    compiles, generation = ex.compiles, ex.generation
+    ex.submit({"kind": "choose", "name": "params['w1']", "spec": [[], ["model"]]})
+    assert started.wait(120)
+    status = ex.state()["status"]
+    assert status["busy"] and status["text"].startswith("planning data=4,model=2 params['w1']=P(None,'model')… ")
+    ex.submit({"kind": "choose", "name": "params['w2']", "spec": [["model"], []]})
+    ex.submit({"kind": "choose", "name": "x", "spec": [["data"], ["model"]]})  # conflicts with w1's model? no: x only
+    ex.submit({"kind": "choose", "name": "x", "spec": [[], []]})
+    release.set()
+    assert ex.wait(120)
+    assert ex.compiles == compiles + 2 and ex.generation == generation + 2  # the first and the latest only
+    specs = {i["name"]: i["spec"] for i in ex.state()["inputs"]}
+    assert specs == {"x": [[], []], "params['w1']": [[], ["model"]], "params['w2']": [["model"], []]}
+    lines = [r.line for r in ex.tried]
+    assert not any("x=P('data','model')" in line for line in lines)  # an intermediate layout: never planned
+    assert ex.state()["status"] == {"busy": False, "text": ""}
+
+
+def test_wrong_choices_say_one_line_and_keep_the_plan(cell):
+    ex, _ = explore(cell)
+    plan, generation = ex.plan, ex.generation
+    with pytest.raises(UsageError, match="mesh axis 'data' is used twice"):
+        ex.choose("x", "P('data','data')")
+    assert ex.plan is plan and ex.message.startswith("x: mesh axis 'data' is used twice")
+    with pytest.raises(UsageError, match=r"dimension 1 has 12 elements, which data=4 x model=2 = 8 devices do not"):
+        ex.choose("params['w2']", P(None, ("data", "model")))
+    with pytest.raises(UsageError, match="the cell reads no array called that"):
+        ex.choose("w3", P())
+    assert ex.message.startswith("choose('w3'): ")
+    ex.submit({"kind": "choose", "name": "x", "spec": [["nope"], []]})  # from the view: a message, no exception
+    assert ex.wait(60) and "'nope' is not an axis of the mesh" in ex.message and "\n" not in ex.message
+    assert ex.plan is plan and ex.generation == generation
+    ex.choose("x", P(None, "data"))  # a good choice clears the message
+    assert ex.message is None
+
+
+def test_a_layout_the_compiler_refuses_is_a_message(cell):
+    ex, _ = explore(cell)
+    # Explicit axes: a matmul contracting two dimensions both cut over 'data' needs an out_sharding the cell
+    # does not give, so JAX refuses to trace it.
+    ex.submit({"kind": "reshape", "mesh": "data=4,model=2", "axis_types": "explicit"})
+    ex.submit({"kind": "choose", "name": "x", "spec": [[], ["data"]]})
+    ex.submit({"kind": "choose", "name": "params['w1']", "spec": [["data"], []]})
+    assert ex.wait(120)
+    refused = ex.message
+    assert refused is not None and "\n" not in refused and refused.startswith("data=4,model=2 ")
+    assert ex.generation == 1  # the three changes were planned as one layout, refused: the first plan stays
+    ex.reshape("data=4,model=2", axis_types="explicit")
+    plan, compiles = ex.plan, ex.compiles
+    assert ex.line().startswith("%%shard --plan --mesh data=4,model=2 ")  # Explicit: JAX's default, inline
+    with pytest.raises(UsageError, match="the mesh has Explicit axes") as err:  # synchronously: raised
+        ex.choose("params['w1']", P(None, "data"))  # x[64@data, 128] @ w1[128, 256@data]: data cuts two dims
+    assert ex.message == " ".join(str(err.value).split()) and ex.plan is plan and ex.compiles == compiles + 1
+    with pytest.raises(UsageError):
+        ex.choose("params['w1']", P(None, "data"))  # the refusal is kept: not compiled again
+    assert ex.compiles == compiles + 1
+
+
+def test_explorer_operations_leave_the_namespace_alone(cell):
+    ex, _ = explore(cell)
+    before = snapshot(cell.user_ns)
+    ex.choose("params['w1']", P(None, "model"))
+    ex.reshape("data=8,model=1")
+    ex.submit({"kind": "choose", "name": "x", "spec": [["data"], []]})
+    assert ex.wait(120)
+    ex.line(), ex.line_names(), ex.tried, ex.best()
+    assert snapshot(cell.user_ns) == before
+
+
+def test_the_view_drives_the_explorer_and_shows_its_states(cell):
+    ex, (view,) = explore(cell)
+    view._message(view, {"kind": "choose", "name": "params['w1']", "spec": [[], ["model"]]})
+    assert ex.wait(120)
+    assert view.state["generation"] == 2 and view.state == ex.state()  # set from the worker thread
+    view._message(view, {"kind": "unknown"})  # ignored
+    text = view.to_text()
+    flat = " ".join(text.split())
+    assert all(len(line) <= 80 for line in text.splitlines())
+    page = view.to_html()
+    for row in ex.tried:
+        assert " ".join(row.line.split()) in flat  # wrapped, never cut
+        assert html.escape(row.line) in page
+    assert "Tried layouts (2), best first" in text and "Tried layouts (2), best first" in page
+    assert "<script" not in page and "style=" in page  # static: inline styles only
+
+
+def test_explore_cell_is_the_plain_python_twin(cell):
+    namespace = dict(cell.user_ns)
+    before = snapshot(namespace)
+    ex, view = jaxpar_magic.explore_cell(textwrap.dedent(STEP), namespace, in_specs={"x": P("data", None)})
+    assert view.state == ex.state() and ex.line() == explore(cell)[0].line()
+    ex.choose("params['w2']", P("model", None))
+    assert view.state["generation"] == 2 and snapshot(namespace) == before
+
+
+@pytest.mark.parametrize("magic, line, said", [
+    ("shard", "--explore --in x=data,None", "add --plan"),
+    ("shard_map", "--plan --explore", "explore this computation as `%%shard --plan --explore"),
+    ("pmap", "--plan --explore", "explore this computation as `%%shard --plan --explore"),
+    ("shard", "--plan --explore --search x", "use --explore or --search"),
+])
+def test_explore_elsewhere_is_a_usage_error(cell, magic, line, said):
+    before = snapshot(cell.user_ns)
+    with pytest.raises(UsageError, match=r"(?s)" + __import__("re").escape(said)):
+        cell.run_cell_magic(magic, line, STEP)
+    assert snapshot(cell.user_ns) == before
