@@ -23,15 +23,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 MIB = 2**20
 NAME = "explorer_live.ipynb"
-TEMP_CELL = ("from jaxpar_magic.stages.plan.explore import Explorer\nfrom jaxpar_magic.views.explorer import ExplorerView\n"
-             "_explorer = Explorer(\"yb = xb @ wb\", globals(), mesh=\"loose\")\nExplorerView(explorer=_explorer)")
 CELLS = [
     "%load_ext jaxpar_magic\n%devices --simulate 8",
     "import jax\nimport jax.numpy as jnp\n\n"
     "xb = jax.ShapeDtypeStruct((512, 1024), jnp.float32)   # 2 MiB\n"
     "wb = jax.ShapeDtypeStruct((1024, 4096), jnp.float32)  # 16 MiB",
     "%mesh data=4 model=2 --name loose --axis-types auto --no-show",
-    TEMP_CELL,
+    "%%shard --plan --explore --mesh loose --in xb=None,None wb=None,None\nyb = xb @ wb",
 ]
 
 
