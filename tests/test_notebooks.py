@@ -535,7 +535,7 @@ def test_planning_chapter_plans_what_it_says():
     # gigabytes of activations and is faster (as the prose says).
     assert "Tried layouts" in plain(cell_with("%%shard --plan --explore --mesh tp"))
     explored = stdout(cell_with("def summary(plan):"))
-    figures = [tuple(float(v) for v in re.search(r"([\d.]+) GiB per device, collectives ([\d.]+) GiB, estimate ([\d.]+) ms",
+    figures = [tuple(float(v) for v in re.search(r"([\d.]+) GiB per device, collectives\s+([\d.]+) GiB, estimate\s+([\d.]+) ms",
                                                  line).groups()) for line in explored.splitlines()[:3]]
     (tp_gib, tp_moved, tp_ms), (more_gib, more_moved, _), (wide_gib, _, wide_ms) = figures
     assert 0 < tp_gib - more_gib < 0.2 and more_moved > tp_moved, explored
