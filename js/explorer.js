@@ -131,18 +131,19 @@ function inputsSection(state, send) {
  * @param {string} cls
  * @param {string[]} options
  * @param {string | null} current
- * @param {(value: string) => any} make
+ * @param {(value: string | null) => any} make
  * @param {(msg: any) => void} send
  */
 function picker(label, cls, options, current, make, send) {
   const select = /** @type {HTMLSelectElement} */ (h("select", { class: `jpm-ex-select ${cls}`, "aria-label": label, data: { focus: cls } }));
-  const all = current !== null && !options.includes(current) ? [current, ...options] : options;
+  // No current value (a target without a topology): say "none" rather than show the first option as chosen.
+  const all = current === null ? ["", ...options] : options.includes(current) ? options : [current, ...options];
   for (const o of all) {
-    const opt = /** @type {HTMLOptionElement} */ (h("option", { value: o, text: o }));
-    if (o === current) opt.selected = true;
+    const opt = /** @type {HTMLOptionElement} */ (h("option", { value: o, text: o === "" ? "none" : o }));
+    if (o === (current ?? "")) opt.selected = true;
     select.append(opt);
   }
-  select.addEventListener("change", () => send(make(select.value)));
+  select.addEventListener("change", () => send(make(select.value === "" ? null : select.value)));
   return h("label", { class: "jpm-ex-pick" }, h("span", { class: "jpm-sub", text: label }), select);
 }
 
@@ -215,7 +216,10 @@ function planSection(plan) {
   } else chips.append(h("span", { class: "jpm-chip jpm-zero jpm-ex-estimate", text: "no estimate (give --hardware)" }));
   if (plan.compiler) chips.append(h("span", { class: "jpm-chip" }, "from ", h("b", { text: plan.compiler })));
   sec.append(chips);
-  sec.append(listTable("Largest buffers", "jpm-ex-largest", ["what", "bytes", "where"], (plan.largest || []).map((/** @type {any} */ b) => [b.what, formatBytes(b.bytes), b.line || "—"]), "no buffers reported"));
+  // The source line, where the buffer's description does not already end with it.
+  const largest = (plan.largest || []).map((/** @type {any} */ b) => [String(b.what), formatBytes(b.bytes), b.line && !String(b.what).includes(b.line) ? b.line : ""]);
+  const where = largest.some((r) => r[2]);
+  sec.append(listTable("Largest buffers", "jpm-ex-largest", where ? ["what", "bytes", "where"] : ["what", "bytes"], largest.map((r) => (where ? r : r.slice(0, 2))), "no buffers reported"));
   sec.append(
     listTable(
       "Collectives per step",

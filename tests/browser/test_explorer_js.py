@@ -93,6 +93,7 @@ def test_draws_the_state(view_page: Any, artifacts: Any) -> None:
     assert host.locator(".jpm-ex-types").input_value() == "Explicit"
     assert host.locator(".jpm-ex-hardware").input_value() == "tpu-v5e"
     assert host.locator(".jpm-ex-topology").count() == 0  # no topology given, none offered
+    assert host.locator(".jpm-ex-largest thead th").all_inner_texts() == ["what", "bytes", "where"]
     # The plan's figures.
     assert host.locator(".jpm-ex-fit").inner_text() == "fits: peak 3.0 GiB per device of 16.0 GiB (19%)"
     assert host.locator(".jpm-ex-peak b").inner_text() == "3.0 GiB"
@@ -143,6 +144,19 @@ def test_a_dimension_the_axes_do_not_divide_is_marked_but_still_sent(view_page: 
     assert "jpm-ex-nodiv" not in toggle(host, "params['b1']", 0, "model").get_attribute("class")
     data.click()  # the kernel says why in one line; the view does not refuse for it
     assert sent(view_page, host) == [{"kind": "choose", "name": "params['b1']", "spec": [["data"]]}]
+
+
+def test_a_target_without_topology_offers_none(view_page: Any) -> None:
+    state = explorer_state()
+    state["target"]["options"]["topology"] = ["1x1", "2x2", "4x4"]
+    state["plan"]["largest"] = [{"what": "output y, line 3: y = x @ w", "bytes": MIB, "line": "line 3: y = x @ w"}]
+    host = view_page.mount("explorer", state, mode="native")
+    topology = host.locator(".jpm-ex-topology")
+    assert topology.input_value() == "" and topology.locator("option:checked").inner_text() == "none"
+    topology.select_option("2x2")
+    assert sent(view_page, host) == [{"kind": "retarget", "hardware": "tpu-v5e", "topology": "2x2"}]
+    # The buffer's description already names its line: no "where" column repeating it.
+    assert host.locator(".jpm-ex-largest thead th").all_inner_texts() == ["what", "bytes"]
 
 
 def test_the_pickers_send_reshape_and_retarget(view_page: Any) -> None:
