@@ -4,6 +4,7 @@ planned as cells with the line it gives (the differential oracle)."""
 from __future__ import annotations
 
 import html
+import re
 import textwrap
 import threading
 
@@ -49,14 +50,14 @@ def figures(plan) -> dict:
             "peak": [(b.kind, b.name, b.bytes, b.shape, b.line) for b in plan.peak.buffers]}
 
 
-def planned_as_cell(ip, ex) -> object:
+def planned_as_cell(ip, ex, source: str = STEP) -> object:
     """The explorer's current layout planned by `%%shard --plan` with `ex.line()`'s options, compiled afresh."""
     line = ex.line()
     assert line.startswith("%%shard ")
     ip.user_ns.update(ex.line_names())
     compiled_plans.forget()  # no kept compile: the cell compiles its own
     with capture_output():
-        ip.run_cell_magic("shard", line[len("%%shard "):] + " --no-show", STEP)
+        ip.run_cell_magic("shard", line[len("%%shard "):] + " --no-show", source)
     return ip.user_ns["_plan"]
 
 
@@ -80,17 +81,19 @@ def test_choose_reshape_tried_line_and_best(cell):
     ex, _ = explore(cell)
     first = ex.plan
     tp = ex.choose("params['w1']", P(None, "model"))  # one leaf, by its path
-    assert ex.line() == "%%shard --plan --mesh mesh --in x=P('data',None) params=@params_specs"
-    specs = ex.line_names()["params_specs"]
+    assert ex.line() == "%%shard --plan --mesh mesh --in x=P('data',None) params=@params_specs_2"  # layout 2
+    specs = ex.line_names()["params_specs_2"]
     assert specs == {"w1": P(None, "model"), "w2": P(None, None)}
     assert any(c.group_size > 1 for c in tp.collectives) and tp is not first  # w1 cut: data moves
+    ex.choose("params['w2']", P("model", None))
+    assert ex.line().endswith("params=@params_specs_3") and len({r.line for r in ex.tried}) == 3  # lines differ
     ex.choose("params", "None,model")  # every leaf of an input, in --in's syntax
     assert ex.line().endswith("params=P(None,'model')") and ex.line_names() == {}
     ex.reshape("data=2,model=4")
     assert ex.plan.axes == {"data": 2, "model": 4}
     assert ex.line() == "%%shard --plan --mesh mesh_2x4 --in x=P('data',None) params=P(None,'model')"
     tried = ex.tried
-    assert len(tried) == 4 and sum(r.plan is ex.plan for r in tried) == 1
+    assert len(tried) == 5 and sum(r.plan is ex.plan for r in tried) == 1
     assert [r.peak_bytes for r in tried] == sorted(r.peak_bytes for r in tried)  # no profile: ranked by peak
     assert ex.best() is tried[0]
     assert ex.state()["diff"].startswith("peak ")
@@ -167,24 +170,21 @@ def test_wrong_choices_say_one_line_and_keep_the_plan(cell):
 
 def test_a_layout_the_compiler_refuses_is_a_message(cell):
     ex, _ = explore(cell)
-    # Explicit axes: a matmul contracting two dimensions both cut over 'data' needs an out_sharding the cell
-    # does not give, so JAX refuses to trace it.
-    ex.submit({"kind": "reshape", "mesh": "data=4,model=2", "axis_types": "explicit"})
-    ex.submit({"kind": "choose", "name": "x", "spec": [[], ["data"]]})
-    ex.submit({"kind": "choose", "name": "params['w1']", "spec": [["data"], []]})
+    ex.reshape("data=4,model=2", axis_types="explicit")
+    plan, compiles, generation = ex.plan, ex.compiles, ex.generation
+    assert ex.line().startswith("%%shard --plan --mesh data=4,model=2 ")  # Explicit: JAX's default, inline
+    # Explicit axes: x[64@data, 128] @ w1[128, 256@data] would cut two dimensions of the result over 'data';
+    # JAX refuses to trace it without an out_sharding the cell does not give.
+    ex.submit({"kind": "choose", "name": "params['w1']", "spec": [[], ["data"]]})  # from the view
     assert ex.wait(120)
     refused = ex.message
-    assert refused is not None and "\n" not in refused and refused.startswith("data=4,model=2 ")
-    assert ex.generation == 1  # the three changes were planned as one layout, refused: the first plan stays
-    ex.reshape("data=4,model=2", axis_types="explicit")
-    plan, compiles = ex.plan, ex.compiles
-    assert ex.line().startswith("%%shard --plan --mesh data=4,model=2 ")  # Explicit: JAX's default, inline
-    with pytest.raises(UsageError, match="the mesh has Explicit axes") as err:  # synchronously: raised
-        ex.choose("params['w1']", P(None, "data"))  # x[64@data, 128] @ w1[128, 256@data]: data cuts two dims
-    assert ex.message == " ".join(str(err.value).split()) and ex.plan is plan and ex.compiles == compiles + 1
-    with pytest.raises(UsageError):
-        ex.choose("params['w1']", P(None, "data"))  # the refusal is kept: not compiled again
+    assert refused.startswith("data=4,model=2 params['w1']=P(None,'data'): ") and "\n" not in refused
+    assert "the mesh has Explicit axes" in refused and ex.plan is plan and ex.generation == generation
     assert ex.compiles == compiles + 1
+    with pytest.raises(UsageError, match="the mesh has Explicit axes") as err:  # synchronously: raised
+        ex.choose("params['w1']", P(None, "data"))
+    assert " ".join(str(err.value).split()) == refused and ex.plan is plan
+    assert ex.compiles == compiles + 1  # the refusal is kept: not compiled again
 
 
 def test_explorer_operations_leave_the_namespace_alone(cell):
@@ -232,6 +232,75 @@ def test_explore_cell_is_the_plain_python_twin(cell):
 ])
 def test_explore_elsewhere_is_a_usage_error(cell, magic, line, said):
     before = snapshot(cell.user_ns)
-    with pytest.raises(UsageError, match=r"(?s)" + __import__("re").escape(said)):
+    with pytest.raises(UsageError, match=r"(?s)" + re.escape(said)):
         cell.run_cell_magic(magic, line, STEP)
+    assert snapshot(cell.user_ns) == before
+
+
+def test_a_target_gives_estimates_ranks_by_them_and_can_be_changed(cell):
+    ex, (view,) = explore(cell, "--in x=data,None --hardware tpu-v5e")
+    state = view.state
+    assert state["target"]["hardware"] == "tpu-v5e" and state["target"]["topology"] is None
+    assert "tpu-v5p" in state["target"]["options"]["hardware"]
+    assert state["plan"]["estimate_s"] == ex.plan.roofline.estimate_s and state["plan"]["bound"] is not None
+    assert state["plan"]["capacity_bytes"] == ex.plan.capacity and state["plan"]["fits"] is True
+    ex.choose("params['w1']", P(None, "model"))
+    assert "estimate " in ex.state()["diff"]
+    v5p = ex.retarget(hardware="tpu-v5p")
+    assert v5p.hardware.name == "tpu-v5p" and ex.line().split()[:6] == ["%%shard", "--plan", "--mesh", "mesh",
+                                                                      "--hardware", "tpu-v5p"]
+    tried = ex.tried
+    assert [r.estimate_s for r in tried] == sorted(r.estimate_s for r in tried)  # with a profile: by estimate
+    assert figures(planned_as_cell(cell, ex)) == figures(v5p)
+
+
+def test_retarget_without_a_target_is_refused(cell):
+    ex, _ = explore(cell)
+    with pytest.raises(UsageError, match="gave no target; start it with --hardware"):
+        ex.retarget(hardware="tpu-v5e")
+    assert repr(ex).startswith("<Explorer: 1 layouts tried; current: %%shard --plan --mesh mesh --in x=P('data',None)")
+
+
+def test_leaves_of_one_layout_are_one_control_as_sharding_groups_them(cell):
+    """An optax-like state: leaves of the same shape, dtype and layout are one row; the view's choice moves
+    them together, a choice by path moves one leaf."""
+    square = jax.ShapeDtypeStruct((128, 128), jnp.float32)
+    cell.push({"state": {"mu": {"a": square, "b": square}, "nu": {"a": square, "b": square}}})
+    with capture_output():
+        cell.run_cell_magic("shard", "--plan --explore --in x=data,None", "y = x @ (state['mu']['a'] + state['nu']['b'])")
+    ex = cell.user_ns["_explorer"]
+    (group,) = [i for i in ex.state()["inputs"] if i["group"] == "state"]
+    assert group["count"] == 4 and group["paths"] == ["state['mu']['a']", "state['mu']['b']", "state['nu']['a']",
+                                                      "state['nu']['b']"]
+    ex.submit({"kind": "choose", "name": group["name"], "spec": [["data"], []]})  # the view's control: the group
+    assert ex.wait(120)
+    (group,) = [i for i in ex.state()["inputs"] if i["group"] == "state"]
+    assert group["count"] == 4 and group["spec"] == [["data"], []]
+    assert ex.line().endswith("state=P('data',None)")
+    ex.choose("state['nu']['b']", P(None, "model"))  # one leaf by its path: the group splits
+    rows = {i["name"]: (i["count"], i["spec"]) for i in ex.state()["inputs"] if i["group"] == "state"}
+    assert rows == {"state['mu']['a']": (3, [["data"], []]), "state['nu']['b']": (1, [[], ["model"]])}
+    assert figures(planned_as_cell(cell, ex, "y = x @ (state['mu']['a'] + state['nu']['b'])")) == \
+        figures(ex.plan)
+
+
+
+def test_no_show_prints_the_plan_and_a_name_the_user_holds_is_left_alone(cell):
+    with capture_output() as captured:
+        cell.run_cell_magic("shard", "--plan --explore --no-show --in x=data,None", STEP)
+    assert captured.stdout.startswith("planned by XLA:CPU: ") and not captured.outputs
+    cell.user_ns["_explorer"] = "mine"
+    with capture_output() as captured:
+        cell.run_cell_magic("shard", "--plan --explore --in x=data,None", STEP)
+    assert cell.user_ns["_explorer"] == "mine" and "`_explorer` holds your own str" in captured.stdout
+    assert [type(w).__name__ for w in shown_widgets(captured)] == ["ExplorerView"]
+
+
+def test_exploring_while_a_cluster_runs_is_a_usage_error(cell, monkeypatch):
+    from jaxpar_magic.face import magics
+
+    monkeypatch.setattr(magics, "_running_cluster", lambda: object())  # %%shard would run on every process
+    before = snapshot(cell.user_ns)
+    with pytest.raises(UsageError, match="Explore before `%cluster start`"):
+        cell.run_cell_magic("shard", "--plan --explore --in x=data,None", STEP)
     assert snapshot(cell.user_ns) == before

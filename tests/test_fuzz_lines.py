@@ -83,7 +83,8 @@ hardware = st.sampled_from(["tpu-v4", "tpu-v5e", "tpu-v5p", "h100", "a100", "H10
                             f"custom:flops={CANARY}()"])
 memory_sizes = st.sampled_from(["16GiB", "16 GiB", "16GB", "1.5TiB", "17179869184", "0", "-1GiB", "16G", "lots",
                                 "1e400GiB", "nanGiB", f"{CANARY}()"])
-planning = st.one_of(flag("--plan"), option("--hardware", hardware), option("--device-memory", memory_sizes))
+planning = st.one_of(flag("--plan"), option("--hardware", hardware), option("--device-memory", memory_sizes),
+                     flag("--explore"))
 pmap_lines = line_of(
     option("-a", names | bad_names), option("--axis-name", names | bad_names),
     option("--devices", counts | st.sampled_from(["0 2 4 6", "0,1", "0 0", "x"])),
@@ -209,6 +210,8 @@ def run_through_shell(ip, magic: str, line: str):
         allowed = {"pmap": {"y"}, "shard": {"y", "x"}, "shard_map": {"y"}, "sharding": set(), "devices": set()}[magic]
     if "--plan" in line.split():
         allowed = allowed | {"_plan"}  # a plan binds itself as `_plan` (README, "--plan")
+    if "--explore" in line.split():
+        allowed = allowed | {"_explorer"}  # the layout explorer binds itself as `_explorer`
     assert changed <= allowed | {"_", "__", "___"}, changed
     return True
 

@@ -59,3 +59,25 @@ def test_a_view_gives_its_static_twin_the_line_and_follows_with_the_widget(ip, m
     assert kinds[-2:] == [["text/html", "text/plain"], [base.WIDGET_MIME]], kinds
     assert shown.outputs[-2].data["text/html"].startswith(f'<div class="jpm-static jpm-twin-{view._jpm_twin}">')
     view.close()
+
+
+def test_switching_lines_off_holds_for_one_thread_only(ip, monkeypatch):
+    """The layout explorer plans on a worker thread with its lines off; the kernel's own cells keep theirs."""
+    import threading
+
+    monkeypatch.setattr(ip, "kernel", object(), raising=False)  # as in a kernel: lines are on by default
+    inside, release, seen = threading.Event(), threading.Event(), {}
+
+    def worker():
+        with progress.disabled():
+            seen["worker"] = progress.Progress("planning")._enabled
+            inside.set()
+            assert release.wait(30)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert inside.wait(30)
+    seen["main"] = progress.Progress("compiling")._enabled  # while the worker's block is open
+    release.set()
+    thread.join()
+    assert seen == {"worker": False, "main": True}

@@ -153,6 +153,11 @@ class JaxparMagics(Magics, Configurable):
             if cluster is not None and magic in ON_CLUSTER:
                 from .remote import on_cluster
 
+                if getattr(getattr(options, "plan", None), "explore", False):
+                    raise UsageError("%%shard --plan --explore: the explorer plans in this kernel, and a cluster is "
+                                     "running, where %%shard runs on every process. Explore before `%cluster start` "
+                                     "(or after `%cluster stop`), over simulated devices of the same count.")
+
                 outcome = on_cluster(cluster, magic, line, source, defaults, self.cluster_timeout, namespace)
             else:
                 outcome = actions.run(magic, options, source, namespace, defaults)

@@ -103,7 +103,7 @@ def _plan_html(p: dict[str, Any], diff: str | None) -> str:
 def to_html(state: dict[str, Any]) -> str:
     """Static HTML: the chosen layout's plan and the tried layouts, ranked (no script; escaped)."""
     mesh = state.get("mesh") or {}
-    out = ['<div class="jpm-view jpm-plan jpm-explorer"><div class="jpm-head">'
+    out = ['<div class="jpm-view jpm-explorer jpm-plan"><div class="jpm-head">'
            '<span class="jpm-title">Layout explorer</span>'
            + chip("devices", str(mesh.get("devices", "?"))) + chip("mesh", _mesh_words(mesh))
            + '<span class="jpm-badge">planned, not run</span></div>']

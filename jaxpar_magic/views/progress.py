@@ -35,18 +35,20 @@ class StatusLine:
         }
 
 
-_off = [0]  # > 0 while progress lines are switched off (a cluster process: the kernel shows one)
+# Per thread: how many `disabled()` blocks are open (a cluster process: the kernel shows one line; the layout
+# explorer's worker plans without a line while the kernel's own cells keep theirs).
+_off = threading.local()
 _keeping: list = []  # a stack of Slots: finished lines are kept for the caller's result, not blanked
 
 
 @contextlib.contextmanager
 def disabled():
     """No status lines inside this block."""
-    _off[0] += 1
+    _off.depth = getattr(_off, "depth", 0) + 1
     try:
         yield
     finally:
-        _off[0] -= 1
+        _off.depth -= 1
 
 
 class Slots:
@@ -100,7 +102,7 @@ def _done_text(started: float) -> str:
 
 
 def _in_kernel() -> bool:
-    if _off[0]:
+    if getattr(_off, "depth", 0):
         return False
     try:
         from IPython import get_ipython

@@ -31,6 +31,7 @@ class CompiledPlan:
 
 
 _kept: OrderedDict = OrderedDict()
+_keeping = threading.Lock()  # the layout explorer plans on a worker thread while cells may plan on the main one
 
 
 def _cost(compiled) -> dict:
@@ -88,16 +89,18 @@ def key_of(program_text: str, mesh, filename: str | None = None) -> str:
 
 def compile_plan_program(lowered, key: str) -> tuple[CompiledPlan, bool]:
     """(the compiled plan, whether it was kept from before)."""
-    if key in _kept:
-        _kept.move_to_end(key)
-        return _kept[key], True
+    with _keeping:
+        if key in _kept:
+            _kept.move_to_end(key)
+            return _kept[key], True
     start = time.perf_counter()
     compiled, dump = in_worker(compile_with_dump, lowered)
     found = CompiledPlan(compiled, compiled.memory_analysis(), _cost(compiled), compiled.as_text(), dump,
                          time.perf_counter() - start)
-    _kept[key] = found
-    while len(_kept) > KEEP:
-        _kept.popitem(last=False)
+    with _keeping:
+        _kept[key] = found
+        while len(_kept) > KEEP:
+            _kept.popitem(last=False)
     return found, False
 
 
@@ -128,4 +131,5 @@ def in_worker(fn, *args):
 
 def forget() -> None:
     """Drop every kept plan (tests; memory)."""
-    _kept.clear()
+    with _keeping:
+        _kept.clear()

@@ -54,6 +54,8 @@ class Explorer:
 
     def __init__(self, source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None, hardware=None,
                  topology: str | None = None, device_memory=None, donate=(), compiler: str = "auto"):
+        import jax
+
         from ...engines.shard import is_mesh, resolve_mesh
         from .hardware import Hardware, parse_hardware, parse_memory_size
         from .plan_cell import engine_spec
@@ -66,7 +68,7 @@ class Explorer:
         if mesh is None and is_mesh(namespace.get("mesh")):
             self._mesh_name = "mesh"
         self.mesh = mesh if is_mesh(mesh) else resolve_mesh(mesh, namespace, [in_specs, self._out_specs])
-        if isinstance(self.mesh, __import__("jax").sharding.AbstractMesh):
+        if isinstance(self.mesh, jax.sharding.AbstractMesh):
             raise UsageError("--explore plans layouts over the mesh's devices; this mesh is an AbstractMesh. Build a "
                              "Mesh over simulated devices (`%devices --simulate 64`, then `%mesh data=8 model=8`).")
         self.leaves, specs = controls.cell_leaves(source, self._namespace, in_specs, self.mesh)
@@ -88,6 +90,7 @@ class Explorer:
         self._lock = threading.RLock()  # the explorer's fields
         self._planning = threading.Lock()  # one plan at a time (the kept compiles are not shared across threads)
         self._listeners: list = []
+        self._notifying = threading.Lock()
         self._gate = None  # tests: called on the planning thread just before a compile
         self.compiles = 0
         self.generation = 0
@@ -164,6 +167,10 @@ class Explorer:
 
         with self._lock:
             return explorer_state(self)
+
+    def __repr__(self) -> str:
+        return (f"<Explorer: {len(self._order)} layouts tried; current: {self.current.line if self.current else '-'}"
+                f"{'; refused: ' + self.message if self.message else ''}>")
 
     # --- changes as layouts ------------------------------------------------------------------------
     def choosing(self, layout: Layout, name: str, spec, group: bool = False) -> Layout:
@@ -300,14 +307,19 @@ class Explorer:
         self._notify()
 
     def _notify(self) -> None:
+        """Each listener gets the state; one at a time, so the last state delivered is the last made (the
+        status ticker and the worker both notify)."""
         if not self._listeners:
             return
-        state = self.state()
-        for callback in list(self._listeners):
-            callback(state)
+        with self._notifying:
+            state = self.state()
+            for callback in list(self._listeners):
+                callback(state)
 
     # --- layouts as meshes, specs and lines -------------------------------------------------------
     def _mesh_of(self, layout: Layout):
+        import jax
+
         from ...engines.shard import make_mesh
 
         if layout.shape == self._first.shape and layout.types == self._first.types:
@@ -316,7 +328,7 @@ class Explorer:
             raise UsageError(f"reshape: axes of different types {layout.types} on a new mesh shape; give one type "
                              f"for all axes (reshape(..., axis_types=\"auto\")).")
         ids = tuple(d.id for d in self.mesh.devices.flat)
-        devices = None if len(ids) == len(__import__("jax").devices()) else tuple(sorted(ids))
+        devices = None if len(ids) == len(jax.devices()) else tuple(sorted(ids))
         return make_mesh(layout.shape, devices, layout.types[0])
 
     def _per_input(self, layout: Layout) -> dict:
@@ -335,16 +347,20 @@ class Explorer:
         return specs
 
     def _line(self, layout: Layout) -> tuple[str, dict]:
+        import jax
+
         from ...cell.meshes import default_axis_type
 
         names: dict = {}
         words = ["%%shard", "--plan"]
         if layout.shape == self._first.shape and layout.types == self._first.types and self._mesh_name:
             words += ["--mesh", self._mesh_name]
-        elif set(layout.types) == {default_axis_type()} and self.mesh.devices.size == len(__import__("jax").devices()):
+        elif set(layout.types) == {default_axis_type()} and self.mesh.devices.size == len(jax.devices()):
             words += ["--mesh", str(layout.shape)]
         else:
-            name = "mesh_" + "x".join(str(s) for s in layout.shape.sizes)
+            kinds = set(layout.types)
+            name = "mesh_" + "x".join(str(s) for s in layout.shape.sizes) + (
+                "" if kinds == {"auto"} else "_" + "_".join(layout.types))
             names[name] = self._mesh_of(layout)
             words += ["--mesh", name]
         if layout.hardware is not None:
@@ -352,12 +368,15 @@ class Explorer:
         if self.device_memory is not None:
             words += ["--device-memory", str(int(self.device_memory))]
         ins = []
+        with self._lock:  # the layout's number among those tried (the next one's, for a layout not tried yet)
+            number = self._order.index(layout) + 1 if layout in self._order else len(self._order) + 1
         for name, per_leaf in self._per_input(layout).items():
             if len(set(per_leaf)) == 1:
                 ins.append(f"{name}={format_spec(per_leaf[0])}")
-            else:
-                names[f"{name}_specs"] = controls.spec_tree(self.leaves, list(layout.specs), name, self._namespace[name])
-                ins.append(f"{name}=@{name}_specs")
+            else:  # one tree of specs per layout, so that every tried layout's line is its own
+                tree = f"{name}_specs_{number}"
+                names[tree] = controls.spec_tree(self.leaves, list(layout.specs), name, self._namespace[name])
+                ins.append(f"{name}=@{tree}")
         words += ["--in"] + ins
         if self._out_specs:
             words += ["--out"] + [f"{n}={format_spec(controls.canonical(s, len(s), '--out'))}"
