@@ -285,7 +285,7 @@ export function copyLine(text, code, note) {
 function triedSection(state, send) {
   const rows = (state.tried || []).slice(0, MAX_ROWS);
   const timed = rows.some((/** @type {any} */ r) => r.estimate_s !== null && r.estimate_s !== undefined);
-  const sec = h("div", { class: "jpm-section jpm-ex-tried" }, h("div", { class: "jpm-h", text: `Tried layouts (${rows.length}), ranked by ${timed ? "estimate" : "peak"}: click one to go back to it` }));
+  const sec = h("div", { class: "jpm-section jpm-ex-tried" }, h("div", { class: "jpm-h", text: `Tried layouts (${rows.length}): those that fit first, then by ${timed ? "estimate" : "peak"}; click one to go back to it` }));
   if (!rows.length) {
     sec.append(h("div", { class: "jpm-note", text: "none yet" }));
     return sec;
