@@ -107,7 +107,14 @@ function inputsSection(state, send) {
       h(
         "tr",
         { class: "jpm-ex-input", data: { name: inp.name } },
-        h("td", {}, h("span", { class: "jpm-out-name", text: inp.name }), h("div", { class: "jpm-sub jpm-mono", text: formatShape(inp.dtype, inp.shape) })),
+        h(
+          "td",
+          {},
+          h("span", { class: "jpm-out-name", text: inp.name }),
+          h("div", { class: "jpm-sub jpm-mono", text: formatShape(inp.dtype, inp.shape) }),
+          // A group of leaves of one shape and layout is one row: a toggle changes them all.
+          (inp.count || 1) > 1 ? h("div", { class: "jpm-sub jpm-ex-count", text: `and ${inp.count - 1} more leaves like it` }) : null,
+        ),
         h("td", { class: "jpm-spec jpm-ex-spec", text: specText(spec) }),
         dims,
       ),
@@ -124,18 +131,19 @@ function inputsSection(state, send) {
  * @param {string} cls
  * @param {string[]} options
  * @param {string | null} current
- * @param {(value: string) => any} make
+ * @param {(value: string | null) => any} make
  * @param {(msg: any) => void} send
  */
 function picker(label, cls, options, current, make, send) {
   const select = /** @type {HTMLSelectElement} */ (h("select", { class: `jpm-ex-select ${cls}`, "aria-label": label, data: { focus: cls } }));
-  const all = current !== null && !options.includes(current) ? [current, ...options] : options;
+  // No current value (a target without a topology): say "none" rather than show the first option as chosen.
+  const all = current === null ? ["", ...options] : options.includes(current) ? options : [current, ...options];
   for (const o of all) {
-    const opt = /** @type {HTMLOptionElement} */ (h("option", { value: o, text: o }));
-    if (o === current) opt.selected = true;
+    const opt = /** @type {HTMLOptionElement} */ (h("option", { value: o, text: o === "" ? "none" : o }));
+    if (o === (current ?? "")) opt.selected = true;
     select.append(opt);
   }
-  select.addEventListener("change", () => send(make(select.value)));
+  select.addEventListener("change", () => send(make(select.value === "" ? null : select.value)));
   return h("label", { class: "jpm-ex-pick" }, h("span", { class: "jpm-sub", text: label }), select);
 }
 
@@ -208,7 +216,10 @@ function planSection(plan) {
   } else chips.append(h("span", { class: "jpm-chip jpm-zero jpm-ex-estimate", text: "no estimate (give --hardware)" }));
   if (plan.compiler) chips.append(h("span", { class: "jpm-chip" }, "from ", h("b", { text: plan.compiler })));
   sec.append(chips);
-  sec.append(listTable("Largest buffers", "jpm-ex-largest", ["what", "bytes", "where"], (plan.largest || []).map((/** @type {any} */ b) => [b.what, formatBytes(b.bytes), b.line || "—"]), "no buffers reported"));
+  // The source line, where the buffer's description does not already end with it.
+  const largest = (plan.largest || []).map((/** @type {any} */ b) => [String(b.what), formatBytes(b.bytes), b.line && !String(b.what).includes(b.line) ? b.line : ""]);
+  const where = largest.some((r) => r[2]);
+  sec.append(listTable("Largest buffers", "jpm-ex-largest", where ? ["what", "bytes", "where"] : ["what", "bytes"], largest.map((r) => (where ? r : r.slice(0, 2))), "no buffers reported"));
   sec.append(
     listTable(
       "Collectives per step",
@@ -274,7 +285,7 @@ export function copyLine(text, code, note) {
 function triedSection(state, send) {
   const rows = (state.tried || []).slice(0, MAX_ROWS);
   const timed = rows.some((/** @type {any} */ r) => r.estimate_s !== null && r.estimate_s !== undefined);
-  const sec = h("div", { class: "jpm-section jpm-ex-tried" }, h("div", { class: "jpm-h", text: `Tried layouts (${rows.length}), ranked by ${timed ? "estimate" : "peak"}: click one to go back to it` }));
+  const sec = h("div", { class: "jpm-section jpm-ex-tried" }, h("div", { class: "jpm-h", text: `Tried layouts (${rows.length}): those that fit first, then by ${timed ? "estimate" : "peak"}; click one to go back to it` }));
   if (!rows.length) {
     sec.append(h("div", { class: "jpm-note", text: "none yet" }));
     return sec;
@@ -338,7 +349,8 @@ function triedSection(state, send) {
  * @param {(msg: any) => void} [send]
  */
 export function draw(state, send = () => {}) {
-  const root = h("div", { class: "jpm-view jpm-explorer" });
+  // generation: +1 per new current plan; compiles: layouts compiled so far (tests wait on both).
+  const root = h("div", { class: "jpm-view jpm-explorer", data: { generation: state.generation ?? 0, compiles: state.compiles ?? 0 } });
   const status = state.status || {};
   root.append(
     h(

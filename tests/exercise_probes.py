@@ -44,6 +44,20 @@ CHEATS: dict[tuple[str, str], list[tuple[str, str]]] = {
         ("rows over data only", "%%exercise row_totals\n%%shard --mesh grid --in m=data,None --no-show\n"
                                 "row_totals = jnp.sum(m, axis=1)"),
     ],
+    ("sharding_chapter.ipynb", "chosen_line"): [
+        ("fits, but the batch's rows are cut: it moves 2 MiB",
+         '%%exercise chosen_line\nchosen_line = "%%shard --plan --mesh loose --in xb=(data,model),None wb=None,(data,model)"'),
+        ("moves nothing, but does not fit",
+         '%%exercise chosen_line\nchosen_line = "%%shard --plan --mesh loose --in xb=data,None wb=None,model"'),
+        ("a bigger device claimed on the line",
+         '%%exercise chosen_line\n'
+         'chosen_line = "%%shard --plan --mesh loose --device-memory 1GiB --in xb=data,None wb=None,model"'),
+        ("the weight whole again, by the explorer",
+         '%%exercise chosen_line\n_explorer.choose("wb", "None,None")\nchosen_line = _explorer.line()'),
+        ("a line that runs the cell instead of planning it",
+         '%%exercise chosen_line\nchosen_line = "%%shard --mesh loose --in xb=None,None wb=None,(data,model)"'),
+        ("the layout's numbers, not its line", "%%exercise chosen_line\nchosen_line = 5 * 2**20"),
+    ],
     ("shard_map_chapter.ipynb", "mv"): [
         ("plain Python", "%%exercise mv\nmv = m @ v"),
         ("every block whole", "%%exercise mv\n%%shard_map --mesh i=8 --in m=None,None v=None --no-show\nmv = m @ v"),

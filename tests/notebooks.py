@@ -238,8 +238,8 @@ def _cell_magic_views(magic: str, first: str, body: str) -> tuple[list[str], lis
     flags = _flags(first)
     if "--as-code" in flags:  # prints the plain JAX, runs nothing
         return [], []
-    if "--plan" in flags:  # the plan view only; the names are bound as ShapeDtypeStructs
-        return ([] if "--no-show" in flags else ["plan"]), []
+    if "--plan" in flags:  # the plan view (the explorer with --explore) only; names bound as ShapeDtypeStructs
+        return ([] if "--no-show" in flags else ["explorer" if "--explore" in flags else "plan"]), []
     show = "--no-show" not in flags
     report = "--report" in flags
     kinds: list[str] = []
@@ -285,7 +285,8 @@ def expected_views(nb: nbformat.NotebookNode) -> list[tuple[int, str]]:
       `--no-show`; in function mode (`%%pmap --collectives` over `def`s) the cell shows nothing,
       and the first later plain cell that calls such a function shows a ``collectives`` view
       (after the cell's line-magic views);
-    * `--plan` shows only a ``plan`` view (none with `--no-show`); `--as-code` shows no view;
+    * `--plan` shows only a ``plan`` view (none with `--no-show`), `--plan --explore` an ``explorer``
+      view instead; `--as-code` shows no view;
     * a plain cell whose last line is ``[jaxpar_magic.]show_<kind>(...)`` shows that view, and one
       whose last line is ``fn.collectives()`` a ``collectives`` view;
     * a cell tagged ``raises-exception`` shows nothing;

@@ -258,6 +258,15 @@ def check_sharding_chapter(page, shots: Path) -> None:
     shot_in_viewport(page, two_d.first, shots.with_name(shots.name + ".png"))
     shot_in_viewport(page, reports.first, shots.with_name(shots.name + "-report.png"))
     shot_in_viewport(page, explained.first, shots.with_name(shots.name + "-explicit.png"))
+    # The explorer, live: the first layout and the four moves made in code, the last one current and fitting.
+    explorer = live_view(page, "explorer")
+    assert explorer.count() == 1
+    expect(explorer.locator(".jpm-ex-tried tbody tr")).to_have_count(5)
+    assert explorer.locator(".jpm-ex-fit").text_content().startswith("fits:")
+    assert explorer.locator(".jpm-ex-spec").all_text_contents() == ["P(('data', 'model'), None)", "P(None, ('data', 'model'))"]
+    # Its exercise ships unsolved, like the first: both checks say "not yet".
+    assert output_with(page, "✗ not yet:").count() == 2
+    shoot_view(page, explorer.first, shots.with_name(shots.name + "-explorer.png"))
 
 
 def output_with(page, text: str):
@@ -365,6 +374,12 @@ def check_planning_chapter(page, shots: Path) -> None:
     shoot_view(page, fsdp, shots.with_name(shots.name + "-fsdp.png"))
     shoot_view(page, compared.first, shots.with_name(shots.name + "-compare.png"))
     shoot_view(page, live_view(page, "mesh", "tp").first, shots.with_name(shots.name + "-mesh.png"))
+    # The explorer after the moves made in code: four layouts tried, the 64 x 4 mesh current.
+    explorer = live_view(page, "explorer")
+    assert explorer.count() == 1
+    expect(explorer.locator(".jpm-ex-tried tbody tr")).to_have_count(4)
+    assert explorer.locator(".jpm-ex-mesh").text_content() == "data=64,model=4"
+    shoot_view(page, explorer.first, shots.with_name(shots.name + "-explorer.png"))
 
 
 def check_cluster_chapter(page, shots: Path) -> None:

@@ -327,6 +327,18 @@ def test_sharding_chapter_teaches_what_it_says():
     # The exercise's solution: split over all 8 devices, no collectives, and its check passes.
     assert "Collectives (0): none" in plain(cell_with("row_totals = jnp.sum(m, axis=1)"))
     assert check_said(cell_with('check(layout["row_totals"]')) == "✓ right\n"
+    # The explorer: four moves, each the plan of that layout (memory and collectives as the prose says).
+    assert "Tried layouts" in plain(cell_with("%%shard --plan --explore --mesh loose"))
+    moves = stdout(cell_with('show("batch rows over data"')).splitlines()
+    assert [" ".join(m.split()[-10:]) for m in moves[:4]] == [
+        "18.50 MiB per device, fits: False moves 0.00 MiB (nothing)",
+        "9.50 MiB per device, fits: False moves 0.00 MiB (nothing)",
+        "5.50 MiB per device, fits: True moves 2.00 MiB (all-gather)",
+        "5.25 MiB per device, fits: True moves 2.00 MiB (all-gather)",
+    ], moves
+    assert moves[4].startswith("%%shard --plan --mesh loose") and "xb=P(('data','model'),None)" in moves[4], moves
+    # The exercise's solution, graded by planning its line again.
+    assert check_said(cell_with('check(chosen["chosen_line"]')) == "✓ right\n"
 
 
 @pytest.mark.slow
@@ -550,6 +562,16 @@ def test_planning_chapter_plans_what_it_says():
     rows = {row.split("  ")[0]: " ".join(row.split()) for row in re.split(r"\n(?=\S)", compared)}  # wrapped rows
     assert "DOES NOT FIT" in rows["data parallel"], compared
     assert all(" fits" in rows[layout] and "NOT FIT" not in rows[layout] for layout in ("FSDP", "tensor parallel"))
+    # The explorer's moves: the MLP's weights cut further save little and move more; a 64 × 4 mesh saves
+    # gigabytes of activations and is faster (as the prose says).
+    assert "Tried layouts" in plain(cell_with("%%shard --plan --explore --mesh tp"))
+    explored = stdout(cell_with("def summary(plan):"))
+    figures = [tuple(float(v) for v in re.search(r"([\d.]+) GiB per device, collectives\s+([\d.]+) GiB, estimate\s+([\d.]+) ms",
+                                                 line).groups()) for line in explored.splitlines()[:3]]
+    (tp_gib, tp_moved, tp_ms), (more_gib, more_moved, _), (wide_gib, _, wide_ms) = figures
+    assert 0 < tp_gib - more_gib < 0.2 and more_moved > tp_moved, explored
+    assert tp_gib - wide_gib > 1.5 and wide_ms < tp_ms, explored
+    assert "best so far: %%shard --plan --mesh mesh_64x4" in explored, explored
 
 
 @pytest.mark.slow

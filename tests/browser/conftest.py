@@ -24,9 +24,11 @@ HARNESS = Path(__file__).with_name("harness.html")
 def _view_classes() -> dict[str, Any]:
     from jaxpar_magic.views import (CollectivesView, DevicesView, MemoryView, MeshView, PlanView, ResultView, ShardingView,
                                     TreeView)
+    from jaxpar_magic.views.explorer import ExplorerView
 
     return {"devices": DevicesView, "results": ResultView, "mesh": MeshView, "sharding": ShardingView,
-            "collectives": CollectivesView, "plan": PlanView, "tree": TreeView, "memory": MemoryView}
+            "collectives": CollectivesView, "plan": PlanView, "tree": TreeView, "memory": MemoryView,
+            "explorer": ExplorerView}
 
 
 @pytest.fixture(scope="session")
