@@ -56,6 +56,18 @@ class Collective:
     windowed_calls: int | None = None  # the permutes per step of that windowed einsum, all its instructions together
     over_dcn: bool = False  # a Megascale transfer: the cross-slice (DCN) stage of a collective; groups left empty
     backward: bool = False  # issued by the backward pass (JAX names its operations `transpose(jvp(...))`)
+    operands: int = 1  # arrays the one instruction moves (XLA combines several gradients' all-reduces into one)
+    whole_bytes: int = 0  # a combined all-reduce shown as the target's reduce-scatter: its elements still summed whole
+    whole_shape: str = ""  # ... and their types ("f32[64]")
+
+
+def operands_text(c) -> str:
+    """What a row adds after its groups for one instruction over several arrays ("" for one array)."""
+    if (c.operands or 1) <= 1:
+        return ""
+    if c.whole_bytes:
+        return f", one all-reduce of {c.operands} operands ({c.whole_shape} summed whole, the rest reduce-scattered)"
+    return f", one instruction of {c.operands} operands"
 
 
 def _iota(dims: list[int], perm: list[int] | None, shape: list[int]) -> np.ndarray:
@@ -293,6 +305,7 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
                                 reduction, name=defined.group("name") if defined else None, frames=tuple(chain)))
         named = _OP_NAME.search(line)
         found[-1].backward = bool(named and "transpose(" in named.group(1))
+        found[-1].operands = len(arrays)
         einsum = named if m.group("op") == "collective-permute" else None
         if einsum and einsum.group(1).endswith("dot_general"):  # the partitioner's, not the user's
             windowed.append((found[-1], (einsum.group(1), frame_id), _WINDOWED.search(owner[index] or "")))
