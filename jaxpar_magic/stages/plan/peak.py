@@ -26,9 +26,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ...cell.hlo_text import ARRAY, Instruction
+from ...cell.hlo_text import ARRAY, Instruction, type_bytes
+from ...cell.loops import BODY
 from ...cell.xla_dump import BufferDump
-from .buffer_roles import group, is_backward, role_of
+from .buffer_roles import group, is_backward, loop_stack, role_of, stack_role
 from .mesh_collectives import is_user_file, origin_of
 
 MAX_ROWS = 10  # buffers named one by one; the rest are "other"
@@ -155,23 +156,41 @@ def _array(type_text: str) -> tuple[str, tuple[int, ...]]:
 
 
 class _Sources:
-    """An instruction's JAX op and the user's line, from the compiled program's metadata; a fusion
-    without metadata of its own takes its fused computation's root's."""
+    """An instruction's JAX op and the user's line, from the compiled program's metadata. A fusion
+    without metadata of its own takes its fused computation's root's, else its largest operation's
+    that has some; one with none at all (XLA:CPU's converts to f32) the value it converts or moves."""
 
     def __init__(self, program: list[Instruction], filename: str | None, line_text, parameters=None):
         self.parameters = parameters or {}  # parameter instruction -> its argument's label
         self.by_name = {i.name: i for i in program}
         self.roots = {i.computation: i for i in program if i.root}
+        self.fused: dict[str, list[Instruction]] = {}
+        for i in program:
+            if i.key is not None:
+                self.fused.setdefault(i.computation, []).append(i)
         self.filename = filename
         self.line_text = line_text
+        self.program = None  # cell/loops.Program of `program`, made when a loop's trips are asked for
 
     def keyed(self, name: str) -> Instruction | None:
         ins = self.by_name.get(name)
-        seen = 0
-        while ins is not None and ins.key is None and ins.callee and seen < 8:
-            ins = self.roots.get(ins.callee)
-            seen += 1
-        return ins if ins is not None and ins.key is not None else None
+        for _ in range(8):
+            if ins is None or ins.key is not None:
+                return ins
+            called = ins.callee and self.roots.get(ins.callee)
+            if called and called.key is not None:
+                return called
+            inside = self.fused.get(ins.callee, []) if ins.callee else []
+            if inside:
+                return max(inside, key=lambda i: type_bytes(i.type))
+            if ins.op in ("parameter", "while", "call", "conditional") or not ins.operands:
+                return None
+            ins = self.by_name.get(ins.operands[0])  # a bare convert or copy: what it converts
+        return None
+
+    def body_of(self, loop: str) -> str | None:
+        found = BODY.search(self.by_name[loop].line) if loop in self.by_name else None
+        return found.group(1) if found else None
 
     def producer(self, name: str) -> str:
         """The instruction that computed a value, through the copies, async moves and tuple
@@ -187,8 +206,8 @@ class _Sources:
         own = self.by_name.get(name)
         keyed = self.keyed(name)
         op = short_op(keyed.op_name) if keyed is not None else None
-        if own is not None and own.op == "parameter":
-            op = self.parameters.get(name, "parameter")
+        if keyed is not None and keyed.op == "parameter":  # a copy or conversion of an argument: its label
+            op = self.parameters.get(keyed.name, "parameter")
         if op is None and own is not None:
             op = own.op
         line, source, origin = None, None, None
@@ -284,7 +303,9 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
         dtype, shape = _array(value.type)
         producer = sources.producer(value.name)
         described = sources.describe(producer)
-        if shadows and dtype == "f32" and isinstance(shadows.get(value.name, shadows.get(producer)), str):
+        low_copy = shadows.get(value.name, shadows.get(producer)) if shadows and dtype == "f32" else None
+        low_copy = low_copy if isinstance(low_copy, str) else None
+        if low_copy:
             upcast.append(b.size)
         if allocation.kind == "parameter":
             kind, name = "argument", _argument_label(parameters.get(allocation.parameter), leaf_labels, allocation)
@@ -296,6 +317,19 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
         else:
             kind, name = "temporary", None
         role = role_of(sources, producer, (dtype, shape), argument_shapes, in_backward) if kind == "temporary" else None
+        stack = loop_stack(sources, value.name, value.index) if kind == "temporary" else None
+        if stack is not None:  # a loop's stacked result: named by what its body writes each trip, and that line
+            trips, update, loop = stack
+            looped = sources.keyed(loop)
+            role = stack_role(trips, not is_backward(looped.op_name if looped else None), in_backward, role)
+            body = [update] + [i.name for i in sources.fused.get(sources.body_of(loop), [])]
+            for candidate in body:  # what the body writes, else (a carry it passes on) the body's first line
+                written = sources.describe(sources.producer(candidate))
+                if (written["line"], written["origin"]) not in ((None, None), (described["line"], described["origin"])):
+                    described = written
+                    break
+        if low_copy:
+            role = f"XLA:CPU's f32 copy ({low_copy} in the program)" + (f" of {_lower_first(role.removeprefix('copy of '))}" if role else "")
         rows.append(PeakBuffer(b.size, dtype, shape, kind, name, described["op"], value.name, described["line"],
                                described["source"], described["origin"], role=role))
     rows.sort(key=lambda r: -r.bytes)
@@ -326,6 +360,10 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
     )
     peak.timeline, peak.places = _sampled(live, dump.sequence, sources)
     return peak
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:] if not text.startswith("XLA") else text
 
 
 @dataclass(frozen=True)
