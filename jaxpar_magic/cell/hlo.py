@@ -206,10 +206,11 @@ def _computation_counts(text: str, read: list | None = None) -> tuple[list[str |
     return owner, calls(Program(text, read))
 
 
-def runs_outside_loops(text: str, pattern: re.Pattern) -> bool:
+def runs_outside_loops(text: str, pattern: re.Pattern, read: list | None = None) -> bool:
     """Whether an instruction whose line matches `pattern` runs once per run of the program, not in the
-    body of a loop (scan, fori_loop, while), nor in one a loop calls: by the computation it is in."""
-    owner, counts = _computation_counts(text)
+    body of a loop (scan, fori_loop, while), nor in one a loop calls: by the computation it is in.
+    `read`: hlo_text.instructions(text), when already read."""
+    owner, counts = _computation_counts(text, read)
     return any(counts.get(comp) == 1 for comp, line in zip(owner, text.splitlines()) if comp and pattern.search(line))
 
 
@@ -235,13 +236,14 @@ def _reductions(text: str) -> dict[str, str]:
 
 
 def collectives(text: str, device_ids: list[int] | None = None, filename: str | None = None,
-                shadows: dict[str, str] | None = None, is_user=None) -> list[Collective]:
+                shadows: dict[str, str] | None = None, is_user=None, read: list | None = None) -> list[Collective]:
     """Every collective in the compiled program, in program order, with device ids and bytes.
 
     `shadows` (`upcasts(...).shadows`): instructions XLA:CPU computes in f32 whose values the
     program holds in bf16/f16; those collectives get the program's dtype, shape and bytes.
     `is_user(file)`: whether a frame's file is the user's code (not a library's); the innermost
-    such frame is the collective's `origin` (the line inside a function that needs it)."""
+    such frame is the collective's `origin` (the line inside a function that needs it). `read`:
+    hlo_text.instructions(text), when already read."""
     def to_device(i: int) -> int:
         return device_ids[i] if device_ids is not None and i < len(device_ids) else i
 
@@ -253,12 +255,12 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
         if not m:
             dcn = _MEGASCALE_SEND.match(line) if "megascale" in line else None
             if dcn is not None:
-                owner, counts = _computation_counts(text) if counts is None else (owner, counts)
+                owner, counts = _computation_counts(text, read) if counts is None else (owner, counts)
                 found.append(_dcn_stage(dcn, line, counts.get(owner[index], 1) if owner[index] is not None else 1))
             continue
         if types is None:
             types = _types(text)
-            owner, counts = _computation_counts(text) if counts is None else (owner, counts)
+            owner, counts = _computation_counts(text, read) if counts is None else (owner, counts)
             callers = _caller_frames(text)
             continued = async_continuations(text)
         arrays = _ARRAY.findall(m.group("type"))

@@ -181,7 +181,7 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
     read = instructions(text)  # the compiled program's instructions, read once for the three readers below
     read, types = same_operations(read, types, filename)  # a kept compile has its first plan's callers
     upcast = upcasts(text, types, read) if not target.is_tpu else Upcasts({}, set(), 0.0)  # XLA:TPU keeps bf16
-    found = reduce_scatters(text, collectives(text, None, filename, upcast.shadows, is_user_file), read,
+    found = reduce_scatters(text, collectives(text, None, filename, upcast.shadows, is_user_file, read), read,
                             own_only=target.is_tpu)  # XLA:TPU's program has its own
     planned = plan_collectives(found, mesh, line_text, filename, rewritten=not target.is_tpu)
     trips = loop_work(text, read)  # the loop trips after the first, which cost_analysis leaves out
