@@ -161,7 +161,7 @@ def shard(options, source, namespace, defaults) -> Outcome:
         return _as_code("shard", options, source, namespace)
     if options.plan is not None:
         return _plan("shard", options, source, namespace, mesh=options.mesh, in_specs=options.in_specs,
-                     out_specs=options.out_specs, donate=options.donate)
+                     out_specs=options.out_specs, donate=options.donate, outputs=options.outputs)
     from ..stages.run.shard import shard_cell  # here: a plan imports no run stage (bench section 11)
 
     show = defaults.show if options.show is None else options.show
@@ -193,7 +193,7 @@ def shard_map(options, source, namespace, defaults) -> Outcome:
         return _as_code("shard_map", options, source, namespace)
     if options.plan is not None:
         return _plan("shard_map", options, source, namespace, mesh=options.mesh, in_specs=options.in_specs,
-                     out_specs=options.out_specs, check_vma=options.check_vma)
+                     out_specs=options.out_specs, check_vma=options.check_vma, outputs=options.outputs)
     from ..stages.run.shard_map import shard_map_cell
     from ..views.summaries import report_figures, result_state
 
