@@ -17,7 +17,7 @@ import time
 from benchkit import ChildFailed, detail, log, row, run_child
 
 PLAN_DEVICES = 512
-PLAN_TARGET = 1.15  # issue 14: within 1.15x of a bare lower + compile (issue 24 allows 1.3 with the peak's buffers)
+PLAN_TARGET = 1.3  # issue 29: within 1.3x of a bare lower + compile on XLA:CPU, the peak's buffers included (issue 14 asked 1.15)
 TPU_TARGET = 1.15  # issue 24: an XLA:TPU plan with the peak's buffers within 1.15x of a bare compile on the same slice
 TPU_DEVICES, TPU_MESH, TPU_SLICE = 16, (8, 2), "4x4"  # the issue's 16-chip train step, on a v5e 4x4 slice
 COMPARE_TARGET = 1.15  # vs k bare compiles: the plan's own margin
