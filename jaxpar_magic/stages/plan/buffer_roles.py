@@ -114,7 +114,7 @@ def loop_stack(sources, name: str, index: str) -> tuple[int, str, str] | None:
         return None
     if written.op == "dynamic-update-slice" and len(written.operands) > 1:
         update = written.operands[1]
-    elif written.op == "fusion" and "dynamic-update-slice" in (written.name + (written.op_name or "")).replace("_", "-"):
+    elif written.op == "fusion" and _updates_a_slice(written):
         slices = [o for o in written.operands[1:] if o in sources.by_name
                   and _dims(sources.by_name[o].type) not in ("", None, _dims(written.type))]
         if not slices:
@@ -129,6 +129,12 @@ def loop_stack(sources, name: str, index: str) -> tuple[int, str, str] | None:
     if not trips or not stacked or stacked.split(",")[0] != str(trips):
         return None
     return trips, update, ins.name
+
+
+def _updates_a_slice(fusion) -> bool:
+    """A fusion that writes one slice into an array: XLA:CPU names it after its dynamic-update-slice,
+    XLA:TPU keeps JAX's op name for it (`.../dynamic_update_slice`)."""
+    return "dynamic-update-slice" in (fusion.name + (fusion.op_name or "")).replace("_", "-")
 
 
 def stack_role(trips: int, forward: bool, in_backward: bool, role: str | None) -> str | None:

@@ -206,7 +206,9 @@ class _Sources:
         own = self.by_name.get(name)
         keyed = self.keyed(name)
         op = short_op(keyed.op_name) if keyed is not None else None
-        if keyed is not None and keyed.op == "parameter":  # a copy or conversion of an argument: its label
+        if own is not None and own.op == "parameter":
+            op = self.parameters.get(name, "parameter")
+        elif keyed is not None and keyed.op == "parameter":  # a copy or conversion of an argument: its label
             op = self.parameters.get(keyed.name, "parameter")
         if op is None and own is not None:
             op = own.op
@@ -328,8 +330,9 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
                 if (written["line"], written["origin"]) not in ((None, None), (described["line"], described["origin"])):
                     described = written
                     break
-        if low_copy:
-            role = f"XLA:CPU's f32 copy ({low_copy} in the program)" + (f" of {_lower_first(role.removeprefix('copy of '))}" if role else "")
+        if low_copy:  # XLA:CPU widened a 16-bit value: say so, and what the value is
+            of = f" of {_lower_first(role.removeprefix('copy of '))}" if role else ""
+            role = f"XLA:CPU's f32 copy ({low_copy} in the program){of}"
         rows.append(PeakBuffer(b.size, dtype, shape, kind, name, described["op"], value.name, described["line"],
                                described["source"], described["origin"], role=role))
     rows.sort(key=lambda r: -r.bytes)
