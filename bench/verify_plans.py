@@ -300,7 +300,8 @@ def unrolled_dots(ip, remat: bool, tp: bool) -> float:
 
 
 def case_fsdp_flops() -> dict:
-    """Item 5 for the FSDP step alone: the plan's FLOPs against the unrolled program's exact dot count."""
+    """Items 5 and 11 for the FSDP step alone: the plan's FLOPs against the unrolled program's exact dot
+    count, and its rows at the peak."""
     ip = shell(16)
     run(ip, "%mesh data=16 --axis-types auto --no-show")
     model_ns(ip, SMALL)
@@ -311,7 +312,8 @@ def case_fsdp_flops() -> dict:
     dots = unrolled_dots(ip, False, False)
     return {"case": "fsdp_flops", "plan_s": round(plan_s, 1), "flops_plan": plan.flops, "compiler": plan.compiler,
             "flops_unrolled_dots": dots, "dots_s": round(time.perf_counter() - t, 1),
-            "flops_hand_count_per_device": hand_flops(SMALL, False) / 16}
+            "flops_hand_count_per_device": hand_flops(SMALL, False) / 16, "peak": peak_rows(plan),
+            "text": text_lines(plan)}
 
 
 def case_mlp() -> dict:
@@ -503,7 +505,7 @@ def checks(r: dict) -> list[tuple[str, str, bool, str]]:
         said = [n for n in cpu["notes"] if "f32" in n]
         add("10 XLA:CPU bf16 copies said", "cpu h100", up > 0 and said,
             f"{_gib(up)} in {count} copies of {_gib(total)}; note: {said[:1]}")
-    for name in ("fsdp", "fsdp_tp", "mlp", "cpu"):
+    for name in ("fsdp", "fsdp_flops", "fsdp_tp", "mlp", "cpu"):
         c = r.get(name, {})
         p = c.get("peak")
         if not p:

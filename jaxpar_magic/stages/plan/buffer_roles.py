@@ -85,11 +85,11 @@ def _dims(type_text: str) -> str | None:
     return found[0][1] if len(found) == 1 else None
 
 
-def loop_stack(sources, name: str, index: str) -> tuple[int, str, str] | None:
-    """(trips, the value the body writes each trip, the while) where a value is a while loop's result
-    stacked over its trips (a scan's saved activations: a slice a trip, dynamic-update-slice'd into a
-    tuple element of the loop's state), or a copy or conversion of one (XLA:CPU's f32 copy); None
-    otherwise."""
+def loop_stack(sources, name: str, index: str) -> tuple[int, str | None, str] | None:
+    """(trips, the value the body writes each trip (None: inside a multi-output fusion), the while) where
+    a value is a while loop's result stacked over its trips (a scan's saved activations: a slice a trip,
+    dynamic-update-slice'd into a tuple element of the loop's state), or a copy or conversion of one
+    (XLA:CPU's f32 copy); None otherwise."""
     ins = sources.by_name.get(name)
     element = int(index.strip("{}").split(",")[0]) if index.strip("{}") else None
     for _ in range(8):
@@ -114,12 +114,15 @@ def loop_stack(sources, name: str, index: str) -> tuple[int, str, str] | None:
         return None
     if written.op == "dynamic-update-slice" and len(written.operands) > 1:
         update = written.operands[1]
-    elif written.op == "fusion" and _updates_a_slice(written):
+    elif written.op == "fusion" and _updates_a_slice(sources, written):
         slices = [o for o in written.operands[1:] if o in sources.by_name
                   and _dims(sources.by_name[o].type) not in ("", None, _dims(written.type))]
         if not slices:
             return None
         update = slices[0]
+    elif written.op == "get-tuple-element" and written.operands and _updates_a_slice(
+            sources, sources.by_name.get(written.operands[0])):
+        update = None  # XLA:TPU writes several stacks in one multi-output fusion: the body's line names it
     else:
         return None
     if sources.program is None:
@@ -131,10 +134,13 @@ def loop_stack(sources, name: str, index: str) -> tuple[int, str, str] | None:
     return trips, update, ins.name
 
 
-def _updates_a_slice(fusion) -> bool:
-    """A fusion that writes one slice into an array: XLA:CPU names it after its dynamic-update-slice,
-    XLA:TPU keeps JAX's op name for it (`.../dynamic_update_slice`)."""
-    return "dynamic-update-slice" in (fusion.name + (fusion.op_name or "")).replace("_", "-")
+def _updates_a_slice(sources, fusion) -> bool:
+    """A fusion that writes one slice into an array: a dynamic-update-slice among its operations (XLA:CPU
+    also names the fusion after it; XLA:TPU fuses it with the work that computes the slice)."""
+    if fusion is None or fusion.op != "fusion":
+        return False
+    named = "dynamic-update-slice" in (fusion.name + (fusion.op_name or "")).replace("_", "-")
+    return named or "dynamic-update-slice" in sources.ops.get(fusion.callee, ())
 
 
 def stack_role(trips: int, forward: bool, in_backward: bool, role: str | None) -> str | None:

@@ -164,13 +164,17 @@ class _Sources:
         self.parameters = parameters or {}  # parameter instruction -> its argument's label
         self.by_name = {i.name: i for i in program}
         self.roots = {i.computation: i for i in program if i.root}
-        self.fused: dict[str, list[Instruction]] = {}
+        self.fused: dict[str, list[Instruction]] = {}  # computation -> its instructions with metadata
+        self.ops: dict[str, set] = {}  # computation -> the operations in it
         for i in program:
+            self.ops.setdefault(i.computation, set()).add(i.op)
             if i.key is not None:
                 self.fused.setdefault(i.computation, []).append(i)
+        self.has_backward = any(is_backward(i.op_name) for i in program)  # a grad: forward values are saved for it
         self.filename = filename
         self.line_text = line_text
         self.program = None  # cell/loops.Program of `program`, made when a loop's trips are asked for
+        self._body_lines: dict[str, dict | None] = {}
 
     def keyed(self, name: str) -> Instruction | None:
         ins = self.by_name.get(name)
@@ -188,9 +192,20 @@ class _Sources:
             ins = self.by_name.get(ins.operands[0])  # a bare convert or copy: what it converts
         return None
 
-    def body_of(self, loop: str) -> str | None:
-        found = BODY.search(self.by_name[loop].line) if loop in self.by_name else None
-        return found.group(1) if found else None
+    def body_line(self, loop: str, outside: dict) -> dict | None:
+        """The line most of a loop's body comes from (the scan's body function), other than `outside`
+        (the loop's own line); None where its body names none. XLA may sink an operation from after
+        the loop into its body, so the first line found is not always the body's."""
+        if loop not in self._body_lines:
+            found = BODY.search(self.by_name[loop].line) if loop in self.by_name else None
+            places: dict[tuple, list] = {}
+            for ins in self.fused.get(found.group(1), []) if found else []:
+                place = self.describe(ins.name)
+                key = (place["line"], repr(place["origin"]))
+                if place["line"] is not None and key != (outside["line"], repr(outside["origin"])):
+                    places.setdefault(key, []).append(place)
+            self._body_lines[loop] = max(places.values(), key=len)[0] if places else None
+        return self._body_lines[loop]
 
     def producer(self, name: str) -> str:
         """The instruction that computed a value, through the copies, async moves and tuple
@@ -323,13 +338,13 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
         if stack is not None:  # a loop's stacked result: named by what its body writes each trip, and that line
             trips, update, loop = stack
             looped = sources.keyed(loop)
-            role = stack_role(trips, not is_backward(looped.op_name if looped else None), in_backward, role)
-            body = [update] + [i.name for i in sources.fused.get(sources.body_of(loop), [])]
-            for candidate in body:  # what the body writes, else (a carry it passes on) the body's first line
-                written = sources.describe(sources.producer(candidate))
-                if (written["line"], written["origin"]) not in ((None, None), (described["line"], described["origin"])):
-                    described = written
-                    break
+            saved = in_backward or sources.has_backward  # a forward loop's stack outlives it only for the backward pass
+            role = stack_role(trips, not is_backward(looped.op_name if looped else None), saved, role)
+            written = sources.describe(sources.producer(update)) if update is not None else None
+            if written is None or (written["line"], written["origin"]) in ((None, None), (described["line"],
+                                                                                           described["origin"])):
+                written = sources.body_line(loop, described)  # a carry it passes on, or one fusion writing several
+            described = written or described
         if low_copy:  # XLA:CPU widened a 16-bit value: say so, and what the value is
             of = f" of {_lower_first(role.removeprefix('copy of '))}" if role else ""
             role = f"XLA:CPU's f32 copy ({low_copy} in the program){of}"
