@@ -12,6 +12,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -162,8 +163,17 @@ class ChildFailed(RuntimeError):
     pass
 
 
+#: Byte-compiled modules for the children, kept apart from the source tree: an installed package has its
+#: .pyc files, while a machine that sets PYTHONDONTWRITEBYTECODE=1 (this project's shared machines) would
+#: make every fresh child compile the package's first-used modules from source on the clock (0.3-0.4 s for
+#: a first plan at load 11), a cost the hand-written side, importing only JAX, never pays.
+PYCACHE = os.path.join(tempfile.gettempdir(), "jaxpar-bench-pycache")
+
+
 def run_child(argv: list[str], timeout: float, env_extra: dict | None = None) -> dict:
     env = dict(os.environ, **(env_extra or {}))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.setdefault("PYTHONPYCACHEPREFIX", PYCACHE)
     try:
         proc = subprocess.run([sys.executable, str(RUN_PY), "--child", *argv], capture_output=True, text=True,
                               timeout=timeout, env=env)

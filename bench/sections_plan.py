@@ -17,7 +17,7 @@ import time
 from benchkit import ChildFailed, detail, log, row, run_child
 
 PLAN_DEVICES = 512
-PLAN_TARGET = 1.15  # issue 14: within 1.15x of a bare lower + compile (issue 24 allows 1.3 with the peak's buffers)
+PLAN_TARGET = 1.3  # issue 29: within 1.3x of a bare lower + compile on XLA:CPU, the peak's buffers included (issue 14 asked 1.15)
 TPU_TARGET = 1.15  # issue 24: an XLA:TPU plan with the peak's buffers within 1.15x of a bare compile on the same slice
 TPU_DEVICES, TPU_MESH, TPU_SLICE = 16, (8, 2), "4x4"  # the issue's 16-chip train step, on a v5e 4x4 slice
 COMPARE_TARGET = 1.15  # vs k bare compiles: the plan's own margin
@@ -215,7 +215,10 @@ def _child_tpu(mode: str) -> dict:
                     store_history=False).raise_error()
         start = time.perf_counter()
         with capture_output() as captured:
-            sh.run_cell_magic("shard", f"--plan --mesh mesh --hardware tpu-v5e --topology {TPU_SLICE}", TPU_CELL)
+            # --out params: the program the hand side compiles returns the new params only (without it the
+            # plan's program also returns `grads`, 8 MiB more output per chip: another program)
+            sh.run_cell_magic("shard", f"--plan --mesh mesh --hardware tpu-v5e --topology {TPU_SLICE} --out params",
+                              TPU_CELL)
         elapsed = time.perf_counter() - start
         planned = sh.user_ns["_plan"]
         assert planned.compiler == "XLA:TPU" and planned.peak is not None and not planned.reused

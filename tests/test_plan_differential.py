@@ -32,11 +32,14 @@ import jax.numpy as jnp
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from IPython.utils.capture import capture_output
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import jaxpar_magic
 from jaxpar_magic.engines.shard import make_mesh, plan
+from jaxpar_magic.views import plan as plan_view
+from shell_helpers import shown_widgets
 from tpu_support import require_libtpu
 
 EXAMPLES = int(os.environ.get("JPM_PLAN_DIFFERENTIAL_EXAMPLES", "14"))
@@ -242,3 +245,44 @@ def test_the_plan_is_xla_tpus_program(example):
     assert planned.target.is_tpu
     for check in PROPERTIES:
         check(example, planned, hardware="tpu-v5e", topology="2x4")
+
+
+# --- one instruction, one row -----------------------------------------------------------------------
+
+COMBINED = "g = jax.grad(lambda v, c: jnp.mean(jnp.tanh(x @ v + c)), argnums=(0, 1))(w, b)\n"
+
+
+def combined_namespace():
+    mesh = make_mesh("data=8")  # Explicit axes: w's gradient keeps w's layout
+    return mesh, {"jax": jax, "jnp": jnp, "x": plan((128, 64), "float32", mesh, ("data", None)),
+                  "w": plan((64, 64), "float32", mesh, ("data", None)), "b": plan((64,), "float32", mesh, ())}
+
+
+def test_a_combined_all_reduce_is_one_row_paying_its_latency_once():
+    # XLA:CPU sums w's gradient (FSDP: each device keeps its rows) and b's (replicated) in one
+    # all-reduce over a tuple. The plan showed the first as the target's reduce-scatter and the second
+    # as an all-reduce: two rows for one instruction, its latency counted 1 + 2 times instead of 2.
+    mesh, ns = combined_namespace()
+    planned = jaxpar_magic.plan_cell(COMBINED, ns, magic="shard", mesh=mesh, bind=False, hardware="tpu-v5e",
+                                     compiler="cpu")
+    text = planned.compiled.as_text()
+    (instruction,) = [line for line in text.splitlines() if re.search(r"= \(f32\[64,64\]\S*, f32\[64\]\S*\) all-reduce\(", line)]
+    collectives_per_step("combined", planned)  # the census counts instructions, one line each
+    (row,) = [c for c in planned.collectives if (c.sliced_from or c.op) == "all-reduce"]
+    assert row.op == "reduce-scatter" and row.operands == 2 and "2 operands" in row.groups_text
+    assert row.operand_bytes == 64 * 64 * 4 + 64 * 4 and row.bytes == 64 * 64 * 4 // 8 + 64 * 4
+    (gather,) = [c for c in planned.collectives if c.op == "all-gather"]  # w's rows, gathered for the forward pass
+    assert row.parts["latency"] == pytest.approx(2 * gather.parts["latency"])  # a reduce-scatter and a gather back
+    assert row.seconds == pytest.approx(sum(row.parts.values()))
+    assert "2 operands" in plan_view.to_text(planned.state("a plan"))
+
+
+def test_report_says_how_many_operands_a_collective_instruction_moves(jx):
+    jx.push({"jaxpar_magic": jaxpar_magic})
+    jx.run_cell("mesh = jaxpar_magic.make_mesh('data=8')\n"
+                "x = jnp.ones((128, 64)); w = jnp.ones((64, 64)); b = jnp.ones((64,))", store_history=False).raise_error()
+    with capture_output() as captured:
+        jx.run_cell_magic("shard", "--mesh mesh --in x=data w=data --report", COMBINED)
+    (view,) = [w for w in shown_widgets(captured) if type(w).__name__ == "ResultView"]
+    rows = [c for c in view.state["collectives"] if c["op"] == "all-reduce"]
+    assert rows and all("2 operands" in c["groups_text"] for c in rows), rows

@@ -308,6 +308,69 @@ def test_shard_map_takes_a_dataclass_with_one_spec_for_every_leaf(tree_ns):
     np.testing.assert_allclose(q.b, p.b + 1)
 
 
+SHARD_MAP_STEP = """
+state = {"w": state["w"] * 2,
+         "norm": {"scale": lax.pmean(state["norm"]["scale"], ("data", "model")), "shift": state["norm"]["shift"] + 1},
+         "steps": Params(w=state["steps"].w + 1, b=state["steps"].b * 3)}
+"""
+
+
+def shard_map_state(mesh):
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    specs = {"w": P("data", "model"), "norm": {"scale": P(), "shift": P("model")}, "steps": P("data")}  # a prefix
+    leaves = {"w": jnp.arange(64.0).reshape(8, 8), "norm": {"scale": jnp.arange(8.0), "shift": jnp.arange(8.0)},
+              "steps": Params(w=jnp.arange(16.0).reshape(8, 2), b=jnp.arange(8.0))}
+    placed = jax.tree.map(lambda v, s: jax.device_put(v, NamedSharding(mesh, s)), leaves,
+                          jax.tree.broadcast(specs, leaves, is_leaf=lambda x: isinstance(x, P)),
+                          is_leaf=lambda x: isinstance(x, P))
+    return placed, specs
+
+
+def test_shard_map_out_takes_a_pytree_of_specs_like_jax_shard_map(tree_ns):
+    """`%%shard_map --out state=@state_specs` pins each output leaf's layout, as %%shard's --out does.
+    Oracle: jax.jit(jax.shard_map(f, in_specs=(specs,), out_specs=specs)) on the same state, the same
+    body written as a function: values and each leaf's sharding equal; in a plan, `_plan.abstract`."""
+    from jax import lax
+
+    import jaxpar_magic
+
+    mesh = jaxpar_magic.make_mesh("data=4 model=2")
+    state, specs = shard_map_state(mesh)
+    tree_ns.push({"mesh": mesh, "state": state, "state_specs": specs, "jaxpar_magic": jaxpar_magic})
+    cell(tree_ns, "shard_map", "--mesh mesh --in state=@state_specs --out state=@state_specs --no-show", SHARD_MAP_STEP)
+    mine = tree_ns.user_ns["state"]
+
+    def step(state):
+        scope = {"state": state, "lax": lax, "Params": Params}
+        exec(SHARD_MAP_STEP, scope)  # noqa: S102 - the cell's own text, as the oracle's body
+        return scope["state"]
+
+    twin = jax.jit(jax.shard_map(step, mesh=mesh, in_specs=(specs,), out_specs=specs))(state)
+    assert jax.tree.structure(mine) == jax.tree.structure(twin)
+    for got, want in zip(jax.tree.leaves(mine), jax.tree.leaves(twin)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        assert got.sharding.is_equivalent_to(want.sharding, got.ndim), (got.sharding, want.sharding)
+    tree_ns.push({"state": state})
+    cell(tree_ns, "shard_map", "--plan --mesh mesh --in state=@state_specs --out state=@state_specs --no-show",
+         SHARD_MAP_STEP)
+    planned = tree_ns.user_ns["_plan"].abstract["state"]
+    for got, want in zip(jax.tree.leaves(planned), jax.tree.leaves(twin)):
+        assert got.sharding.is_equivalent_to(want.sharding, len(got.shape)), (got.sharding, want.sharding)
+
+
+def test_shard_map_out_spec_tree_of_the_wrong_shape_is_a_usage_error(tree_ns):
+    import jaxpar_magic
+
+    mesh = jaxpar_magic.make_mesh("data=4 model=2")
+    state, specs = shard_map_state(mesh)
+    tree_ns.push({"mesh": mesh, "state": state, "state_specs": specs, "wrong": [jax.sharding.PartitionSpec()] * 2})
+    before = snapshot(tree_ns.user_ns)
+    with pytest.raises(UsageError, match=r"--out state: the specs' structure does not match what the cell assigns"):
+        cell(tree_ns, "shard_map", "--mesh mesh --in state=@state_specs --out state=@wrong --no-show", SHARD_MAP_STEP)
+    assert snapshot(tree_ns.user_ns) == before
+
+
 def test_place_and_split_accept_pytrees_and_name_the_leaf(tree_ns):
     import jaxpar_magic
 

@@ -154,7 +154,9 @@ def test_jax_checkpoint_lowers_xla_tpus_hbm_peak(remat):
     assert checkpointed.temp_bytes < plain.temp_bytes  # the activations saved for the backward pass
     assert not any("jax.checkpoint" in c for c in checkpointed.caveats)  # XLA:TPU keeps it: no CPU warning
     for p in remat:  # VMEM is said apart, never in the HBM figures
-        assert any("on-chip VMEM (not HBM" in n for n in p.memory_notes())
+        assert any("on-chip vector memory (VMEM) (not HBM" in n for n in p.memory_notes())
+        # XLA's own names for its spaces (SMEM, COLOR_6) are said in words, or not at all
+        assert not re.search(r"\b(?:COLOR|color)_\d|on-chip SMEM|on-chip VMEM", " ".join(p.memory_notes()))
 
 
 def test_the_largest_activation_is_named_with_its_bytes_and_its_line(remat):

@@ -113,7 +113,8 @@ def test_text_has_the_key_facts() -> None:
     assert "Per device: FLOPs 1.20 T · bytes accessed 3.2 GiB" in lines
     assert any(line.startswith("  compute") and line.endswith("← bounds the estimate") for line in lines)
     assert "  estimate 6.09 ms per step, compute-bound (the largest of the three)" in lines
-    assert "  all-reduce · bf16[8192,4096] · 64.0 MiB/device · 8 groups of 64 over 'data' · 1.32 ms" in lines
+    row = lines.index("  all-reduce · bf16[8192,4096] · 64.0 MiB/device · 8 groups of 64 over 'data'")
+    assert lines[row + 1] == "      · 1.32 ms"  # wrapped at 80 columns, never cut
     assert "    at line 3: loss, grads = jax.value_and_grad(loss_fn)(params, batch)" in lines
     assert "  grads: bfloat16[8192, 32768] P(None, 'model')" in lines
     assert "  - The CPU backend's memory figures ignore the accelerators' layout padding." in lines
@@ -249,3 +250,19 @@ def test_memory_notes_wrap_at_80_columns_and_keep_every_word() -> None:
     noted = text.split("fits: ", 1)[1].split("\n", 1)[1].split("Per device: FLOPs")[0]  # the lines after the verdict
     assert max(len(line) for line in noted.splitlines()) <= 80
     assert " ".join(note.split()) in " ".join(noted.split())
+
+
+def test_collective_rows_and_caveats_wrap_at_80_columns_and_keep_every_word() -> None:
+    """Issue 29 item 11: a collective's row with its groups and a long source line, and a caveat, ran to
+    470 columns in the 80-column text; they wrap like the buffer rows."""
+    state = plan_state(fits=True)
+    source = "q, k, v = ((h @ p[w]).reshape(B, S, H, D // H) for w in ('wq', 'wk', 'wv'))  # the three projections"
+    state["collectives"][0].update(source=source, groups_text="8 groups of 64 over 'data', in the backward pass, "
+                                   "8 times (in a loop), one instruction of 2 operands")
+    caveat = "XLA:TPU and XLA:GPU may fuse, schedule and combine collectives differently, " * 3
+    state["caveats"] = [caveat.strip()]
+    text = plan.to_text(state)
+    listed = text.split("Collectives the compiler inserted", 1)[1]
+    assert max(len(line) for line in listed.splitlines()) <= 80
+    flat = " ".join(listed.split())
+    assert " ".join(source.split()) in flat and "one instruction of 2 operands" in flat and " ".join(caveat.split()) in flat

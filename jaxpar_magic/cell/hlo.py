@@ -56,6 +56,18 @@ class Collective:
     windowed_calls: int | None = None  # the permutes per step of that windowed einsum, all its instructions together
     over_dcn: bool = False  # a Megascale transfer: the cross-slice (DCN) stage of a collective; groups left empty
     backward: bool = False  # issued by the backward pass (JAX names its operations `transpose(jvp(...))`)
+    operands: int = 1  # arrays the one instruction moves (XLA combines several gradients' all-reduces into one)
+    whole_bytes: int = 0  # a combined all-reduce shown as the target's reduce-scatter: its elements still summed whole
+    whole_shape: str = ""  # ... and their types ("f32[64]")
+
+
+def operands_text(c) -> str:
+    """What a row adds after its groups for one instruction over several arrays ("" for one array)."""
+    if (c.operands or 1) <= 1:
+        return ""
+    if c.whole_bytes:
+        return f", one all-reduce of {c.operands} operands ({c.whole_shape} summed whole, the rest reduce-scattered)"
+    return f", one instruction of {c.operands} operands"
 
 
 def _iota(dims: list[int], perm: list[int] | None, shape: list[int]) -> np.ndarray:
@@ -194,10 +206,11 @@ def _computation_counts(text: str, read: list | None = None) -> tuple[list[str |
     return owner, calls(Program(text, read))
 
 
-def runs_outside_loops(text: str, pattern: re.Pattern) -> bool:
+def runs_outside_loops(text: str, pattern: re.Pattern, read: list | None = None) -> bool:
     """Whether an instruction whose line matches `pattern` runs once per run of the program, not in the
-    body of a loop (scan, fori_loop, while), nor in one a loop calls: by the computation it is in."""
-    owner, counts = _computation_counts(text)
+    body of a loop (scan, fori_loop, while), nor in one a loop calls: by the computation it is in.
+    `read`: hlo_text.instructions(text), when already read."""
+    owner, counts = _computation_counts(text, read)
     return any(counts.get(comp) == 1 for comp, line in zip(owner, text.splitlines()) if comp and pattern.search(line))
 
 
@@ -223,13 +236,14 @@ def _reductions(text: str) -> dict[str, str]:
 
 
 def collectives(text: str, device_ids: list[int] | None = None, filename: str | None = None,
-                shadows: dict[str, str] | None = None, is_user=None) -> list[Collective]:
+                shadows: dict[str, str] | None = None, is_user=None, read: list | None = None) -> list[Collective]:
     """Every collective in the compiled program, in program order, with device ids and bytes.
 
     `shadows` (`upcasts(...).shadows`): instructions XLA:CPU computes in f32 whose values the
     program holds in bf16/f16; those collectives get the program's dtype, shape and bytes.
     `is_user(file)`: whether a frame's file is the user's code (not a library's); the innermost
-    such frame is the collective's `origin` (the line inside a function that needs it)."""
+    such frame is the collective's `origin` (the line inside a function that needs it). `read`:
+    hlo_text.instructions(text), when already read."""
     def to_device(i: int) -> int:
         return device_ids[i] if device_ids is not None and i < len(device_ids) else i
 
@@ -241,12 +255,12 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
         if not m:
             dcn = _MEGASCALE_SEND.match(line) if "megascale" in line else None
             if dcn is not None:
-                owner, counts = _computation_counts(text) if counts is None else (owner, counts)
+                owner, counts = _computation_counts(text, read) if counts is None else (owner, counts)
                 found.append(_dcn_stage(dcn, line, counts.get(owner[index], 1) if owner[index] is not None else 1))
             continue
         if types is None:
             types = _types(text)
-            owner, counts = _computation_counts(text) if counts is None else (owner, counts)
+            owner, counts = _computation_counts(text, read) if counts is None else (owner, counts)
             callers = _caller_frames(text)
             continued = async_continuations(text)
         arrays = _ARRAY.findall(m.group("type"))
@@ -293,6 +307,7 @@ def collectives(text: str, device_ids: list[int] | None = None, filename: str | 
                                 reduction, name=defined.group("name") if defined else None, frames=tuple(chain)))
         named = _OP_NAME.search(line)
         found[-1].backward = bool(named and "transpose(" in named.group(1))
+        found[-1].operands = len(arrays)
         einsum = named if m.group("op") == "collective-permute" else None
         if einsum and einsum.group(1).endswith("dot_general"):  # the partitioner's, not the user's
             windowed.append((found[-1], (einsum.group(1), frame_id), _WINDOWED.search(owner[index] or "")))

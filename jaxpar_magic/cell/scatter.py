@@ -106,9 +106,9 @@ def _group_size(line: str, partitions: int) -> int:
 def reduce_scatters(text: str, found: list[Collective], read: list | None = None,
                     own_only: bool = False) -> list[Collective]:
     """`found` (hlo.collectives of `text`) with each sliced all-reduce, or the sliced elements of a
-    combined one, turned into the reduce-scatter the target's compiler makes; the rest of a
-    combined all-reduce stays an all-reduce. Each turned one has `sliced_from="all-reduce"`. `read`:
-    hlo_text.instructions(text), when already read. `own_only` (XLA:TPU's program): only the ones
+    combined one, turned into the reduce-scatter the target's compiler makes; the unsliced rest of a
+    combined one rides along in the same row (`whole_bytes`): one instruction, one row. Each turned
+    one has `sliced_from="all-reduce"`. `read`: hlo_text.instructions(text), when already read. `own_only` (XLA:TPU's program): only the ones
     the compiler made itself, inside its `all-reduce-scatter` fusions; an all-reduce XLA:TPU left
     whole stays one, whatever slices it."""
     candidates = [c for c in found if c.op == "all-reduce" and c.name]
@@ -136,9 +136,11 @@ def reduce_scatters(text: str, found: list[Collective], read: list | None = None
         whole = sum(array_bytes(d, s) for d, s, _ in scattered)
         # the slice's dimensions, in the program's dtype (XLA:CPU may slice its f32 copy)
         shape = ", ".join(f"{d}[{ARRAY.findall(f)[0][1]}]" for d, _, f in scattered)
-        out.append(replace(c, op="reduce-scatter", shape=shape,
-                           bytes=whole // n, operand_bytes=whole, sliced_from="all-reduce"))
-        if kept:
-            rest = sum(array_bytes(d, s) for d, s in kept)
-            out.append(replace(c, shape=", ".join(f"{d}[{s}]" for d, s in kept), bytes=rest, operand_bytes=rest))
+        # One instruction stays one row (its latency paid once): the elements no device slices ride along,
+        # summed whole (costed as the reduce-scatter of everything, then the all-gather of those).
+        rest = sum(array_bytes(d, s) for d, s in kept)
+        summed = ", ".join(f"{d}[{s}]" for d, s in kept)
+        out.append(replace(c, op="reduce-scatter", shape=", ".join(p for p in (shape, summed) if p),
+                           bytes=whole // n + rest, operand_bytes=whole + rest, sliced_from="all-reduce",
+                           whole_bytes=rest, whole_shape=summed))
     return out

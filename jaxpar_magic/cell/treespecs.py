@@ -96,7 +96,7 @@ def leaf_specs(tree, value, spec, namespace: dict, option: str = "--in", *, arra
     per_leaf: list = []
 
     def cover(entry, subtree):
-        per_leaf.extend([_as_tuple(entry)] * len(jax.tree.leaves(subtree)))
+        per_leaf.extend([as_spec_tuple(entry)] * len(jax.tree.leaves(subtree)))
 
     try:
         jax.tree.map(cover, specs, target, is_leaf=is_spec_leaf)
@@ -111,7 +111,7 @@ def leaf_specs(tree, value, spec, namespace: dict, option: str = "--in", *, arra
     return [per_leaf[i] for i in tree.positions]
 
 
-def _as_tuple(entry) -> tuple:
+def as_spec_tuple(entry) -> tuple:
     from jax.sharding import NamedSharding, PartitionSpec
 
     if entry is None:

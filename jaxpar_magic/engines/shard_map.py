@@ -2,7 +2,8 @@
 
 - Each name in `--in` is split by its PartitionSpec; the cell sees its block, of the same rank.
 - Each name in `--out` is assembled by its spec (blocks concatenated along the dimensions the spec
-  splits, one copy kept along the mesh axes it leaves out).
+  splits, one copy kept along the mesh axes it leaves out); `--out state=@specs` gives a pytree of
+  specs, one per leaf of `state` or per subtree (as `jax.shard_map`'s out_specs take a pytree prefix).
 - Other arrays the cell reads are replicated: every device sees them whole (passed as `P()`
   arguments rather than closed over, so no value is baked into the program).
 - An assigned array without `--out` gets `P()` when JAX's varying-axes typing proves it is the same
@@ -23,7 +24,7 @@ from ..cell.inputs import classify, input_arrays
 from ..cell.meshes import is_explicit, lay_out_again, on_cell_mesh
 from ..cell.prepared import PreparedCell
 from ..cell.programs import CellProgram, capture_outputs, cell_function, traced, within_mesh
-from ..cell.treespecs import spec_names
+from ..cell.treespecs import as_spec_tuple, is_spec_leaf, spec_names, spec_tree_of
 from ..errors import UsageError
 from .shard import check_outputs, check_spec, fitted, returned, spec_mesh_axes
 
@@ -110,6 +111,39 @@ def _spec_text(spec) -> str:
     return "P(" + ", ".join(one(e) for e in spec) + ")"
 
 
+def _leaf_specs(given, value, leaves: list) -> "list[tuple] | str":
+    """`--out name=@specs`: the spec (our tuple form) of each traced leaf of `value`, in the order the
+    program returns them (`leaves`, the same tracers), from the pytree of specs `given` (the output's
+    structure, or a prefix of it); where the structures do not match, what JAX says about it."""
+    import jax
+
+    spec_of: dict[int, tuple] = {}
+
+    def cover(entry, subtree):
+        for leaf in jax.tree.leaves(subtree):
+            spec_of[id(leaf)] = as_spec_tuple(entry)
+
+    try:
+        jax.tree.map(cover, given, value, is_leaf=is_spec_leaf)
+    except (ValueError, TypeError) as err:
+        return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    missing = [k for k, leaf in enumerate(leaves) if id(leaf) not in spec_of]
+    return f"leaf {missing[0]} has no spec" if missing else [spec_of[id(leaf)] for leaf in leaves]
+
+
+def _checked_leaf_specs(cell, mesh, name: str, per_leaf, leaves: list, check_vma: bool) -> list[tuple]:
+    """Each leaf's spec from `--out name=@specs`, checked as a single --out spec is, leaf by leaf."""
+    if isinstance(per_leaf, str):
+        raise UsageError(
+            f"--out {name}: the specs' structure does not match what the cell assigns to {name!r} ({per_leaf}). Give "
+            f"a pytree with {name!r}'s structure (or a prefix of it) whose leaves are PartitionSpecs, e.g. "
+            f"`jax.tree.map(lambda leaf: P(), {name})`, or one spec for every leaf (`{name}=data,None`)."
+        )
+    for spec, (varies, ndim) in zip(per_leaf, leaves):
+        _check_out_spec(cell, mesh, name, spec, [ndim], varies, check_vma)
+    return list(per_leaf)
+
+
 def _chosen_specs(cell, mesh, found: dict, out_specs: dict, check_vma: bool, probed) -> tuple[dict, object]:
     """Each output's spec: its --out spec (checked against what it varies over), else P() when JAX's
     varying-axes typing proves it the same on every device; anything else is a UsageError that says
@@ -119,8 +153,10 @@ def _chosen_specs(cell, mesh, found: dict, out_specs: dict, check_vma: bool, pro
 
     final_spec = None
     chosen = {}
-    for name, (varies, ndims) in found.items():
-        if name in out_specs:
+    for name, (varies, ndims, leaves, per_leaf) in found.items():
+        if name in out_specs and not isinstance(out_specs[name], tuple):  # a pytree of specs: one per leaf
+            chosen[name] = _checked_leaf_specs(cell, mesh, name, per_leaf, leaves, check_vma)
+        elif name in out_specs:
             _check_out_spec(cell, mesh, name, out_specs[name], ndims, varies, check_vma)
             chosen[name] = out_specs[name]
         elif not check_vma:
@@ -174,7 +210,7 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, record=
     fn = cell_function(cell, inputs, namespace)
     program = CellProgram(jitted=None)
     program.recording = record(fn, inputs, mesh.axis_names) if record is not None else None  # --collectives
-    found: dict = {}  # name -> (varying axes, per-leaf ndims) of every value computed on the devices
+    found: dict = {}  # name -> (varying axes, leaf ndims, (axes, ndim) per leaf, --out @specs per leaf)
     probed = []  # the probe's CellTrace: which outputs the devices compute, for these input shapes
 
     def probe(*blocks):
@@ -183,8 +219,11 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, record=
         device, final_value, trace = capture_outputs(outs, final, lambda v: v)
         probed[:] = [trace]
         for name, value in list(device.items()) + ([(FINAL, final_value)] if traced(final) else []):
-            found[name] = (varying_axes(value) if check_vma else frozenset(),
-                           [leaf.ndim for leaf in jax.tree.leaves(value)])
+            leaves = jax.tree.leaves(value)
+            given = out_specs.get(name) if name != FINAL else None
+            found[name] = (varying_axes(value) if check_vma else frozenset(), [leaf.ndim for leaf in leaves],
+                           [(varying_axes(leaf) if check_vma else frozenset(), leaf.ndim) for leaf in leaves],
+                           None if given is None or isinstance(given, tuple) else _leaf_specs(given, outs[name], leaves))
         return ()
 
     in_specs = tuple([P(*s) for s in leaf_specs] for leaf_specs in specs)  # per input, one spec per leaf
@@ -206,7 +245,8 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, record=
                                                check_vma=check_vma)), *args)
         chosen, final_spec = _chosen_specs(cell, mesh, found, out_specs, check_vma, probed[0])
 
-    device_specs = {n: P(*chosen[n]) for n in probed[0].device_outputs}
+    device_specs = {n: P(*chosen[n]) if isinstance(chosen[n], tuple) else [P(*s) for s in chosen[n]]
+                    for n in probed[0].device_outputs}  # a list: one spec per leaf (--out name=@specs)
 
     k = len(mesh.axis_names)
 
@@ -224,7 +264,7 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, record=
         result_specs += (P(*mesh.axis_names),)
     mapped = jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=result_specs, check_vma=check_vma)
     program.jitted = jax.jit(on_blocks(mapped))
-    program.assembled = {n: tuple(chosen[n]) for n in probed[0].device_outputs}
+    program.assembled = {n: chosen[n] for n in probed[0].device_outputs}  # a tuple, or a list of one per leaf
     return program
 
 
@@ -274,14 +314,15 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: 
                 f"--out {name}: the cell does not assign {name!r}; --out assembles names the cell assigns "
                 f"({', '.join(cell.writes) or 'none'})."
             )
-        if not isinstance(spec, tuple):
-            raise UsageError(f"--out {name}={spec}: --out takes one spec for every leaf of {name!r} (e.g. "
-                             f"`{name}=data,None`), not a pytree of specs.")
     check_outputs(cell, outputs)
     specs = tuple(specs)
-    prepared = PreparedCell("shard_map", cell, mesh, inputs, constants + spec_names(in_specs), args, specs,
+    # `@specs` (or a pytree given to the twin) read now: one spec per leaf of the output, or per subtree
+    trees = {name: spec if isinstance(spec, tuple) else spec_tree_of(spec, namespace, name, "--out")
+             for name, spec in out_specs.items()}
+    read = constants + spec_names(in_specs) + spec_names(out_specs)
+    prepared = PreparedCell("shard_map", cell, mesh, inputs, read, args, specs,
                             dict(out_specs), {"check_vma": check_vma, "outputs": outputs}, moved=moved)
-    prepared.compile = lambda record=None: _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma,
+    prepared.compile = lambda record=None: _compile(cell, inputs, specs, trees, namespace, mesh, check_vma,
                                                     record, outputs)
     return prepared
 

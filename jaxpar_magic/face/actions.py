@@ -158,13 +158,13 @@ def pmap(options, source, namespace, defaults) -> Outcome:
 
 
 def shard(options, source, namespace, defaults) -> Outcome:
-    from ..stages.run.shard import shard_cell
-
     if options.as_code:
         return _as_code("shard", options, source, namespace)
     if options.plan is not None:
         return _plan("shard", options, source, namespace, mesh=options.mesh, in_specs=options.in_specs,
-                     out_specs=options.out_specs, donate=options.donate)
+                     out_specs=options.out_specs, donate=options.donate, outputs=options.outputs)
+    from ..stages.run.shard import shard_cell  # here: a plan imports no run stage (bench section 11)
+
     show = defaults.show if options.show is None else options.show
     result = shard_cell(source, namespace, mesh=options.mesh, in_specs=options.in_specs,
                         out_specs=options.out_specs, want_facts=options.report or defaults.facts, bind=False,
@@ -190,14 +190,14 @@ def shard(options, source, namespace, defaults) -> Outcome:
 
 
 def shard_map(options, source, namespace, defaults) -> Outcome:
-    from ..stages.run.shard_map import shard_map_cell
-    from ..views.summaries import report_figures, result_state
-
     if options.as_code:
         return _as_code("shard_map", options, source, namespace)
     if options.plan is not None:
         return _plan("shard_map", options, source, namespace, mesh=options.mesh, in_specs=options.in_specs,
-                     out_specs=options.out_specs, check_vma=options.check_vma)
+                     out_specs=options.out_specs, check_vma=options.check_vma, outputs=options.outputs)
+    from ..stages.run.shard_map import shard_map_cell
+    from ..views.summaries import report_figures, result_state
+
     show = defaults.show if options.show is None else options.show
     result = shard_map_cell(source, namespace, mesh=options.mesh, in_specs=options.in_specs,
                             out_specs=options.out_specs, check_vma=options.check_vma,

@@ -8,6 +8,7 @@ from typing import Any
 
 from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ms, format_seconds, format_shape, format_si, format_spec, op_words, style_block
 from .memory import TEXT_WIDTH, section_html as memory_section_html, section_text as memory_section_text, what_text
+from .textwidth import fit_line
 
 MAX_COLLECTIVES = 256
 #: Collectives the text rendering lists (a terminal screenful).
@@ -337,7 +338,7 @@ def compare_text(state: dict[str, Any]) -> str:
     caveats = state.get("caveats") or []
     if caveats:
         lines.append("How far to trust these figures:")
-        lines += [f"  - {c}" for c in caveats]
+        lines += [piece for c in caveats for piece in fit_line(f"  - {c}", TEXT_WIDTH)]  # wrapped, never cut
     return "\n".join(lines)
 
 
@@ -498,9 +499,9 @@ def to_text(state: dict[str, Any]) -> str:
         parts = [op, str(c.get("shape")), f"{format_bytes(c.get('bytes'))}/device", str(groups)]
         if c.get("seconds") is not None:
             parts.append(format_seconds(c["seconds"]) + (f" ({c['bound']}-bound)" if c.get("bound") else ""))
-        lines.append("  " + " · ".join(parts))
+        lines += fit_line("  " + " · ".join(parts), TEXT_WIDTH)  # wrapped, never cut: read at 80 columns
         if _where(c):
-            lines.append(f"    at {_where(c)}")
+            lines += fit_line(f"    at {_where(c)}", TEXT_WIDTH)
     if len(colls) + omitted > TEXT_COLLECTIVES:
         lines.append(f"  … {len(colls) + omitted - min(len(colls), TEXT_COLLECTIVES)} more")
     outs = state.get("outputs") or []
@@ -517,7 +518,7 @@ def to_text(state: dict[str, Any]) -> str:
     caveats = state.get("caveats") or []
     if caveats:
         lines.append("How far to trust these figures:")
-        lines += [f"  - {c}" for c in caveats]
+        lines += [piece for c in caveats for piece in fit_line(f"  - {c}", TEXT_WIDTH)]  # wrapped, never cut
     return "\n".join(lines)
 
 

@@ -10,7 +10,7 @@ import math
 
 import functools
 
-from ..cell.hlo import Collective
+from ..cell.hlo import Collective, operands_text
 from ..cell.loops import calls_text
 
 MAX_TILES = 16  # per-device tiles shipped per output
@@ -147,7 +147,8 @@ def collective_state(c: Collective, total: int, source_line: str | None) -> dict
         "bytes": c.bytes,
         "groups": c.groups[:MAX_GROUPS],
         "groups_text": (f"{len(c.pairs)} send{'s' if len(c.pairs) != 1 else ''} between pairs of devices"
-                        if c.pairs and not c.groups else _groups_text(c.groups, total)) + calls_text(c.count, c.backward),
+                        if c.pairs and not c.groups else _groups_text(c.groups, total)) + calls_text(c.count, c.backward)
+                       + operands_text(c),
         "count": c.count,
         "pairs": [list(p) for p in c.pairs[:MAX_PAIRS]],
         "pairs_omitted": max(0, len(c.pairs) - MAX_PAIRS),

@@ -9,7 +9,10 @@ entry parameters behind it):
   reduce-scatter;
 - "backward-pass temporary": another value of the backward pass;
 - "activation saved for the backward pass": a forward value still live at a peak inside the backward pass;
-- "compiler's scratch": a custom-call with no line of the user's (XLA:TPU's windowed einsums).
+- "compiler's scratch": a custom-call with no line of the user's (XLA:TPU's windowed einsums);
+- "activation saved for the backward pass, stacked over 8 trips": a forward loop's (a scan's) result that
+  its body writes one slice a trip (`loop_stack`), named by the line of what the body writes;
+- "XLA:CPU's f32 copy of ...": a value XLA:CPU widened from the program's bf16 or f16.
 Buffers past the largest are grouped by what they are and their line (`group`), and a group is a row
 of its own while the rest ("other") would hold more than OTHER_SHARE of the peak.
 
@@ -17,7 +20,11 @@ Plain Python; no JAX.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import replace
+
+from ...cell.hlo_text import ARRAY
+from ...cell.loops import BODY, Program, trip_count
 
 OTHER_SHARE = 0.10  # "other" never holds more than this share of the peak
 MAX_GROUPS = 6  # grouped rows shown at least (more while "other" is too large)
@@ -54,6 +61,8 @@ def role_of(sources, producer: str, dtype_shape: tuple, argument_shapes: dict, p
         behind = parameter_behind(sources, ins.operands[0]) if ins.operands else None
         return f"all-gather of {behind}" if behind else "all-gather"
     keyed = sources.keyed(producer)
+    if keyed is not None and keyed.op == "parameter" and keyed.name in sources.parameters:  # converted, re-laid out
+        return f"copy of {sources.parameters[keyed.name]}"
     op_name = keyed.op_name if keyed is not None else None
     if ins.op == "custom-call" and (keyed is None or not keyed.frames):
         return "compiler's scratch"
@@ -65,6 +74,82 @@ def role_of(sources, producer: str, dtype_shape: tuple, argument_shapes: dict, p
     if op_name and peak_in_backward:
         return "activation saved for the backward pass"
     return None
+
+
+_ELEMENT = re.compile(r"\bindex=(\d+)")
+_MOVES_ONLY = ("copy", "copy-start", "copy-done", "bitcast", "convert", "fusion", "get-tuple-element")
+
+
+def _dims(type_text: str) -> str | None:
+    found = ARRAY.findall(type_text)
+    return found[0][1] if len(found) == 1 else None
+
+
+def loop_stack(sources, name: str, index: str) -> tuple[int, str | None, str] | None:
+    """(trips, the value the body writes each trip (None: inside a multi-output fusion), the while) where
+    a value is a while loop's result stacked over its trips (a scan's saved activations: a slice a trip,
+    dynamic-update-slice'd into a tuple element of the loop's state), or a copy or conversion of one
+    (XLA:CPU's f32 copy); None otherwise."""
+    ins = sources.by_name.get(name)
+    element = int(index.strip("{}").split(",")[0]) if index.strip("{}") else None
+    for _ in range(8):
+        if ins is None or ins.op == "while":
+            break
+        if ins.op not in _MOVES_ONLY or len(ins.operands) != 1:
+            return None
+        if ins.op == "get-tuple-element":
+            found = _ELEMENT.search(ins.line)
+            element = int(found.group(1)) if found else None
+        else:
+            source = sources.by_name.get(ins.operands[0])
+            if source is None or _dims(source.type) != _dims(ins.type):  # it moves or converts, computes nothing
+                return None
+        ins = sources.by_name.get(ins.operands[0])
+    body = BODY.search(ins.line) if ins is not None and ins.op == "while" else None
+    root = sources.roots.get(body.group(1)) if body else None
+    if root is None or root.op != "tuple" or element is None or element >= len(root.operands):
+        return None
+    written = sources.by_name.get(root.operands[element])
+    if written is None:
+        return None
+    if written.op == "dynamic-update-slice" and len(written.operands) > 1:
+        update = written.operands[1]
+    elif written.op == "fusion" and _updates_a_slice(sources, written):
+        slices = [o for o in written.operands[1:] if o in sources.by_name
+                  and _dims(sources.by_name[o].type) not in ("", None, _dims(written.type))]
+        if not slices:
+            return None
+        update = slices[0]
+    elif written.op == "get-tuple-element" and written.operands and _updates_a_slice(
+            sources, sources.by_name.get(written.operands[0])):
+        update = None  # XLA:TPU writes several stacks in one multi-output fusion: the body's line names it
+    else:
+        return None
+    if sources.program is None:
+        sources.program = Program("", list(sources.by_name.values()))
+    trips = trip_count(ins, sources.program)
+    stacked = _dims(written.type)
+    if not trips or not stacked or stacked.split(",")[0] != str(trips):
+        return None
+    return trips, update, ins.name
+
+
+def _updates_a_slice(sources, fusion) -> bool:
+    """A fusion that writes one slice into an array: a dynamic-update-slice among its operations (XLA:CPU
+    also names the fusion after it; XLA:TPU fuses it with the work that computes the slice)."""
+    if fusion is None or fusion.op != "fusion":
+        return False
+    named = "dynamic-update-slice" in (fusion.name + (fusion.op_name or "")).replace("_", "-")
+    return named or "dynamic-update-slice" in sources.ops.get(fusion.callee, ())
+
+
+def stack_role(trips: int, forward: bool, in_backward: bool, role: str | None) -> str | None:
+    """The role of a loop's stacked result: a forward loop's, read by the backward pass, is what it saved."""
+    if forward and in_backward:
+        return f"activation saved for the backward pass, stacked over {trips:,} trips"
+    if forward:
+        return f"stacked over {trips:,} trips of a loop"
+    return f"{role}, stacked over {trips:,} trips" if role else f"backward-pass values stacked over {trips:,} trips"
 
 
 def group(rows: list, keep: int, reported: int) -> tuple[list, list]:

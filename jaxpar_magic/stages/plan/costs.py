@@ -82,8 +82,15 @@ def time_collectives(planned: list, topology: Topology) -> list:
         else:
             t = collective_time(topology, c.op, c.axes, c.bytes, ring_array_bytes(c), c.group_size)
         calls = c.count or 1
-        timed.append(replace(c, seconds=t.seconds * calls, bound=t.bound,
-                             parts={kind: s * calls for kind, s in t.split.items()}))
+        split = dict(t.split)
+        if c.whole_bytes:  # one combined instruction: its unsliced elements are gathered back after the scatter
+            back = collective_time(topology, "all-gather", c.axes, c.whole_bytes, c.whole_bytes, c.group_size)
+            for kind, s in back.split.items():
+                split[kind] = split.get(kind, 0.0) + s
+        seconds = sum(split.values())
+        bound = max(split, key=split.get) if c.whole_bytes else t.bound
+        timed.append(replace(c, seconds=seconds * calls, bound=bound,
+                             parts={kind: s * calls for kind, s in split.items()}))
     return timed
 
 

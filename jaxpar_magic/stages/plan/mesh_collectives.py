@@ -7,7 +7,7 @@ import linecache
 import os
 from collections.abc import Callable
 
-from ...cell.hlo import Collective
+from ...cell.hlo import Collective, operands_text
 from ...cell.loops import calls_text
 from ...errors import PACKAGE_DIR
 from .plan import PlannedCollective
@@ -176,7 +176,9 @@ def plan_collectives(found: list[Collective], mesh, line_text: Callable[[int], s
             groups = c.groups or [list(range(total))]
             axes, size, text = _describe_groups(groups, shape, names)
         traffic = RING_FACTORS[c.op](size) * _ring_array_bytes(c, size) if size > 1 else 0.0
-        text += calls_text(c.count, c.backward)
+        if c.whole_bytes and size > 1:  # the elements summed whole are gathered back after the scatter
+            traffic += RING_FACTORS["all-gather"](size) * c.whole_bytes
+        text += calls_text(c.count, c.backward) + operands_text(c)
         if c.windowed:
             of = "an operand of the matmul" if c.windowed == "all-gather" else "the matmul's result"
             calls = f"{c.windowed_calls:,} permutes" if c.windowed_calls is not None else "permutes"
@@ -189,6 +191,7 @@ def plan_collectives(found: list[Collective], mesh, line_text: Callable[[int], s
             groups=[[ids[p] for p in g] for g in groups], axes=axes, groups_text=text, line=c.line,
             source=source or None, upcast_from=c.upcast_from, operand_bytes=c.operand_bytes,
             origin=origin_of(c.origin), sliced_from=c.sliced_from if rewritten else None,
-            reduction=c.reduction, over_dcn=c.over_dcn,
+            reduction=c.reduction, over_dcn=c.over_dcn, operands=c.operands,
+            whole_bytes=c.whole_bytes if rewritten else 0,
         ))
     return planned

@@ -26,9 +26,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ...cell.hlo_text import ARRAY, Instruction
+from ...cell.hlo_text import ARRAY, Instruction, type_bytes
+from ...cell.loops import BODY
 from ...cell.xla_dump import BufferDump
-from .buffer_roles import group, is_backward, role_of
+from .buffer_roles import group, is_backward, loop_stack, role_of, stack_role
 from .mesh_collectives import is_user_file, origin_of
 
 MAX_ROWS = 10  # buffers named one by one; the rest are "other"
@@ -155,23 +156,56 @@ def _array(type_text: str) -> tuple[str, tuple[int, ...]]:
 
 
 class _Sources:
-    """An instruction's JAX op and the user's line, from the compiled program's metadata; a fusion
-    without metadata of its own takes its fused computation's root's."""
+    """An instruction's JAX op and the user's line, from the compiled program's metadata. A fusion
+    without metadata of its own takes its fused computation's root's, else its largest operation's
+    that has some; one with none at all (XLA:CPU's converts to f32) the value it converts or moves."""
 
     def __init__(self, program: list[Instruction], filename: str | None, line_text, parameters=None):
         self.parameters = parameters or {}  # parameter instruction -> its argument's label
         self.by_name = {i.name: i for i in program}
         self.roots = {i.computation: i for i in program if i.root}
+        self.fused: dict[str, list[Instruction]] = {}  # computation -> its instructions with metadata
+        self.ops: dict[str, set] = {}  # computation -> the operations in it
+        for i in program:
+            self.ops.setdefault(i.computation, set()).add(i.op)
+            if i.key is not None:
+                self.fused.setdefault(i.computation, []).append(i)
+        self.has_backward = any(is_backward(i.op_name) for i in program)  # a grad: forward values are saved for it
         self.filename = filename
         self.line_text = line_text
+        self.program = None  # cell/loops.Program of `program`, made when a loop's trips are asked for
+        self._body_lines: dict[str, dict | None] = {}
 
     def keyed(self, name: str) -> Instruction | None:
         ins = self.by_name.get(name)
-        seen = 0
-        while ins is not None and ins.key is None and ins.callee and seen < 8:
-            ins = self.roots.get(ins.callee)
-            seen += 1
-        return ins if ins is not None and ins.key is not None else None
+        for _ in range(8):
+            if ins is None or ins.key is not None:
+                return ins
+            called = ins.callee and self.roots.get(ins.callee)
+            if called and called.key is not None:
+                return called
+            inside = self.fused.get(ins.callee, []) if ins.callee else []
+            if inside:
+                return max(inside, key=lambda i: type_bytes(i.type))
+            if ins.op in ("parameter", "while", "call", "conditional") or not ins.operands:
+                return None
+            ins = self.by_name.get(ins.operands[0])  # a bare convert or copy: what it converts
+        return None
+
+    def body_line(self, loop: str, outside: dict) -> dict | None:
+        """The line most of a loop's body comes from (the scan's body function), other than `outside`
+        (the loop's own line); None where its body names none. XLA may sink an operation from after
+        the loop into its body, so the first line found is not always the body's."""
+        if loop not in self._body_lines:
+            found = BODY.search(self.by_name[loop].line) if loop in self.by_name else None
+            places: dict[tuple, list] = {}
+            for ins in self.fused.get(found.group(1), []) if found else []:
+                place = self.describe(ins.name)
+                key = (place["line"], repr(place["origin"]))
+                if place["line"] is not None and key != (outside["line"], repr(outside["origin"])):
+                    places.setdefault(key, []).append(place)
+            self._body_lines[loop] = max(places.values(), key=len)[0] if places else None
+        return self._body_lines[loop]
 
     def producer(self, name: str) -> str:
         """The instruction that computed a value, through the copies, async moves and tuple
@@ -189,6 +223,8 @@ class _Sources:
         op = short_op(keyed.op_name) if keyed is not None else None
         if own is not None and own.op == "parameter":
             op = self.parameters.get(name, "parameter")
+        elif keyed is not None and keyed.op == "parameter":  # a copy or conversion of an argument: its label
+            op = self.parameters.get(keyed.name, "parameter")
         if op is None and own is not None:
             op = own.op
         line, source, origin = None, None, None
@@ -284,7 +320,9 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
         dtype, shape = _array(value.type)
         producer = sources.producer(value.name)
         described = sources.describe(producer)
-        if shadows and dtype == "f32" and isinstance(shadows.get(value.name, shadows.get(producer)), str):
+        low_copy = shadows.get(value.name, shadows.get(producer)) if shadows and dtype == "f32" else None
+        low_copy = low_copy if isinstance(low_copy, str) else None
+        if low_copy:
             upcast.append(b.size)
         if allocation.kind == "parameter":
             kind, name = "argument", _argument_label(parameters.get(allocation.parameter), leaf_labels, allocation)
@@ -296,6 +334,20 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
         else:
             kind, name = "temporary", None
         role = role_of(sources, producer, (dtype, shape), argument_shapes, in_backward) if kind == "temporary" else None
+        stack = loop_stack(sources, value.name, value.index) if kind == "temporary" else None
+        if stack is not None:  # a loop's stacked result: named by what its body writes each trip, and that line
+            trips, update, loop = stack
+            looped = sources.keyed(loop)
+            saved = in_backward or sources.has_backward  # a forward loop's stack outlives it only for the backward pass
+            role = stack_role(trips, not is_backward(looped.op_name if looped else None), saved, role)
+            written = sources.describe(sources.producer(update)) if update is not None else None
+            if written is None or (written["line"], written["origin"]) in ((None, None), (described["line"],
+                                                                                           described["origin"])):
+                written = sources.body_line(loop, described)  # a carry it passes on, or one fusion writing several
+            described = written or described
+        if low_copy:  # XLA:CPU widened a 16-bit value: say so, and what the value is
+            of = f" of {_lower_first(role.removeprefix('copy of '))}" if role else ""
+            role = f"XLA:CPU's f32 copy ({low_copy} in the program){of}"
         rows.append(PeakBuffer(b.size, dtype, shape, kind, name, described["op"], value.name, described["line"],
                                described["source"], described["origin"], role=role))
     rows.sort(key=lambda r: -r.bytes)
@@ -326,6 +378,10 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
     )
     peak.timeline, peak.places = _sampled(live, dump.sequence, sources)
     return peak
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:] if not text.startswith("XLA") else text
 
 
 @dataclass(frozen=True)

@@ -103,6 +103,8 @@ class PlannedCollective:
     sliced_from: str | None = None
     reduction: str | None = None  # what an all-reduce or reduce-scatter combines with: "sum", "max", ...
     over_dcn: bool = False  # XLA:TPU's Megascale transfer: the cross-slice stage of a collective, over DCN
+    operands: int = 1  # arrays its one instruction moves (a combined all-reduce of several gradients)
+    whole_bytes: int = 0  # a sliced combined all-reduce's elements still summed whole (cell/scatter.py)
 
     def state(self) -> dict:
         return {

@@ -19,7 +19,7 @@ def engine_spec(spec):
 def plan_cell(source: str, namespace: dict, *, magic: str = "shard", mesh=None, in_specs=None, out_specs=None,
               axis_name: str = "i", devices=None, broadcast=(), split=(), merge=(), check_vma: bool = True,
               hardware=None, device_memory=None, topology: str | None = None, bind: bool = True,
-              status: bool = False, compiler: str = "auto", donate=()):
+              status: bool = False, compiler: str = "auto", donate=(), outputs=None):
     """Compile `source` as `magic`'s cell for its mesh without running it.
 
     `hardware` is a profile name ("tpu-v5e"), "custom:flops=...,hbm=...,bw=...,memory=..." or a
@@ -42,7 +42,8 @@ def plan_cell(source: str, namespace: dict, *, magic: str = "shard", mesh=None, 
 
     with contextlib.nullcontext() if status else disabled():
         plan = _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, devices, broadcast, split,
-                          merge, check_vma, hardware, device_memory, topology, compiler, tuple(donate))
+                          merge, check_vma, hardware, device_memory, topology, compiler, tuple(donate),
+                          tuple(outputs) if outputs is not None else None)
     plan.bindings, plan.left_alone = bindable(plan.abstract, namespace)
     if bind:
         namespace.update(plan.bindings)  # one step
@@ -77,7 +78,7 @@ def bindable(planned: dict, namespace: dict) -> tuple[dict, tuple[str, ...]]:
 
 
 def _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, devices, broadcast, split, merge,
-               check_vma, hardware, device_memory, topology, compiler, donate=()):
+               check_vma, hardware, device_memory, topology, compiler, donate=(), outputs=None):
     from .hardware import Hardware, parse_hardware, parse_memory_size
     from .target import choose
     from .topology import with_topology
@@ -120,10 +121,10 @@ def _plan_cell(source, namespace, magic, mesh, in_specs, out_specs, axis_name, d
         target = choose(mesh, hardware, compiler)
         if magic == "shard":
             plan = plan_shard(cell, namespace, target.mesh, in_specs, out_specs, hardware, device_memory, target,
-                              donate)
+                              donate, outputs)
         else:
             plan = plan_shard_map(cell, namespace, target.mesh, in_specs, out_specs, check_vma, hardware,
-                                  device_memory, target)
+                                  device_memory, target, outputs)
     else:
         raise UsageError(f"plan_cell(magic={magic!r}): plan a 'shard', 'pmap' or 'shard_map' cell.")
     return plan
@@ -166,27 +167,31 @@ def _product(sizes) -> int:
 
 
 def plan_shard(cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, hardware=None,
-               device_memory=None, target=None, donate=()):
+               device_memory=None, target=None, donate=(), outputs=None):
     """The --plan stage: the same program, compiled over abstract inputs laid out by --in, never run.
     Inputs named in --in are described by their spec, not placed: nothing is allocated. `donate`
-    (--donate): compiled with those inputs donated, as the run compiles them."""
+    (--donate): compiled with those inputs donated, as the run compiles them. `outputs` (--out's names):
+    the only names the program returns, as in the run (the others are temporaries)."""
     from .plan_program import plan_program
     from ...engines.shard import prepare
 
-    prepared = prepare(cell, namespace, mesh, in_specs, out_specs, describe=True, donate=tuple(donate))
+    prepared = prepare(cell, namespace, mesh, in_specs, out_specs, describe=True, donate=tuple(donate),
+                       outputs=outputs)
     plan = plan_program(prepared, hardware=hardware, device_memory=device_memory, set_mesh=False, target=target)
     plan.donated = tuple(donate)
     return plan
 
 
 def plan_shard_map(cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True,
-                   hardware=None, device_memory=None, target=None):
-    """The --plan stage: the same jit(shard_map), compiled over abstract inputs, never run."""
+                   hardware=None, device_memory=None, target=None, outputs=None):
+    """The --plan stage: the same jit(shard_map), compiled over abstract inputs, never run; `outputs`
+    (--out's names) the only names it returns, as in the run."""
     from ...errors import explaining
     from .plan_program import plan_program
     from ...engines.shard_map import prepare
 
-    prepared = prepare(cell, namespace, mesh, in_specs, out_specs, check_vma=check_vma, abstract=True)
+    prepared = prepare(cell, namespace, mesh, in_specs, out_specs, check_vma=check_vma, abstract=True,
+                       outputs=outputs)
     with explaining(cell.filename, mesh.axis_names):  # discovering the outputs traces the cell
         program = prepared.program()
     prepared.compile = lambda record=None: program

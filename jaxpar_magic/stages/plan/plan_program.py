@@ -181,7 +181,7 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
     read = instructions(text)  # the compiled program's instructions, read once for the three readers below
     read, types = same_operations(read, types, filename)  # a kept compile has its first plan's callers
     upcast = upcasts(text, types, read) if not target.is_tpu else Upcasts({}, set(), 0.0)  # XLA:TPU keeps bf16
-    found = reduce_scatters(text, collectives(text, None, filename, upcast.shadows, is_user_file), read,
+    found = reduce_scatters(text, collectives(text, None, filename, upcast.shadows, is_user_file, read), read,
                             own_only=target.is_tpu)  # XLA:TPU's program has its own
     planned = plan_collectives(found, mesh, line_text, filename, rewritten=not target.is_tpu)
     trips = loop_work(text, read)  # the loop trips after the first, which cost_analysis leaves out
@@ -246,7 +246,7 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
                             counted_temp=plan.temp_bytes)
     if plan.peak.upcast_bytes:
         plan.notes.append(upcast_note(plan.peak, plan.total_bytes))
-    plan.notes += _other_spaces(plan, target)
+    plan.notes += other_spaces(plan, target)
     if plan.fits is False:  # name what fills the memory, and what to do about it
         largest = plan.peak.largest if plan.peak is not None else None
         named = f"{format_bytes(largest.bytes)} ({largest_words(largest)})" if largest is not None else None
@@ -263,16 +263,32 @@ def upcast_note(peak, total: int) -> str:
             f"none: the target's peak may be up to {format_bytes(peak.upcast_bytes)} lower.")
 
 
-def _other_spaces(plan, target) -> list[str]:
-    """What the program keeps outside HBM (XLA:TPU's on-chip VMEM), said apart from the HBM figures."""
-    said = []
+#: XLA:TPU's memory spaces (its memory-usage report's names), in words: the TensorCore's on-chip memories,
+#: as JAX's Pallas TPU guide names them (docs.jax.dev/en/latest/pallas/tpu/pipelining.html, "TPU and its
+#: memory spaces": vector memory VMEM, scalar memory SMEM; pallas.tpu.MemorySpace also lists CMEM).
+SPACE_WORDS = {"vmem": "on-chip vector memory (VMEM)", "smem": "on-chip scalar memory (SMEM)",
+               "cmem": "on-chip common memory (CMEM)"}
+
+
+def other_spaces(plan, target) -> list[str]:
+    """What the program keeps outside HBM (XLA:TPU's on-chip VMEM, SMEM), said apart from the HBM figures;
+    spaces XLA names only by number (`color_6`) in one sentence, as what they are: neither HBM nor counted."""
+    said, unnamed = [], []
     for space, busiest in (plan.peak.elsewhere if plan.peak is not None else {}).items():
         if space == "host":
             continue
+        words = SPACE_WORDS.get(space.lower())
+        if words is None:
+            unnamed.append(busiest)
+            continue
         own = (f"; XLA:TPU's own peak_memory_in_bytes ({format_bytes(plan.xla_peak_bytes)}) counts it with HBM"
-               if plan.xla_peak_bytes else "")
-        said.append(f"{target.compiler} also keeps up to {format_bytes(busiest)} at once in on-chip {space.upper()} "
+               if plan.xla_peak_bytes and space.lower() == "vmem" else "")
+        said.append(f"{target.compiler} also keeps up to {format_bytes(busiest)} at once in its {words} "
                     f"(not HBM: outside these figures and the fit){own}.")
+    if unnamed:
+        count = len(unnamed)
+        said.append(f"{target.compiler} also keeps up to {format_bytes(sum(unnamed))} in {count} more memory "
+                    f"space{'s' if count != 1 else ''} it names only by number (not HBM: outside these figures and the fit).")
     return said
 
 
