@@ -13,7 +13,6 @@ import { memorySection, whatText } from "./memory.js";
 
 /** Collectives listed (the engines send at most this many). */
 const MAX_COLLECTIVES = 256;
-const GIB = 2 ** 30;
 
 /**
  * Seconds with a unit, 3 significant digits: `850 µs`, `1.33 ms`, `2.50 s`.
@@ -27,14 +26,6 @@ export function formatSeconds(s) {
   if (a < 1e-3) return `${(s * 1e6).toPrecision(3)} µs`;
   if (a < 1) return `${(s * 1e3).toPrecision(3)} ms`;
   return `${s.toPrecision(3)} s`;
-}
-
-/**
- * Gibibytes with two decimals (the overshoot is said in GiB).
- * @param {number} n
- */
-export function formatGiB(n) {
-  return `${(n / GIB).toFixed(2)} GiB`;
 }
 
 const COMPILE_WORDS = { compiled: "compiled in", reused: "reused an earlier plan's compile; lowered in", refused: "the compiler refused it after" };
@@ -57,7 +48,7 @@ export function memorySentence(m) {
     return `${total} per device; device memory unknown (give --device-memory or --hardware to check the fit)`;
   }
   const of = `${formatBytes(m.capacity)} of device memory${m.capacity_source ? ` (from ${m.capacity_source})` : ""}`;
-  if (m.fits === false) return `does not fit: ${total} needs ${formatGiB(m.overshoot || Math.max(0, m.total - m.capacity))} more than the ${of}`;
+  if (m.fits === false) return `does not fit: ${total} needs ${formatBytes(m.overshoot || Math.max(0, m.total - m.capacity))} more than the ${of}`;
   const pct = m.capacity > 0 ? (100 * m.total) / m.capacity : 0;
   return `fits: ${total} is ${pct.toFixed(pct < 10 ? 1 : 0)}% of the ${of}`;
 }
@@ -92,7 +83,7 @@ function memoryBar(m) {
   if (cap !== null) {
     if (m.fits === false) {
       const over = Math.max(0, m.total - cap);
-      const detail = `over the device memory by ${formatGiB(m.overshoot || over)}`;
+      const detail = `over the device memory by ${formatBytes(m.overshoot || over)}`;
       bar.append(h("span", { class: "jpm-mem-over", style: { left: `${(100 * cap) / scale}%`, width: `${(100 * over) / scale}%` }, title: detail, data: { detail } }));
     }
     const detail = `device memory: ${formatBytes(cap)}${m.capacity_source ? ` (${m.capacity_source})` : ""}`;

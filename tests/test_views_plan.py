@@ -60,7 +60,7 @@ def test_fits_and_does_not_fit() -> None:
     assert state["memory"]["overshoot"] == 256 * 2**20
     red = body(plan.to_html(state))
     assert 'class="jpm-membar jpm-bad"' in red and 'class="jpm-fit jpm-bad"' in red
-    assert "does not fit: 768.0 MiB needs 0.25 GiB more than the 512.0 MiB of device memory" in red
+    assert "does not fit: 768.0 MiB needs 256.0 MiB more than the 512.0 MiB of device memory" in red
     # The bar: three parts stacked, the capacity mark at 512/768 of the width, the overshoot after it.
     assert 'class="jpm-mem-argument" style="left:0.000%;width:16.667%"' in red
     assert 'class="jpm-mem-output" style="left:16.667%;width:16.667%"' in red
@@ -109,7 +109,7 @@ def test_text_has_the_key_facts() -> None:
     assert lines[1] == "  512 devices · data=64 × model=8 · planned, not run · compiled in 312 ms"
     assert "Memory per device: arguments 128.0 MiB + outputs 128.0 MiB + temporaries 512.0 MiB = 768.0 MiB" in lines
     assert "  [########========~~~~~~~~~~~~~~~~|!!!!!!!!!!!!!!!]  # arguments, = outputs, ~ temporaries, | device memory" in lines
-    assert "  DOES NOT FIT: 768.0 MiB needs 0.25 GiB more than the 512.0 MiB of device memory (from tpu-v5e profile)" in lines
+    assert "  DOES NOT FIT: 768.0 MiB needs 256.0 MiB more than the 512.0 MiB of device memory (from tpu-v5e profile)" in lines
     assert "Per device: FLOPs 1.20 T · bytes accessed 3.2 GiB" in lines
     assert any(line.startswith("  compute") and line.endswith("← bounds the estimate") for line in lines)
     assert "  estimate 6.09 ms per step, compute-bound (the largest of the three)" in lines

@@ -13,15 +13,10 @@ from .textwidth import fit_line
 MAX_COLLECTIVES = 256
 #: Collectives the text rendering lists (a terminal screenful).
 TEXT_COLLECTIVES = 24
-GIB = 2**30
 NO_HARDWARE = (
     "no step-time estimate: give --hardware (tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, h100, a100, b200, "
     "or custom:flops=…,hbm=…,bw=…,memory=…)"
 )
-
-
-def format_gib(n: float) -> str:
-    return f"{n / GIB:.2f} GiB"
 
 
 def memory_sentence(m: dict[str, Any]) -> str:
@@ -33,7 +28,7 @@ def memory_sentence(m: dict[str, Any]) -> str:
     of = format_bytes(cap) + " of device memory" + (f" (from {m['capacity_source']})" if m.get("capacity_source") else "")
     if m.get("fits") is False:
         over = m.get("overshoot") or max(0, (m.get("total") or 0) - cap)
-        return f"does not fit: {total} needs {format_gib(over)} more than the {of}"
+        return f"does not fit: {total} needs {format_bytes(over)} more than the {of}"
     pct = 100 * (m.get("total") or 0) / cap if cap > 0 else 0
     return f"fits: {total} is {pct:.{1 if pct < 10 else 0}f}% of the {of}"
 
@@ -78,7 +73,7 @@ def _memory_html(m: dict[str, Any]) -> str:
             over = max(0, total - cap)
             spans.append(
                 f'<span class="jpm-mem-over" style="left:{100 * cap / scale:.3f}%;width:{100 * over / scale:.3f}%" '
-                f'title="over the device memory by {esc(format_gib(m.get("overshoot") or over))}"></span>'
+                f'title="over the device memory by {esc(format_bytes(m.get("overshoot") or over))}"></span>'
             )
         src = f" ({m['capacity_source']})" if m.get("capacity_source") else ""
         spans.append(

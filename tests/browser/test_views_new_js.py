@@ -546,7 +546,7 @@ def test_plan_view_red_when_it_does_not_fit(view_page: Any) -> None:
     r, g, b = (int(v) for v in bar.evaluate("e => getComputedStyle(e).borderTopColor").strip("rgba()").split(",")[:3])
     assert r > 150 and g < 90 and b < 90, (r, g, b)
     fit = host.locator(".jpm-fit")
-    assert "does not fit: 768.0 MiB needs 0.25 GiB more than the 512.0 MiB of device memory" in fit.inner_text()
+    assert "does not fit: 768.0 MiB needs 256.0 MiB more than the 512.0 MiB of device memory" in fit.inner_text()
     # The capacity mark sits at 512/768 of the bar; the hatched overshoot runs from it to the end.
     box = bar.bounding_box()
     cap = host.locator(".jpm-mem-cap").bounding_box()
@@ -554,7 +554,7 @@ def test_plan_view_red_when_it_does_not_fit(view_page: Any) -> None:
     assert abs((cap["x"] - box["x"]) / box["width"] - 2 / 3) < 0.01
     assert abs(over["x"] + over["width"] - (box["x"] + box["width"])) < 3
     host.locator(".jpm-mem-over").hover()
-    assert "over the device memory by 0.25 GiB" in host.locator(".jpm-detail").inner_text()
+    assert "over the device memory by 256.0 MiB" in host.locator(".jpm-detail").inner_text()
     view_page.shot(host, "plan-does-not-fit")
     dark = view_page.mount("plan", plan_state(fits=False), theme="dark")
     view_page.shot(dark, "plan-does-not-fit-dark")
