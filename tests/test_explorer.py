@@ -112,6 +112,16 @@ def test_the_explorers_plans_equal_the_same_layouts_planned_as_cells(cell):
         assert figures(planned_as_cell(cell, ex)) == figures(mine), ex.line()
 
 
+def test_out_names_are_planned_and_kept_in_the_line(cell):
+    """`--out y`: the explorer plans only `y` as an output (h is a temporary), as the cell does, and its line says so."""
+    ex, _ = explore(cell, "--in x=data,None --out y")
+    assert ex.line().endswith("--out y")
+    every_name, _ = explore(cell)
+    assert ex.plan.output_bytes < every_name.plan.output_bytes  # h is no output
+    ex.choose("params['w1']", "P(None,'model')")
+    assert "--out y" in ex.line() and figures(planned_as_cell(cell, ex)) == figures(ex.plan)
+
+
 def test_a_tried_layout_comes_back_from_the_cache_without_compiling(cell, compiles):
     ex, _ = explore(cell)
     dp = ex.plan

@@ -53,7 +53,7 @@ class Explorer:
     """Plans of one %%shard cell under the layouts you try. See the module docstring and README."""
 
     def __init__(self, source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None, hardware=None,
-                 topology: str | None = None, device_memory=None, donate=(), compiler: str = "auto"):
+                 topology: str | None = None, device_memory=None, donate=(), compiler: str = "auto", outputs=None):
         import jax
 
         from ...engines.shard import is_mesh, resolve_mesh
@@ -80,6 +80,7 @@ class Explorer:
         self._profiles = {hardware.name: replace(hardware, topology=None)} if hardware is not None else {}
         self.device_memory = parse_memory_size(device_memory) if isinstance(device_memory, str) else device_memory
         self.donate, self.compiler = tuple(donate), compiler
+        self.outputs = tuple(outputs) if outputs is not None else None  # --out's names: what the cell returns
         shape = controls.MeshShape(tuple(str(n) for n in self.mesh.axis_names),
                                    tuple(int(s) for s in self.mesh.devices.shape))
         self._first = Layout(shape, controls.axis_type_names(self.mesh), tuple(specs),
@@ -285,7 +286,7 @@ class Explorer:
         return plan_cell(self.source, self._namespace, magic="shard", mesh=mesh, in_specs=self._in_specs(layout),
                          out_specs=self._out_specs, hardware=hardware, topology=layout.topology,
                          device_memory=self.device_memory, bind=False, status=False, compiler=self.compiler,
-                         donate=self.donate)
+                         donate=self.donate, outputs=self.outputs)
 
     def _make_current(self, row: Row) -> None:
         with self._lock:
@@ -378,9 +379,11 @@ class Explorer:
                 names[tree] = controls.spec_tree(self.leaves, list(layout.specs), name, self._namespace[name])
                 ins.append(f"{name}=@{tree}")
         words += ["--in"] + ins
-        if self._out_specs:
-            words += ["--out"] + [f"{n}={format_spec(controls.canonical(s, len(s), '--out'))}"
-                                  for n, s in self._out_specs.items() if isinstance(s, tuple)]
+        outs = [f"{n}={format_spec(controls.canonical(s, len(s), '--out'))}"
+                for n, s in self._out_specs.items() if isinstance(s, tuple)]
+        outs += [n for n in self.outputs or () if n not in self._out_specs]  # bare --out names: only these return
+        if outs:
+            words += ["--out"] + outs
         if self.donate:
             words += ["--donate", *self.donate]
         return " ".join(words), names
@@ -395,12 +398,13 @@ class Explorer:
 
 
 def explore_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None, hardware=None,
-                 topology: str | None = None, device_memory=None, donate=(), compiler: str = "auto"):
+                 topology: str | None = None, device_memory=None, donate=(), compiler: str = "auto", outputs=None):
     """Plain-Python twin of `%%shard --plan --explore` (marimo, scripts): `(explorer, view)`, the Explorer
     over `source` read against `namespace` (never written) and its live ExplorerView. `in_specs` as
     plan_cell's (input name -> PartitionSpec, or a pytree of them)."""
     from ...views.explorer import ExplorerView
 
     explorer = Explorer(source, namespace, mesh=mesh, in_specs=in_specs, out_specs=out_specs, hardware=hardware,
-                        topology=topology, device_memory=device_memory, donate=donate, compiler=compiler)
+                        topology=topology, device_memory=device_memory, donate=donate, compiler=compiler,
+                        outputs=outputs)
     return explorer, ExplorerView(explorer=explorer)
