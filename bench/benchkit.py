@@ -275,6 +275,7 @@ def replay_steps(engine, runner, program, jax) -> list:
                                  (programs.CellProgram, "bound_outputs", "jaxpar_magic/cell/programs.py"))
     return [
         (programs.Rerun, "args", "      replay: jaxpar_magic/cell/programs.py:Rerun.args (the input checks)"),
+        (programs.Rerun, "deleted_error", "      replay: jaxpar_magic/cell/programs.py:Rerun.deleted_error (a donated input?)"),
         (program, "jitted", "      replay: the compiled program's call (dispatch)"),
         (jax, "block_until_ready", "      replay: jax.block_until_ready (waiting for the devices)"),
         (owner, outputs, f"      replay: {where}:{outputs} (the outputs as the user's types)"),

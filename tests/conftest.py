@@ -6,6 +6,7 @@ shares one backend, so every in-process test sees 8 CPU devices. Whatever needs 
 """
 from __future__ import annotations
 
+from pathlib import Path
 
 import jax
 
@@ -130,22 +131,86 @@ def _names_used(item) -> set[str]:
     return names
 
 
+def pytest_configure(config):
+    """On a pytest-xdist worker (`scripts/test` runs `-n 2`): the folder the run's workers share,
+    where tests/notebooks.py leaves each example chapter for the other worker."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and "jpm_run_folder" in workerinput:
+        import notebooks
+
+        notebooks.SHARED = Path(workerinput["jpm_run_folder"])
+
+
+_run_folder: list[Path] = []  # on the xdist controller: the folder its workers share
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hooks, called on the controller
+def pytest_configure_node(node):
+    if not _run_folder:
+        import tempfile
+
+        _run_folder.append(Path(tempfile.mkdtemp(prefix="jpm-run-")))
+    node.workerinput["jpm_run_folder"] = str(_run_folder[0])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") == "loadgroup" and _run_folder:
+        from xdist_groups import scheduler
+
+        return scheduler(config, log, _run_folder[0])
+    return None
+
+
+def pytest_unconfigure(config):
+    if _run_folder:
+        import shutil
+
+        shutil.rmtree(_run_folder.pop(), ignore_errors=True)
+
+
 def pytest_collection_modifyitems(config, items):
     """Mark what `bash scripts/test --quick` leaves out: tests that run an example chapter in a
-    kernel (`chapter`) and tests that start a real cluster (`cluster`)."""
+    kernel (`chapter`) and tests that start a real cluster (`cluster`). On an xdist worker, tell the
+    controller which tests share a set-up (tests/xdist_groups.py)."""
     for item in items:
         names = _names_used(item)
         if names & CHAPTER_NAMES:
             item.add_marker(pytest.mark.chapter)
         if names & CLUSTER_NAMES or item.path.name in CLUSTER_FILES:
             item.add_marker(pytest.mark.cluster)
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and "jpm_run_folder" in workerinput:
+        from xdist_groups import write_groups
+
+        write_groups(Path(workerinput["jpm_run_folder"]), workerinput["workerid"], items)
 
 
-_deselected: list = []
+KINDS = ("browser", "cluster", "chapter", "slow")
+_deselected: dict[str, tuple[str, tuple[str, ...]]] = {}  # node id: (file name, its KINDS)
+_runs: list[tuple[str, float]] = []  # the notebooks xdist's workers ran (tests/notebooks.py's RUNS)
 
 
 def pytest_deselected(items):
-    _deselected.extend(items)
+    for item in items:
+        _deselected[item.nodeid] = (item.path.name, tuple(k for k in KINDS if item.get_closest_marker(k)))
+
+
+def pytest_sessionfinish(session):
+    """On an xdist worker: send what the end of the run reports to the controller."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        import sys
+
+        workeroutput["jpm_runs"] = list(getattr(sys.modules.get("notebooks"), "RUNS", []))
+        workeroutput["jpm_deselected"] = _deselected
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, called on the controller
+def pytest_testnodedown(node, error):
+    output = getattr(node, "workeroutput", {})
+    _runs.extend(tuple(run) for run in output.get("jpm_runs", []))
+    _deselected.update(output.get("jpm_deselected", {}))  # every worker deselects the same tests
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -155,7 +220,7 @@ def pytest_terminal_summary(terminalreporter):
     import sys
 
     notebooks = sys.modules.get("notebooks")  # imported only by the tests that run notebooks
-    runs = getattr(notebooks, "RUNS", [])
+    runs = _runs + getattr(notebooks, "RUNS", [])
     if runs:
         total = sum(seconds for _, seconds in runs)
         terminalreporter.write_sep("-", f"notebooks run in a kernel: {len(runs)}, {total:.0f} s in all")
@@ -166,9 +231,8 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"run more than once (share tests/notebooks.py's executed()): {again}")
     if not _deselected:
         return
-    kinds = ("browser", "cluster", "chapter", "slow")
-    counts = {kind: sum(1 for item in _deselected if item.get_closest_marker(kind)) for kind in kinds}
-    files = sorted({item.path.name for item in _deselected})
+    counts = {kind: sum(1 for _, kinds in _deselected.values() if kind in kinds) for kind in KINDS}
+    files = sorted({name for name, _ in _deselected.values()})
     said = ", ".join(f"{count} {kind}" for kind, count in counts.items() if count)
     marked = f" ({said}; a test may have several marks)" if said else ""
     terminalreporter.write_sep("-", f"not run here (deselected by -m or -k): {len(_deselected)} tests{marked}")

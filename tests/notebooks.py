@@ -10,12 +10,16 @@ an installed copy has.
 from __future__ import annotations
 
 import copy
+import fcntl
 import functools
+import pickle
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import nbformat
 
@@ -31,6 +35,30 @@ WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 # Every notebook run in a kernel this session, (name, seconds), in order; tests/conftest.py prints it at
 # the end. Each example chapter must appear once: every test that reads a chapter shares `_executed`.
 RUNS: list[tuple[str, float]] = []
+
+# Under pytest-xdist: the run's temporary folder, shared by its worker processes (tests/conftest.py
+# sets it), where `once_per_run` keeps what one worker computed for the others. None: one process.
+SHARED: Path | None = None
+
+T = TypeVar("T")
+
+
+def once_per_run(key: str, compute: Callable[[], T]) -> T:
+    """`compute()`, run by one process of the test run: under xdist the first worker to ask computes
+    and pickles it to SHARED while the others wait on the lock, then read it (a chapter runs once per
+    run, not once per worker). Callers cache the result in their process."""
+    if SHARED is None:
+        return compute()
+    with open(SHARED / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when the process dies
+        done = SHARED / f"{key}.pickle"
+        if done.exists():
+            return pickle.loads(done.read_bytes())
+        result = compute()
+        partial = done.with_suffix(".partial")
+        partial.write_bytes(pickle.dumps(result))
+        partial.rename(done)
+        return result
 
 
 def example_notebooks() -> list[Path]:
@@ -99,6 +127,12 @@ class Probe:
 
 @functools.cache
 def _executed(path: Path) -> tuple[nbformat.NotebookNode, dict[int, list[Probe]]]:
+    if path.parent != EXAMPLES:
+        return _execute(path)
+    return once_per_run(f"chapter-{path.stem}", lambda: _execute(path))
+
+
+def _execute(path: Path) -> tuple[nbformat.NotebookNode, dict[int, list[Probe]]]:
     from exercise_probes import probes_for
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import KernelManager
@@ -122,7 +156,8 @@ def _executed(path: Path) -> tuple[nbformat.NotebookNode, dict[int, list[Probe]]
         )
         client.reset_execution_trackers()
         chapter = len(nb.cells)
-        with client.setup_kernel():
+        # cleanup_kc: shut the kernel down afterwards; nbclient keeps a kernel whose `km` it was given.
+        with client.setup_kernel(cleanup_kc=True):
             for index in range(chapter):
                 # Raises CellExecutionError on any error a cell is not tagged to expect.
                 client.execute_cell(nb.cells[index], index, execution_count=client.code_cells_executed + 1)
@@ -165,7 +200,7 @@ def executed_source(sources: list[str]) -> list:
     with tempfile.NamedTemporaryFile(suffix=".ipynb", mode="w", delete=False) as f:
         nbformat.write(nb, f)
     try:
-        return list(copy.deepcopy(_executed.__wrapped__(Path(f.name))[0]).cells)
+        return list(_execute(Path(f.name))[0].cells)
     finally:
         Path(f.name).unlink()
 

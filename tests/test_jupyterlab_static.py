@@ -80,8 +80,14 @@ FACTS_JS = """(v) => {
 
 @functools.cache
 def executed_tour() -> nbformat.NotebookNode:
-    """The tour, run once per test session by nbclient with its widget state stored (JupyterLab's and
+    """The tour, run once per test run by nbclient with its widget state stored (JupyterLab's and
     Notebook 7's tests open copies of it)."""
+    from notebooks import once_per_run
+
+    return once_per_run("jupyterlab-tour", _run_tour)
+
+
+def _run_tour() -> nbformat.NotebookNode:
     import tempfile
 
     from jupyter_client.kernelspec import KernelSpecManager
@@ -93,9 +99,9 @@ def executed_tour() -> nbformat.NotebookNode:
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     km = KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[]))
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="jpm-tour-") as cwd:
+    with tempfile.TemporaryDirectory(prefix="jpm-tour-") as cwd:  # cleanup_kc: see notebooks._execute
         NotebookClient(nb, km=km, timeout=CELL_TIMEOUT_S, startup_timeout=120, resources={"metadata": {"path": cwd}},
-                       store_widget_state=True).execute()
+                       store_widget_state=True).execute(cleanup_kc=True)
     RUNS.append(("the JupyterLab tour", time.monotonic() - started))
     return nb
 

@@ -607,3 +607,18 @@ def test_cluster_chapter_runs_across_two_processes():
     assert "2 groups of 4" in groups and "groups: {0–3} {2048–2051}" in groups, groups
     assert "4 groups of 2" in groups and "groups: {0,2048} {1,2049} {2,2050} {3,2051}" in groups
     assert not stream(find(cells, "%cluster stop"), "stderr")
+
+
+def test_a_notebook_run_leaves_no_kernel_behind():
+    """Every notebook run shuts its kernel down (tests/notebooks.py): nbclient keeps a kernel whose
+    manager it was given, and a run's idle chapter kernels held ~6 GB by the end of the suite."""
+    import psutil
+
+    from notebooks import executed_source
+
+    this = psutil.Process()
+    before = {child.pid for child in this.children(recursive=True)}
+    assert executed_source(["1 + 1"])[0].outputs[0]["data"]["text/plain"] == "2"
+    left = [child for child in this.children(recursive=True)
+            if child.pid not in before and child.is_running() and child.status() != psutil.STATUS_ZOMBIE]
+    assert not left, [child.cmdline() for child in left]
