@@ -71,13 +71,16 @@ def bench_pytrees(jax, sh, args) -> dict:
         loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
         return loss, grads, jax.tree.map(lambda p, g: p - 0.01 * g, params, grads)
 
-    hand = {"params": params}
+    # On Explicit axes (what `--mesh` makes on JAX 0.10) the hand-written step needs params on the mesh too:
+    # a single-device params tree leaves the gradient's contraction over `data` ambiguous (ShardingTypeError).
+    placed_params = jax.device_put(params, NamedSharding(mesh, P()))
+    hand = {"params": placed_params}
 
     def hand_call():
         hand["loss"], hand["grads"], hand["params"] = step(hand["params"], placed_x, placed_y)
         jax.block_until_ready(hand["params"])
 
-    ns.update(shard_step=step, hand_params=params, placed_x=placed_x, placed_y=placed_y)
+    ns.update(shard_step=step, hand_params=placed_params, placed_x=placed_x, placed_y=placed_y)
     hand_cell = ("loss2, grads2, hand_params = shard_step(hand_params, placed_x, placed_y)\n"
                  "_ = jax.block_until_ready(hand_params)")
     t = interleaved({
