@@ -14,7 +14,7 @@ from notebooks import EXAMPLES, WIDGET_STATE, WIDGET_VIEW, example_notebooks, ex
 
 NOTEBOOKS = example_notebooks()
 IDS = [p.name for p in NOTEBOOKS]
-VIEW_ROOT = re.compile(r'<div class="jpm-view jpm-([a-z][a-z-]*)"')
+VIEW_ROOT = re.compile(r'<div class="jpm-view jpm-([a-z][a-z-]*)[" ]')  # the kind; a view may add classes (the explorer: jpm-plan)
 
 
 def code_cells(nb):
