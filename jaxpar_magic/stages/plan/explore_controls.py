@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from ...cell.layout import spec_axes
 from ...cell.specs import MeshShape, parse_mesh_shape, parse_spec
 from ...errors import UsageError
 
@@ -77,18 +78,13 @@ def canonical(spec, ndim: int, where: str) -> Spec:
 
 
 def _entries(spec, where: str) -> Spec:
-    out = []
+    """The spec's entries as axis tuples (cell/layout.spec_axes), each checked first: a user's choice."""
     for entry in spec:
-        if entry is None:
-            out.append(())
-        elif isinstance(entry, str):
-            out.append((entry,))
-        elif isinstance(entry, (tuple, list)) and all(isinstance(a, str) for a in entry):
-            out.append(tuple(entry))
-        else:
+        if not (entry is None or isinstance(entry, str)
+                or isinstance(entry, (tuple, list)) and all(isinstance(a, str) for a in entry)):
             raise UsageError(f"{where}: {entry!r} is not a spec entry; use a mesh axis name, None, or a tuple of axis "
                              f"names like ('data', 'model').")
-    return tuple(out)
+    return tuple(spec_axes(spec, len(spec)))
 
 
 def engine_form(spec: Spec) -> tuple:
