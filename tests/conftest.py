@@ -189,11 +189,24 @@ def pytest_collection_modifyitems(config, items):
 KINDS = ("browser", "cluster", "chapter", "slow")
 _deselected: dict[str, tuple[str, tuple[str, ...]]] = {}  # node id: (file name, its KINDS)
 _runs: list[tuple[str, float]] = []  # the notebooks xdist's workers ran (tests/notebooks.py's RUNS)
+_workers: dict[str, list[float]] = {}  # on the xdist controller: worker id -> [seconds in tests, last report's time]
 
 
 def pytest_deselected(items):
     for item in items:
         _deselected[item.nodeid] = (item.path.name, tuple(k for k in KINDS if item.get_closest_marker(k)))
+
+
+def pytest_runtest_logreport(report):
+    """On the xdist controller: how long each worker spent in tests, and when it last reported, for
+    the end of the run (a worker that finishes long before the other shows a grouping to split)."""
+    worker = getattr(getattr(report, "node", None), "gateway", None)
+    if worker is not None:
+        import time
+
+        busy = _workers.setdefault(worker.id, [0.0, 0.0])
+        busy[0] += report.duration
+        busy[1] = time.monotonic()
 
 
 def pytest_sessionfinish(session):
@@ -214,11 +227,17 @@ def pytest_testnodedown(node, error):
 
 
 def pytest_terminal_summary(terminalreporter):
-    """The notebooks run in a kernel (each example chapter once per run), and what `-m` left out
-    (e.g. `scripts/test --quick`), by marker, so a quick run is not mistaken for the whole suite."""
+    """Each xdist worker's time in tests, the notebooks run in a kernel (each example chapter once per
+    run), and what `-m` left out (e.g. `scripts/test --quick`), by marker, so a quick run is not
+    mistaken for the whole suite."""
     import collections
     import sys
 
+    if _workers:
+        ends = [last for _, last in _workers.values()]
+        said = ", ".join(f"{worker} {busy:.0f} s in tests" for worker, (busy, _) in sorted(_workers.items()))
+        terminalreporter.write_sep("-", f"workers: {said}; the first to finish ended {max(ends) - min(ends):.0f} s "
+                                        "before the last")
     notebooks = sys.modules.get("notebooks")  # imported only by the tests that run notebooks
     runs = _runs + getattr(notebooks, "RUNS", [])
     if runs:
