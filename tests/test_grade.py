@@ -78,7 +78,7 @@ def test_grading_a_folder_of_submissions(tmp_path):
     out = tmp_path / "grades.csv"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "jaxpar_magic.grade", *sorted(map(str, submissions.glob("*.ipynb"))),
-                           "--out", str(out), "--course", str(chapter.parent), "--cell-timeout", "60"],
+                           "--out", str(out), "--course", str(chapter.parent), "--cell-timeout", "20"],
                           capture_output=True, text=True, env=env, timeout=900, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader(out.open(encoding="utf-8")))
