@@ -18,11 +18,13 @@ carrying them, so a plan can say what fills the memory of the step that does not
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass, field
 
 BUFFER_FILE = "after_optimizations-buffer-assignment.txt"
@@ -206,7 +208,8 @@ def compile_with_dump(lowered, options: dict | None = None):
     folder = tempfile.mkdtemp(prefix="jpm-xla-dump-")
     try:
         try:
-            compiled = lowered.compile(compiler_options={**(options or {}), "xla_dump_to": folder})
+            with persistent_cache_off():
+                compiled = lowered.compile(compiler_options={**(options or {}), "xla_dump_to": folder})
         except Exception as exc:
             refused = _refused(exc, folder)
             if refused is None:
@@ -215,6 +218,38 @@ def compile_with_dump(lowered, options: dict | None = None):
         return compiled, read_dump(folder)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+_switching_the_cache = threading.Lock()  # a cell's plan and the layout explorer's may compile at once
+
+
+@contextlib.contextmanager
+def persistent_cache_off():
+    """JAX's persistent compilation cache off for the block, where the user set one
+    (`jax_compilation_cache_dir`, as JAX's docs advise for large models), then back as it was.
+
+    That cache keys a program without its `xla_dump_to` (jax/_src/cache_key.py clears the dump
+    options), so a plan of a program compiled before, in this session or an earlier one, would be
+    loaded from it: no compile, so no buffer assignment, and no plan. A compile for a dump must
+    really compile; nor is a compile-only executable (XLA:TPU's, for a slice not attached) worth a
+    place in the user's cache. Public API only: the config flag, and
+    jax.experimental.compilation_cache's reset_cache(), since JAX decides once per process whether
+    the cache is used, and a reset makes it decide again."""
+    import jax
+
+    if not (jax.config.jax_compilation_cache_dir and jax.config.jax_enable_compilation_cache):
+        yield
+        return
+    from jax.experimental.compilation_cache import compilation_cache
+
+    with _switching_the_cache:
+        jax.config.update("jax_enable_compilation_cache", False)
+        compilation_cache.reset_cache()
+        try:
+            yield
+        finally:
+            jax.config.update("jax_enable_compilation_cache", True)
+            compilation_cache.reset_cache()
 
 
 def _refused(exc: BaseException, folder: str) -> RefusedForMemory | None:
