@@ -78,8 +78,23 @@ def collect_errors(page: Any, errors: list[str], ignore: Callable[[str], bool] =
     page.on("console", on_console)
 
 
+SCREENSHOTS = os.environ.get("JPM_SCREENSHOTS", "") not in ("", "0")
+
+
+def screenshot(target: Any, path: Path, **options: Any) -> None:
+    """A picture for a person to look at, in test-artifacts/, taken only when JPM_SCREENSHOTS=1: no
+    test reads them, and the ~300 of a whole run took Chromium about 0.3 s each on 2 cores. Without
+    it, a Locator is still waited on until it is visible, as its screenshot would have been. (Pictures
+    of a failure are taken always, where the test fails.)"""
+    if SCREENSHOTS:
+        target.screenshot(path=str(path), **options)
+    elif hasattr(target, "wait_for"):  # a Locator; a Page has nothing to wait for
+        target.wait_for(state="visible")
+
+
 def artifacts_dir() -> Path:
-    """test-artifacts/ at the repository root (git ignores it): screenshots to look at."""
+    """test-artifacts/ at the repository root (git ignores it): screenshots to look at
+    (JPM_SCREENSHOTS=1), and those of failures."""
     out = Path(__file__).resolve().parents[1] / "test-artifacts"
     out.mkdir(exist_ok=True)
     return out

@@ -15,7 +15,7 @@ import urllib.request
 from typing import Any
 
 import pytest
-from chromium import artifacts_dir, browser, collect_errors
+from chromium import artifacts_dir, browser, collect_errors, screenshot
 from playwright.sync_api import expect
 from test_jupyterlab import SERVER_START_S, WIDGET_OUTPUT, jupyter_server, shut_down_kernels
 
@@ -142,7 +142,7 @@ def explore_live(server: Any, path: str, label: str) -> None:
             assert "+1 all-gather" in view.locator(".jpm-ex-diff").inner_text()
             assert compiles(view) == first + 3
             assert view.locator(".jpm-ex-tried tbody tr").count() == 4
-            view.screenshot(path=str(shots / f"{label}-explorer-live.png"))
+            screenshot(view, shots / f"{label}-explorer-live.png")
 
             # Coalescing: the kernel holds the planning lock, so the next layout's compile waits
             # (the view says "planning"); two more choices made meanwhile leave only the last planned.
@@ -162,7 +162,7 @@ def explore_live(server: Any, path: str, label: str) -> None:
             current = view.locator(".jpm-ex-tried tr.jpm-ex-current .jpm-ex-line").inner_text()
             assert "xb=P(None,'model') wb=P('data','model')" in current
             assert compiles(view) == first + 5
-            view.screenshot(path=str(shots / f"{label}-explorer-coalesced.png"))
+            screenshot(view, shots / f"{label}-explorer-coalesced.png")
         except BaseException as failure:
             page.screenshot(path=str(shots / f"{label}-explorer-live-failure.png"))
             failure.add_note(f"screenshot: test-artifacts/{label}-explorer-live-failure.png\nserver log:\n{lab.log_tail()}")

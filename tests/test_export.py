@@ -20,7 +20,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from chromium import artifacts_dir, browser, collect_errors, require_chromium
+from chromium import artifacts_dir, browser, collect_errors, require_chromium, screenshot
 from notebooks import ROOT, WIDGET_VIEW, example_notebooks, executed, expected_views, rich_outputs
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -156,14 +156,14 @@ def open_offline(html: str, shot: Path) -> dict:
             "blocked": blocked,
             "errors": errors,
         }
-        page.screenshot(path=str(shot), full_page=True)
+        screenshot(page, shot, full_page=True)
         first_of_kind = {kind: i for i, kind in reversed(list(enumerate(facts["kinds"])))}
         pictured = page.evaluate(
             """sel => [...document.querySelectorAll(sel)].flatMap((el, i) => el.querySelector('img') ? [i] : [])""",
             TOP_VIEW,
         )
         for i in sorted(set(first_of_kind.values()) | set(pictured)):
-            views.nth(i).screenshot(path=str(shot.with_name(f"{shot.stem}-{i}-{facts['kinds'][i].removeprefix('jpm-')}.png")))
+            screenshot(views.nth(i), shot.with_name(f"{shot.stem}-{i}-{facts['kinds'][i].removeprefix('jpm-')}.png"))
         context.close()
     return facts
 

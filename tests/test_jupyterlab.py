@@ -27,7 +27,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from chromium import artifacts_dir, browser, collect_errors, require_chromium
+from chromium import artifacts_dir, browser, collect_errors, require_chromium, screenshot
 from notebooks import example_notebooks, expected_views
 from playwright.sync_api import expect
 
@@ -150,7 +150,7 @@ def shot_in_viewport(page, locator, path: Path) -> None:
     (content-visibility), so wait until it is really in the viewport."""
     locator.scroll_into_view_if_needed()
     expect(locator).to_be_in_viewport(ratio=0.5)
-    page.screenshot(path=str(path))
+    screenshot(page, path)
 
 
 def shoot_view(page, view, path: Path) -> None:
@@ -161,9 +161,9 @@ def shoot_view(page, view, path: Path) -> None:
     box = view.bounding_box()
     room = page.viewport_size["height"] - STATUS_BAR_PX - box["y"]
     if box["height"] <= room:
-        view.screenshot(path=str(path))
+        screenshot(view, path)
     else:
-        page.screenshot(path=str(path), clip={**box, "height": room})
+        screenshot(page, path, clip={**box, "height": room})
 
 
 def run_all_and_check(page, lab: Lab, notebook: Path, expected: list[tuple[int, str]], artifacts: Path) -> None:
@@ -317,7 +317,7 @@ def check_collectives_chapter(page, shots: Path) -> None:
     card.scroll_into_view_if_needed()
     expect(label).to_have_text("whole movement")
     expect(card.locator("div[data-step]")).to_have_attribute("data-step", "0")
-    card.screenshot(path=str(shots.with_name(f"{shots.name}-psum-step-0.png")))
+    screenshot(card, shots.with_name(f"{shots.name}-psum-step-0.png"))
     labels = [label.text_content()]
     while step_next.get_attribute("aria-disabled") != "true":
         assert len(labels) <= RING_STEPS_8, f"the step control did not stop: {labels}"
@@ -328,7 +328,7 @@ def check_collectives_chapter(page, shots: Path) -> None:
         expect(card.locator("div[data-step]")).to_have_attribute("data-step", str(step))
         assert labels[-1].startswith(f"step {step} of {RING_STEPS_8}: "), labels[-1]
         if step in (RING_STEPS_8 // 2, RING_STEPS_8):
-            card.screenshot(path=str(shots.with_name(f"{shots.name}-psum-step-{step}.png")))
+            screenshot(card, shots.with_name(f"{shots.name}-psum-step-{step}.png"))
     assert len(labels) == RING_STEPS_8 + 1, labels
     phases = [text.split(": ", 1)[1] for text in labels[1:]]
     half = RING_STEPS_8 // 2
@@ -343,7 +343,7 @@ def check_collectives_chapter(page, shots: Path) -> None:
     last.click()
     expect(last).to_have_attribute("aria-pressed", "true")
     expect(loop.locator("div[data-iteration]")).to_have_attribute("data-iteration", "last")  # the drawing
-    loop.screenshot(path=str(shots.with_name(f"{shots.name}-loop.png")))
+    screenshot(loop, shots.with_name(f"{shots.name}-loop.png"))
     # Function mode: the first call shows the cards. The exercise's card (over col) comes after its
     # check, beside the section "Several axes": two views over the row × col mesh.
     assert live_view(page, "collectives", "share_of_total()").count() == 1

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from chromium import browser, collect_errors
+from chromium import browser, collect_errors, screenshot
 from playwright.sync_api import expect
 from test_jupyterlab import STATUS_BAR_PX, shut_down_kernels
 
@@ -190,7 +190,7 @@ def test_untrusted_notebook_shows_every_view_laid_out(lab, tour, artifacts):
                 if label == "700-sidebar":
                     area = page.locator(".jp-OutputArea-output").first.bounding_box()
                     assert area["width"] < 420, f"the output area is {area['width']} px: the sidebar is not open"
-                page.screenshot(path=str(artifacts / f"jupyterlab-static-untrusted-{label}.png"))
+                screenshot(page, artifacts / f"jupyterlab-static-untrusted-{label}.png")
                 shots.append(label)
             finally:
                 if theme:  # the theme is a user setting: put it back for the next test
@@ -214,7 +214,7 @@ def test_trusted_notebook_without_widget_state_keeps_the_static_views(lab, tour,
             assert missing.count() == len(KINDS)
             facts = view_facts(page)
             assert_laid_out(facts, "trusted, no widget state")
-            page.screenshot(path=str(artifacts / "jupyterlab-static-no-state.png"))
+            screenshot(page, artifacts / "jupyterlab-static-no-state.png")
         finally:
             context.close()
             with contextlib.suppress(OSError):
@@ -234,7 +234,7 @@ def test_trusted_notebook_with_widget_state_shows_live_views_only(lab, tour, art
             assert_laid_out(facts, "trusted, with widget state")
             hidden = page.evaluate("() => [...document.querySelectorAll('.jpm-static')].filter(s => s.offsetParent !== null).length")
             assert hidden == 0, f"{hidden} static twins still show beside their live views"
-            page.screenshot(path=str(artifacts / "jupyterlab-static-live.png"))
+            screenshot(page, artifacts / "jupyterlab-static-live.png")
         finally:
             context.close()
             with contextlib.suppress(OSError):

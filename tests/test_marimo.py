@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from chromium import artifacts_dir, browser, collect_errors, require_chromium
+from chromium import artifacts_dir, browser, collect_errors, require_chromium, screenshot
 from test_jupyterlab import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -118,7 +118,7 @@ def test_twins_under_marimo_run(tmp_path: Path):
                 page.wait_for_function(f"() => ({FACTS_JS})().length >= 3", timeout=180_000)
                 page.wait_for_timeout(500)
                 facts = page.evaluate(FACTS_JS)
-                page.screenshot(path=str(artifacts_dir() / "marimo-twins.png"), full_page=True)
+                screenshot(page, artifacts_dir() / "marimo-twins.png", full_page=True)
             finally:
                 context.close()
     finally:

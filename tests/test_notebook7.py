@@ -8,7 +8,7 @@ import contextlib
 from pathlib import Path
 
 import pytest
-from chromium import browser
+from chromium import browser, screenshot
 from test_jupyterlab import jupyter_server, shut_down_kernels
 from test_jupyterlab_static import KINDS, TOP, assert_laid_out, place, tour, view_facts  # noqa: F401 (tour: a fixture)
 
@@ -52,7 +52,7 @@ def test_notebook7_shows_every_view_laid_out(nb7, tour, artifacts, case):
                 missing.first.wait_for(timeout=60_000)
                 assert missing.count() == len(KINDS)
             assert_laid_out(view_facts(page), f"Notebook 7, {case}")
-            page.screenshot(path=str(artifacts / f"notebook7-{case}.png"))
+            screenshot(page, artifacts / f"notebook7-{case}.png")
         finally:
             context.close()
             with contextlib.suppress(OSError):

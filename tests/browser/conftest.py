@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from chromium import screenshot
 from sample_states import sharding_state
 
 from jaxpar_magic.views.base import assets
@@ -102,7 +103,7 @@ class ViewPage:
 
     def shot(self, host: Any, name: str) -> Path:
         path = self.artifacts / f"{name}.png"
-        host.screenshot(path=str(path))
+        screenshot(host, path)
         return path
 
 
