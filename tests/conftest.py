@@ -34,6 +34,22 @@ def _stop_chromium_at_the_end():
     stop_shared_browser()
 
 
+@pytest.fixture(autouse=True)
+def _sigint_handler_kept():
+    """A test must leave Python's SIGINT handler as it found it: `_thread.interrupt_main()` (how tests
+    press Kernel -> Interrupt) does nothing under SIG_DFL or SIG_IGN and only calls another handler, so
+    one test's leftover handler made a later interrupt test wait forever. Put back, and the test that
+    left it fails, naming the handler."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before:
+        signal.signal(signal.SIGINT, before)
+        pytest.fail(f"the test left SIGINT's handler changed: {after!r} (it was {before!r})", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory):
     """One JupyterLab server for the run, shared by tests/test_jupyterlab.py and
