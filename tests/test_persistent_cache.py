@@ -14,10 +14,9 @@ and the user's cache must go on working for everything else, as they set it.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
+
+from shell_helpers import run_python
 
 SESSION = textwrap.dedent("""
     import json, os, sys
@@ -60,9 +59,7 @@ SESSION = textwrap.dedent("""
 
 
 def _session(cache: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    done = subprocess.run([sys.executable, "-c", SESSION, cache], capture_output=True, text=True, env=env,
-                          timeout=300)
+    done = run_python(f"import sys\nsys.argv[1:] = [{cache!r}]\n" + SESSION, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
