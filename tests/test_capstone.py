@@ -109,7 +109,7 @@ def test_the_grading_command_grades_each_part_of_a_solved_and_an_unsolved_copy(t
     out = tmp_path / "grades.csv"
     done = subprocess.run([sys.executable, "-m", "jaxpar_magic.grade", str(submissions / "ada.ipynb"),
                            str(submissions / "bob.ipynb"), "--out", str(out), "--course", str(CAPSTONE),
-                           "--cell-timeout", "300"],
+                           "--cell-timeout", "300", "--jobs", "2"],
                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=900,
                           cwd=tmp_path)
     assert done.returncode == 0, done.stderr

@@ -78,7 +78,7 @@ def test_grading_a_folder_of_submissions(tmp_path):
     out = tmp_path / "grades.csv"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "jaxpar_magic.grade", *sorted(map(str, submissions.glob("*.ipynb"))),
-                           "--out", str(out), "--course", str(chapter.parent), "--cell-timeout", "20"],
+                           "--out", str(out), "--course", str(chapter.parent), "--cell-timeout", "20", "--jobs", "2"],
                           capture_output=True, text=True, env=env, timeout=900, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader(out.open(encoding="utf-8")))
@@ -93,6 +93,9 @@ def test_grading_a_folder_of_submissions(tmp_path):
     assert by["eve", "(notebook)"]["verdict"] == "error" and "ran past" in by["eve", "(notebook)"]["note"]
     assert by["eve", "ring_total"]["verdict"] == "not graded"
     assert by["fay", "(notebook)"]["verdict"] == "unreadable"
+    # Two at a time (the hanging copy waits out its 20 s beside the others), and the rows still in the
+    # order the notebooks were given, each student's together.
+    assert [r["student"] for r in rows] == sorted(r["student"] for r in rows)
     assert {r["student"] for r in rows} == {"ada", "bob", "cy", "dee", "eve", "fay"}
     assert ("ada", "(notebook)") not in by and ("bob", "(notebook)") not in by
 
@@ -129,3 +132,14 @@ def test_a_check_in_a_kernel_saves_the_sessions_record(tmp_path):
     assert "✓ right" in page
     assert records == [[{"answers": ["ring_total"], "verdict": "not yet", "attempts": 1, "hints_used": 1}],
                        [{"answers": ["ring_total"], "verdict": "right", "attempts": 2, "hints_used": 1}]]
+
+
+@pytest.mark.parametrize("jobs", ["0", "-1", "two", "1.5"])
+def test_jobs_must_be_a_whole_number_of_at_least_one(jobs, tmp_path, capsys):
+    from jaxpar_magic.grade import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main([str(tmp_path / "ada.ipynb"), "--out", str(tmp_path / "grades.csv"), "--jobs", jobs])
+    assert stopped.value.code == 2
+    assert f"--jobs wants a whole number of at least 1, not {jobs!r}" in capsys.readouterr().err
+    assert not (tmp_path / "grades.csv").exists()

@@ -28,6 +28,7 @@ import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 COLUMNS = ["student", "notebook", "exercise", "part", "points", "verdict", "attempts", "hints_used", "note"]
@@ -41,19 +42,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--course", type=Path, help="the course's chapter(s): run their check cells, not the student's")
     parser.add_argument("--cell-timeout", type=float, default=600, help="seconds one cell may run (default 600)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one notebook may run (default 1800)")
+    parser.add_argument("--jobs", type=_positive_int, default=1,
+                        help="notebooks graded at once, each in its own kernel (default 1; a kernel on 8 simulated "
+                             "devices takes about 1 GB and its own CPU)")
     args = parser.parse_args(argv)
     checks = course_checks(args.course) if args.course else {}
     rubrics = course_rubrics(args.course) if args.course else None
-    rows = []
-    for path in args.notebooks:
+
+    def graded(path: Path) -> list[dict]:
         print(f"grading {path} ...", file=sys.stderr, flush=True)
-        rows += grade(path, cell_timeout=args.cell_timeout, timeout=args.timeout, checks=checks, rubrics=rubrics)
+        rows = grade(path, cell_timeout=args.cell_timeout, timeout=args.timeout, checks=checks, rubrics=rubrics)
+        print(f"graded {path}", file=sys.stderr, flush=True)
+        return rows
+
+    # Threads are enough: each notebook's work is in its kernel's process; here they only wait on it.
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        rows = [row for found in pool.map(graded, args.notebooks) for row in found]  # in the order given
     with open(args.out, "w", newline="", encoding="utf-8") as out:
         writer = csv.DictWriter(out, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
     print(f"{len(rows)} rows for {len(args.notebooks)} notebooks in {args.out}", file=sys.stderr)
     return 0
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--jobs wants a whole number of at least 1, not {text!r}")
+    return int(text)
 
 
 def exercises_of(nb) -> list[tuple[tuple[str, ...], int]]:
