@@ -75,3 +75,23 @@ def run_python(code: str, timeout: float = 120, platforms: str | None = "cpu") -
         env=env,
         cwd=tempfile.gettempdir(),
     )
+
+
+FRESH_SHELL = """
+import jax
+jax.config.update("jax_num_cpu_devices", 8)
+import jax.numpy as jnp
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.core.error import UsageError
+ip = InteractiveShell.instance()
+ip.run_line_magic("load_ext", "jaxpar_magic")
+ip.push({"jax": jax, "jnp": jnp})
+"""
+
+
+def in_a_fresh_shell(body: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run `body` in a fresh interpreter's shell (`ip`, on 8 simulated CPU devices, the extension loaded;
+    `jax`, `jnp` and `UsageError` imported), through `run_python`. Nothing has compiled yet: the body
+    may still set JAX's options that are read at the first compile."""
+    return run_python(FRESH_SHELL + textwrap.dedent(body), timeout=timeout)
+

@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from shell_helpers import run_python, snapshot
+from shell_helpers import in_a_fresh_shell, snapshot
 
 
 @pytest.fixture
@@ -27,21 +27,6 @@ def shard(ip, line: str, source: str):
     return value, captured.stdout
 
 
-FRESH_SHELL = """
-import jax
-jax.config.update("jax_num_cpu_devices", 8)
-import jax.numpy as jnp
-from IPython.core.interactiveshell import InteractiveShell
-from IPython.core.error import UsageError
-ip = InteractiveShell.instance()
-ip.run_line_magic("load_ext", "jaxpar_magic")
-ip.push({"jax": jax, "jnp": jnp})
-"""
-
-
-def in_a_fresh_shell(body: str):
-    """Run `body` in a fresh interpreter's shell (`ip`), with the extension loaded."""
-    return run_python(FRESH_SHELL + textwrap.dedent(body), timeout=300)
 
 
 def test_aliased_donations_are_refused_before_xla_sees_them():

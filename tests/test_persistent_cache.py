@@ -16,26 +16,22 @@ from __future__ import annotations
 import json
 import textwrap
 
-from shell_helpers import run_python
+from shell_helpers import in_a_fresh_shell
 
-SESSION = textwrap.dedent("""
-    import json, os, sys
-    import jax
-    jax.config.update("jax_num_cpu_devices", 8)
-    jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+# After shell_helpers.FRESH_SHELL (8 devices, the extension loaded, nothing compiled yet), with `cache`
+# the folder of JAX's persistent cache.
+SESSION = """
+    import json, os
+    jax.config.update("jax_compilation_cache_dir", cache)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    import jax.numpy as jnp
-    from IPython.core.interactiveshell import InteractiveShell
     import jaxpar_magic
     from jaxpar_magic.stages.plan import compiled_plans
 
-    ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "jaxpar_magic")
     ip.run_cell("import jax, jax.numpy as jnp\\n"
                 "x = jnp.ones((64, 256))\\nw = jnp.ones((256, 256))\\n"
                 "def step(x, w):\\n    return jnp.tanh(x @ w) @ w.T").raise_error()
-    entries = lambda: sorted(os.listdir(sys.argv[1]))
+    entries = lambda: sorted(os.listdir(cache))
     before = entries()
     ok = ip.run_cell("%%shard --plan --mesh data=8 --in x=data --no-show\\ny = step(x, w)")
     ns = ip.user_ns
@@ -55,11 +51,11 @@ SESSION = textwrap.dedent("""
                       "cache_on": jax.config.jax_enable_compilation_cache,
                       "plans_added": sorted(set(after_plans) - set(before)), "after": len(entries()),
                       "after_plans": len(after_plans)}))
-""")
+"""
 
 
 def _session(cache: str) -> dict:
-    done = run_python(f"import sys\nsys.argv[1:] = [{cache!r}]\n" + SESSION, timeout=300)
+    done = in_a_fresh_shell(f"cache = {cache!r}\n" + textwrap.dedent(SESSION))
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
