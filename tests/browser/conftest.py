@@ -109,8 +109,8 @@ class ViewPage:
 
 class _HarnessTab:
     """One context and page per test process, reused by every browser test: each test opens the harness
-    afresh (a new document: no view, listener or style of the last test survives), in the first test's
-    window size and colour scheme. A new context and page per test cost ~0.2-0.6 s each."""
+    afresh (a new document: no view, listener or style of the last test survives), in the default
+    window size (VIEWPORT) and the light colour scheme, whatever the last test set. A new context and page per test cost ~0.2-0.6 s each."""
 
     def __init__(self, browser: Any) -> None:
         self.context = browser.new_context(viewport=VIEWPORT, device_scale_factor=1)
