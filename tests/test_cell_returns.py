@@ -196,8 +196,9 @@ def test_an_object_or_closure_holding_a_traced_value_is_refused(jx, mesh8, magic
     """It would bind a tracer (UnexpectedTracerError when used later); plain jax.jit refuses the return
     type at once. Every engine refuses it, naming the value and where the tracer is, and binds nothing."""
     jx.push({"x": jnp.arange(8.0), "Scaler": Scaler})
-    if magic == "shard_map":
+    if magic == "shard_map":  # --out lists the name: the others are temporaries, never refused
         source = source.replace("q = x + 1", "q = x + 1\n")
+        line = line.replace("--out q=d", "--out q=d " + name.strip("`"))
     before = snapshot(jx.user_ns)
     with pytest.raises(UsageError) as raised:
         run(jx, magic, line, source)
@@ -253,3 +254,54 @@ def test_a_collectives_function_prints_on_its_first_call_only(jx):
         printed.append(captured.stdout.count("traced now"))
         np.testing.assert_array_equal(np.asarray(out), np.full(8, 28.0))
     assert printed == [1, 0, 0]
+
+
+# --- a closure over the batch is a temporary under --out (issue 40's regression) -------------------
+
+TRAINING = """\
+def loss_fn(w):
+    return jnp.mean((x @ w) ** 2)
+loss, g = jax.value_and_grad(loss_fn)(w)
+"""
+
+
+@pytest.mark.parametrize("magic, line", [
+    ("shard", "--mesh mesh --in x=d --out loss --no-show"),
+    ("shard", "--mesh mesh --in x=d --out loss g --no-show"),
+    ("shard", "--mesh mesh --in x=d --out loss --plan --no-show"),
+    ("shard_map", "--mesh mesh --in x=d --out loss --no-show"),
+    ("shard_map", "--mesh mesh --in x=d --out loss --collectives --no-show"),
+], ids=["shard", "shard-both", "shard-plan", "shard_map", "shard_map-collectives"])
+def test_a_loss_closure_over_the_batch_is_a_temporary_under_out(jx, mesh8, magic, line):
+    """Flax's tutorials define the loss inside the step, over the batch: with --out, `loss_fn` is a
+    temporary (never bound, never refused); the value is plain JAX's, and its re-run too."""
+    x = jnp.arange(64.0).reshape(16, 4) / 10
+    w = jnp.ones((4, 2))
+    jx.push({"x": x, "w": w})
+    before = set(jx.user_ns)
+    source = TRAINING.replace("jnp.mean", "lax.pmean(jnp.mean", 1).replace("** 2)", "** 2), 'd')", 1) \
+        if magic == "shard_map" else TRAINING
+
+    def plain(x, w):
+        def loss_fn(w):
+            value = jnp.mean((x @ w) ** 2)
+            return lax.pmean(value, "d") if magic == "shard_map" else value
+        return jax.value_and_grad(loss_fn)(w)
+
+    if magic == "shard_map":
+        plain = jax.shard_map(plain, mesh=mesh8, in_specs=(P("d"), P()), out_specs=P())
+    with jax.set_mesh(mesh8):
+        expected_loss, expected_g = jax.jit(plain)(jax.device_put(x, NamedSharding(mesh8, P("d"))),
+                                                   jax.device_put(w, NamedSharding(mesh8, P())))
+    for _ in range(2):
+        run(jx, magic, line, source)
+        assert "loss_fn" not in jx.user_ns
+        if "--plan" in line:  # planned, not run: the output as its ShapeDtypeStruct, and nothing else
+            assert set(jx.user_ns) - before == {"_plan", "loss"}
+            assert jx.user_ns["loss"].shape == () and jx.user_ns["loss"].dtype == expected_loss.dtype
+            continue
+        np.testing.assert_allclose(np.asarray(jx.user_ns["loss"]), np.asarray(expected_loss), rtol=1e-6)
+        if " g " in line:
+            np.testing.assert_allclose(np.asarray(jx.user_ns["g"]), np.asarray(expected_g), rtol=1e-6)
+        else:
+            assert "g" not in jx.user_ns

@@ -128,10 +128,12 @@ def _register_cell_trace() -> None:
 WRITE_BACK = "<state of {}>"  # an output carrying the new state of the inputs' NNX objects (never a Python name)
 
 
-def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = False, donated: bool = False):
+def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = False, donated: bool = False,
+                  outputs=None):
     """The cell as a function of its inputs' traced leaves (one list per input): each input is
     rebuilt as the user's own type (cell/inputs.py) before the cell's code sees it, the NNX objects
-    of all of them merged as one graph, as `nnx.jit(f)(a, b)` does.
+    of all of them merged as one graph, as `nnx.jit(f)(a, b)` does. `outputs` (--out's names): the
+    only names it returns (`returned`); the others are temporaries, never checked or bound.
 
     NNX objects the cell changes in place (`optimizer.update(model, grads)`, a BatchNorm's
     statistics, an `Rngs` draw): with `write_back`, their new joint state leaves the program as an
@@ -151,6 +153,7 @@ def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = 
     if not any(tree.graphdef is not None for tree in inputs):
         def on_arrays(*args):
             outs, final = fn(*rebuilt(inputs, args))
+            outs = returned(outs, outputs)
             refuse_hidden(cell, outs, final)  # an object or closure holding a tracer
             return outs, final
 
@@ -161,6 +164,7 @@ def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = 
         values, merged = merged_inputs(inputs, args)
         try:
             outs, final = fn(*values)
+            outs = returned(outs, outputs)
             if write_back:  # an output that is an object read binds as that very object, as nnx.jit returns it
                 outs = {name: merged.referred(value) for name, value in outs.items()}
             refuse_hidden(cell, outs, final)
@@ -188,6 +192,20 @@ def cell_function(cell: cells.Cell, inputs, namespace: dict, write_back: bool = 
 
 
 _WRITE_BACK_PREFIX, _WRITE_BACK_SUFFIX = WRITE_BACK.split("{}")
+
+
+def returned(outs: dict, outputs) -> dict:
+    """What a cell returns of the names it assigned: all of them, or with --out only those listed
+    (the others are temporaries, as a function's locals: a closure over a traced value among them
+    is no leak); NNX write-backs always leave."""
+    if outputs is None:
+        return outs
+    return {n: v for n, v in outs.items() if n in outputs or is_write_back(n)}
+
+
+def is_write_back(name: str) -> bool:
+    """Whether an output is the new state of the inputs' NNX objects (WRITE_BACK), not a user's name."""
+    return name.startswith(_WRITE_BACK_PREFIX)
 
 
 def split_write_backs(outputs: dict) -> tuple[dict, dict]:

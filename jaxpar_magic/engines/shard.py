@@ -11,7 +11,7 @@ from ..cell.inputs import TreeInput, classify, input_arrays
 from ..cell.layout import spec_axes
 from ..cell.meshes import UnderMesh, is_explicit, lay_out_again, needs_the_mesh_set
 from ..cell.prepared import PreparedCell
-from ..cell.programs import WRITE_BACK, CellProgram, capture_outputs, cell_function, within_mesh
+from ..cell.programs import CellProgram, capture_outputs, cell_function, within_mesh
 from ..cell.specs import MeshShape, parse_mesh_shape
 from ..cell.treespecs import spec_names
 from ..errors import UsageError
@@ -266,17 +266,6 @@ def split(value, devices: int | None = None, axis: int = 0):
 
 # --- the cell's program ------------------------------------------------------------------------
 
-WRITE_BACK_PREFIX = WRITE_BACK.split("{}")[0]
-
-
-def returned(outs: dict, outputs) -> dict:
-    """What a cell returns of the names it assigned: all of them, or with --out only those listed
-    (the others are temporaries, as a function's locals); NNX write-backs always leave."""
-    if outputs is None:
-        return outs
-    return {n: v for n, v in outs.items() if n in outputs or n.startswith(WRITE_BACK_PREFIX)}
-
-
 def check_outputs(cell: cells.Cell, outputs) -> None:
     """Each name --out lists is one the cell assigns."""
     for name in outputs or ():
@@ -293,7 +282,7 @@ def _compile(cell, inputs, namespace, mesh, out_specs, outputs=None, donate=()) 
 
     donated = tuple(i for i, tree in enumerate(inputs) if tree.name in donate)
     fn = cell_function(cell, inputs, namespace, write_back=True,
-                       donated=any(inputs[i].graphdef is not None for i in donated))
+                       donated=any(inputs[i].graphdef is not None for i in donated), outputs=outputs)
 
     # --out on Explicit axes is a reshard (with_sharding_constraint only asserts the layout there).
     constrain = jax.reshard if is_explicit(mesh) else jax.lax.with_sharding_constraint
@@ -326,7 +315,6 @@ def _compile(cell, inputs, namespace, mesh, out_specs, outputs=None, donate=()) 
     def whole_program(*args):
         with within_mesh(mesh):
             outs, final = fn(*args)
-            outs = returned(outs, outputs)
             for name in (*(outputs or ()), *out_specs):
                 if name not in outs:  # assigned, then deleted: never silently bind nothing
                     raise cells.unbound_output(cell, name)

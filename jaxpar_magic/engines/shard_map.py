@@ -26,7 +26,7 @@ from ..cell.prepared import PreparedCell
 from ..cell.programs import CellProgram, capture_outputs, cell_function, traced, within_mesh
 from ..cell.treespecs import as_spec_tuple, is_spec_leaf, spec_names, spec_tree_of
 from ..errors import UsageError
-from .shard import check_outputs, check_spec, fitted, returned, spec_mesh_axes
+from .shard import check_outputs, check_spec, fitted, spec_mesh_axes
 
 FINAL = "(result)"  # the final expression's name in messages and views
 
@@ -207,7 +207,7 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, record=
     import jax
     from jax.sharding import PartitionSpec as P
 
-    fn = cell_function(cell, inputs, namespace)
+    fn = cell_function(cell, inputs, namespace, outputs=outputs)
     program = CellProgram(jitted=None)
     program.recording = record(fn, inputs, mesh.axis_names) if record is not None else None  # --collectives
     found: dict = {}  # name -> (varying axes, leaf ndims, (axes, ndim) per leaf, --out @specs per leaf)
@@ -215,7 +215,6 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, record=
 
     def probe(*blocks):
         outs, final = fn(*blocks)
-        outs = returned(outs, outputs)
         device, final_value, trace = capture_outputs(outs, final, lambda v: v)
         probed[:] = [trace]
         for name, value in list(device.items()) + ([(FINAL, final_value)] if traced(final) else []):
@@ -253,9 +252,8 @@ def _compile(cell, inputs, specs, out_specs, namespace, mesh, check_vma, record=
     def body(*blocks):
         if program.recording is None:
             outs, final = fn(*blocks)
-            return capture_outputs(returned(outs, outputs), final, lambda v: v)
+            return capture_outputs(outs, final, lambda v: v)
         (outs, final), records = program.recording(*blocks)
-        outs = returned(outs, outputs)
         stacked = jax.tree.map(lambda a: a.reshape((1,) * k + a.shape), records)  # one row per device
         return (*capture_outputs(outs, final, lambda v: v, program.recording.sites), stacked)
 

@@ -13,7 +13,8 @@ from .libraries import jit_decorator, place_line
 # --- %%shard -----------------------------------------------------------------------------------------
 
 def shard_code(options, source: str, namespace: dict, kinds: dict | None = None) -> str:
-    from ...engines.shard import WRITE_BACK_PREFIX, check_cell, prepare, resolve_mesh
+    from ...cell.programs import is_write_back
+    from ...engines.shard import check_cell, prepare, resolve_mesh
 
     in_specs, out_specs = dict(options.in_specs), dict(options.out_specs)
     cell = analyse_cached(source, "shard-cell")
@@ -29,7 +30,7 @@ def shard_code(options, source: str, namespace: dict, kinds: dict | None = None)
     program, args = prepared.program(), prepared.arguments
     returns = traced_returns(program, args, cell, mesh, lambda n: n not in constrained)
     # An NNX object the cell changes: nnx.jit writes its new state back, as %%shard does; not returned.
-    returns.device = [n for n in returns.device if not n.startswith(WRITE_BACK_PREFIX)]
+    returns.device = [n for n in returns.device if not is_write_back(n)]
     return _write_shard(cell, namespace, mesh, options, inputs, placed, constrained, returns, kinds or {},
                         prepared.moved)
 
