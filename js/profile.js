@@ -6,8 +6,7 @@
  * and the plan's estimate beside the measurement. Hovering or clicking a bar names the op, its line
  * and its time. The twin of views/profile.py (which draws the median step).
  */
-import { h, detailLine, mount } from "./format.js";
-import { formatSeconds } from "./plan.js";
+import { h, detailLine, formatSeconds, mount } from "./format.js";
 
 const COLLECTIVE_CLASSES = /** @type {Record<string, string>} */ ({
   "all-reduce": "ar", "all-gather": "ag", "reduce-scatter": "rs", "all-to-all": "aa", "ragged-all-to-all": "aa",

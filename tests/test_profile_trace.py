@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from sample_states import TPU_HLO
+from sample_states import PROFILE_HLO, TPU_HLO
 
 from jaxpar_magic.stages.profile import xplane
 from jaxpar_magic.stages.profile.intervals import clip, measure, subtract, union
@@ -227,6 +227,30 @@ def test_a_tpu_plane_without_its_ops_line_fails_loudly(tmp_path):
     text = tpu_xspace().replace('name: "%fusion.101 =', 'name: "fusion.101 is')
     with pytest.raises(TraceFormatError, match="not named by its HLO text"):
         read_trace(write_xspace(tmp_path, text), "jit_step")
+
+
+def test_without_device_ordinals_the_lanes_are_xla_cpus_threads_and_say_so(tmp_path):
+    """An XLA:CPU trace whose ops do not name their device (an older or newer JAX): one lane per thread."""
+    events, meta = [], {"fusion.3": 1, "psum.7": 2}
+    stats = {"hlo_op": 1, "hlo_module": 2, "run_id": 3}
+    ids = "".join(f' stat_metadata {{ key: {i} value {{ id: {i} name: "{n}" }} }}' for n, i in stats.items())
+    names = "".join(f' event_metadata {{ key: {i} value {{ id: {i} name: "{n}" }} }}' for n, i in meta.items())
+    for thread in range(2):
+        line = []
+        for run in range(2):
+            for k, op in enumerate(("fusion.3", "psum.7")):
+                line.append(f"events {{ metadata_id: {meta[op]} offset_ps: {(run * 10 + k * 4 + thread) * 1_000_000} "
+                            f"duration_ps: 3000000 stats {{ metadata_id: 1 str_value: \"{op}\" }} "
+                            f"stats {{ metadata_id: 2 str_value: \"jit_step\" }} stats {{ metadata_id: 3 int64_value: {run} }} }}")
+        events.append(f'lines {{ id: {thread + 1} name: "tf_XLAEigen/{thread}" timestamp_ns: 0 {" ".join(line)} }}')
+    text = f'planes {{ id: 1 name: "/host:CPU" {" ".join(events)}{names}{ids} }}'
+    program = ProgramOps(PROFILE_HLO)
+    trace = read_trace(write_xspace(tmp_path, text), program.module)
+    assert not trace.by_device and [lane.thread for lane in trace.lanes] == ["tf_XLAEigen/0", "tf_XLAEigen/1"]
+    profile = summarise(trace, [1e-3, 1e-3], program, cores=2)
+    assert [lane.label for lane in profile.lanes] == ["thread tf_XLAEigen/0", "thread tf_XLAEigen/1"]
+    assert profile.source == "XLA:CPU thread trace, 2 steps: CPU threads are not devices (one lane per thread)"
+    assert profile.step_s == pytest.approx(8e-6) and {op.name for op in profile.ops} == {"fusion.3", "psum.7"}
 
 
 # --- the arithmetic, and a large trace ------------------------------------------------------------

@@ -155,7 +155,7 @@ def pmap(options, source, namespace, defaults) -> Outcome:
         outcome.text = "\n".join(t for t in (outcome.text, figures) if t)
     if result.collectives is not None:
         outcome.views.append(("collectives", result.collectives))
-    return _profiled(outcome, result, namespace, show, "%%pmap")
+    return _profiled(outcome, result, namespace, "%%pmap")
 
 
 def shard(options, source, namespace, defaults) -> Outcome:
@@ -187,7 +187,7 @@ def shard(options, source, namespace, defaults) -> Outcome:
         outcome.views += [v for name, value in shown.items() for v in sharding_views(name, value)]
     if options.report and result.facts is not None:
         outcome.views.append(_program_report("%%shard program", result))
-    return _profiled(outcome, result, namespace, show, "%%shard")
+    return _profiled(outcome, result, namespace, "%%shard")
 
 
 def shard_map(options, source, namespace, defaults) -> Outcome:
@@ -227,7 +227,7 @@ def shard_map(options, source, namespace, defaults) -> Outcome:
         outcome.views.append(_program_report("%%shard_map program", result))
     if result.collectives is not None:
         outcome.views.append(("collectives", result.collectives))
-    return _profiled(outcome, result, namespace, show, "%%shard_map")
+    return _profiled(outcome, result, namespace, "%%shard_map")
 
 
 _ACTIONS = {"devices": devices, "mesh": mesh, "sharding": sharding, "pmap": pmap, "shard": shard,
@@ -268,9 +268,10 @@ def _profile_arguments(options) -> dict:
     return {"profile": options.profile.steps, "hardware": options.profile.hardware}
 
 
-def _profiled(outcome: Outcome, result, namespace, show: bool, magic: str) -> Outcome:
-    """--profile: the profile's view (its summary under --no-show), bound as `_profile` (only if that
-    name is new or holds an earlier profile); a profiled cell is never replayed without its profile."""
+def _profiled(outcome: Outcome, result, namespace, magic: str) -> Outcome:
+    """--profile: the profile's view (shown with --no-show too, as --collectives' cards are), bound as
+    `_profile` (only if that name is new or holds an earlier profile); a profiled cell is never replayed
+    without its profile."""
     profile = getattr(result, "profile", None)
     if profile is None:
         return outcome
@@ -282,10 +283,7 @@ def _profiled(outcome: Outcome, result, namespace, show: bool, magic: str) -> Ou
                              f"profile is not bound under it.")
     devices = result.mesh.devices.size
     title = f"{magic} --profile over {devices} device{'s' if devices != 1 else ''}: {profile.steps} profiled runs"
-    if show:
-        outcome.views.append(("profile", profile.state(title)))
-    else:
-        outcome.text = "\n".join(t for t in (outcome.text, profile.summary()) if t)
+    outcome.views.append(("profile", profile.state(title)))
     return outcome
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from .base import ViewBase, bundle_esm, esc, format_seconds
 
 TEXT_WIDTH = 78
+MERGE = 0.004  # of the step: same-coloured events this close are one bar in the static picture
 TRACK = 56  # characters of a lane in the text form
 LABEL = 14
 # One character per kind in the text form: collectives and compute solid, a wait dotted, idle blank.
@@ -76,17 +77,39 @@ def _step_title(state: dict, step: int) -> str:
     return f"step {step + 1} of {total} (the median), {us(span_of(state, step))}"
 
 
+def static_bars(state: dict, lane: dict, step: int) -> list[tuple[str, float, float, str]]:
+    """A lane's bars in the static picture, (class, left %, width %, title): the events of one step,
+    each run of same-coloured events that touch (closer than MERGE of the step) drawn as one bar, so a
+    loop's hundred small ops cost one bar, not a hundred (the live view draws every event)."""
+    span = span_of(state, step)
+    runs: list[list] = []  # [class, start, end, events]
+    for e in sorted(step_events(state, lane, step), key=lambda e: e["start"]):
+        cls = bar_class(e["kind"], e["collective"]) + (" jpm-pf-flight" if e["in_flight"] else "")
+        end = e["start"] + e["duration"]
+        if runs and runs[-1][0] == cls and e["start"] - runs[-1][2] <= MERGE * span:
+            runs[-1][2] = max(runs[-1][2], end)
+            runs[-1][3].append(e)
+        else:
+            runs.append([cls, e["start"], end, [e]])
+    bars = []
+    for cls, start, end, events in runs:
+        left = max(0.0, min(100.0, 100 * start / span))
+        width = max(0.2, min(100.0 - left, 100 * (end - start) / span))
+        if len(events) == 1:
+            title = event_text(events[0])
+        else:
+            names = ", ".join(dict.fromkeys(e["name"] for e in events[:3]))
+            title = f"{len(events)} ops ({names}…): {us(end - start)} from {us(start)}"
+        bars.append((cls, left, width, title))
+    return bars
+
+
 def lanes_html(state: dict, step: int) -> str:
     span = span_of(state, step)
     rows = []
     for lane in state.get("lanes") or []:
-        bars = []
-        for e in step_events(state, lane, step):
-            left = max(0.0, min(100.0, 100 * e["start"] / span))
-            width = max(0.2, min(100.0 - left, 100 * e["duration"] / span))
-            cls = bar_class(e["kind"], e["collective"]) + (" jpm-pf-flight" if e["in_flight"] else "")
-            bars.append(f'<span class="jpm-pf-bar {cls}" style="left:{left:.2f}%;width:{width:.2f}%" '
-                        f'title="{esc(event_text(e))}"></span>')
+        bars = [f'<span class="jpm-pf-bar {cls}" style="left:{left:.1f}%;width:{width:.1f}%" title="{esc(title)}">'
+                f'</span>' for cls, left, width, title in static_bars(state, lane, step)]
         dropped = [d for d in lane.get("dropped") or [] if d[0] == step]
         more = f" (+{dropped[0][1]} shorter ops, {us(dropped[0][2])})" if dropped else ""
         rows.append(f'<tr><td class="jpm-pf-label jpm-mono" title="{esc(lane["label"] + more)}">{esc(lane["label"])}'

@@ -103,6 +103,9 @@ class ProgramOps:
             inner = self._collective_inside(ins.callee)
             if inner is not None:
                 return "collective", inner
+            root = self._roots.get(ins.callee or "")
+            if root is not None and root.op in COPIES:  # XLA:CPU's wrapped copies
+                return "copy", None
         return "compute", None
 
     def _collective_inside(self, computation: str | None) -> str | None:

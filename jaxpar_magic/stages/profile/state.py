@@ -12,7 +12,7 @@ KINDS = ("compute", "collective", "copy", "wait")
 MAX_LANES = 16
 MAX_EVENTS = 2000  # in the whole state
 MIN_PER_LANE_STEP = 8
-TOP_OPS = 12
+TOP_OPS = 8
 TOP_COLLECTIVES = 16
 
 
@@ -46,7 +46,9 @@ def summary_text(profile) -> str:
     if profile.ops:
         lines.append("top: " + " · ".join(op_text(op) for op in profile.ops[:3]))
     if profile.beside is not None:
-        lines.append("plan: " + profile.beside.sentence())
+        lines.append(f"plan ({profile.beside.hardware}): " + profile.beside.sentence())
+        if not profile.beside.same_machine:
+            lines.append(profile.beside.label)
     lines += profile.notes
     return "\n".join(lines)
 
