@@ -251,3 +251,9 @@ def test_profile_a_function_and_one_that_donates(data):
     assert profile.steps == 3 and any("fresh copies" in note for note in profile.notes)
     with pytest.raises(UsageError, match=r"profile\(steps=\.\.\.\) 0"):
         jaxpar_magic.profile(step, x, w, steps=0)
+    # a program small enough for XLA:CPU to run on the calling thread, with a static argument
+    scaled = jaxpar_magic.profile(jax.jit(lambda a, n: a * n, static_argnums=1), jnp.ones(4), 3, steps=2)
+    assert scaled.steps == 2 and [lane.device for lane in scaled.lanes] == [0]
+    np.testing.assert_array_equal(scaled.result, np.full(4, 3.0))
+    with pytest.raises(UsageError, match="donates some of its arguments and also takes static ones"):
+        jaxpar_magic.profile(jax.jit(lambda a, n: a * n, donate_argnums=0, static_argnums=1), jnp.ones(4), 3)

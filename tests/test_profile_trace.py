@@ -58,8 +58,7 @@ def test_the_xla_cpu_trace_still_has_what_the_reader_reads(raw_cpu_trace, cpu_pr
     data = jax.profiler.ProfileData.from_file(raw_cpu_trace)
     planes = {p.name: p for p in data.planes}
     assert xplane.HOST_PLANE in planes, f"no {xplane.HOST_PLANE!r} plane: {sorted(planes)}"
-    threads = [line for line in planes[xplane.HOST_PLANE].lines if line.name.startswith(xplane.CPU_THREAD_PREFIX)]
-    assert threads, f"no XLA:CPU thread lines ({xplane.CPU_THREAD_PREFIX}...)"
+    threads = list(planes[xplane.HOST_PLANE].lines)
     module = ProgramOps(cpu_program[2]).module
     ops = [(e, dict(e.stats)) for line in threads for e in line.events if "hlo_op" in dict(e.stats)]
     mine = [(e, s) for e, s in ops if s.get("hlo_module") == module]
@@ -93,7 +92,7 @@ def test_reading_a_real_trace_gives_each_device_its_runs(raw_cpu_trace, cpu_prog
 
 
 def test_an_unknown_module_or_a_changed_layout_fails_loudly(raw_cpu_trace, tmp_path):
-    with pytest.raises(TraceFormatError, match="hlo_module 'jit_nothing'|module 'jit_nothing'"):
+    with pytest.raises(TraceFormatError, match="hlo_module='jit_nothing'"):
         read_trace(raw_cpu_trace, "jit_nothing")
     with pytest.raises(TraceFormatError, match="xplane.pb"):
         xplane.trace_file(str(tmp_path))

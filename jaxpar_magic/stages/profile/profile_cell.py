@@ -105,7 +105,11 @@ def profile(fn, *args, steps: int = DEFAULT_STEPS, **kwargs) -> Profile:
     leaves, tree = jax.tree.flatten((args, kwargs))
     donated = [bool(getattr(info, "donated", False)) for info in jax.tree.leaves(lowered.args_info)]
     keep = None
-    if any(donated) and len(donated) == len(leaves):
+    if any(donated):
+        if len(donated) != len(leaves):  # static arguments: the donated ones cannot be told apart here
+            raise UsageError("profile(fn, ...): fn donates some of its arguments and also takes static ones, so "
+                             "the profile cannot tell which to copy before each call. Profile it without "
+                             "donate_argnums (the same computation), or wrap it so that every argument is an array.")
         keep = [jax.device_put(leaf, may_alias=False) if gives else None for leaf, gives in zip(leaves, donated)]
     result = jitted(*args, **kwargs)
     jax.block_until_ready(result)

@@ -11,12 +11,12 @@ naming what it no longer finds) when a JAX upgrade changes them. What it reads, 
   of a program, named `jit_step(<fingerprint>)`, with a `run_id` stat), "XLA Ops" (one event per HLO
   instruction run, named by its HLO text: `%fusion.3 = f32[8,128]{...} fusion(...)`) and "Async XLA
   Ops" (an asynchronous instruction's span from its start to its done, stat `hlo_op`: the done's name).
-- XLA:CPU: one plane, `/host:CPU`, with a line per thread; XLA:CPU's own threads are named
-  `tf_XLA...` (`tf_XLAPjRtCpuClient/...`, `tf_XLAEigen/...`). An instruction's run is an event named
-  by the instruction, with stats `hlo_op`, `hlo_module` (the program's module name), `run_id` (the
-  program's run) and `device_ordinal` (the simulated device it ran for). A collective's wait for its
-  peers is nested in it: events named `Wait...` ("Wait: pending_threads=3/8", "Wait for rendezvous
-  callback") inside its `Rendezvous`.
+- XLA:CPU: one plane, `/host:CPU`, with a line per thread: XLA:CPU's own (`tf_XLAPjRtCpuClient/...`,
+  `tf_XLAEigen/...`), and the caller's (`python`, `main/<pid>`), where a small program can run inline.
+  An instruction's run is an event named by the instruction, with stats `hlo_op`, `hlo_module` (the
+  program's module name), `run_id` (the program's run) and `device_ordinal` (the simulated device it
+  ran for). A collective's wait for its peers is nested in it: events named `Wait...` ("Wait:
+  pending_threads=3/8", "Wait for rendezvous callback") inside its `Rendezvous`.
 
 Plain Python over `jax.profiler.ProfileData`; the records carry nanoseconds as the trace does.
 """
@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 TPU_PLANE = re.compile(r"^/device:TPU:(\d+)$")
 HOST_PLANE = "/host:CPU"
 MODULES_LINE, OPS_LINE, ASYNC_LINE = "XLA Modules", "XLA Ops", "Async XLA Ops"
-CPU_THREAD_PREFIX = "tf_XLA"
 WAIT_PREFIX = "Wait"
 _INSTRUCTION_TEXT = re.compile(r"^%?([\w.\-]+)\s*=")  # a TPU op event's name: its instruction's HLO text
 
@@ -151,12 +150,8 @@ def _merged_runs(per_lane: dict) -> dict:
 
 
 def _cpu_trace(host, module: str) -> Trace:
-    threads = [line for line in host.lines if line.name.startswith(CPU_THREAD_PREFIX)]
-    if not threads:
-        raise TraceFormatError(f"{HOST_PLANE} has no XLA:CPU thread (a line named {CPU_THREAD_PREFIX}...); its "
-                               f"lines: {[line.name for line in host.lines]}")
     found = []  # (thread, device or None, TracedOp)
-    for line in threads:
+    for line in host.lines:
         open_ops = []  # this thread's ops still running at the current event, outermost first
         for event in sorted(line.events, key=lambda e: e.start_ns):
             while open_ops and open_ops[-1].start_ns + open_ops[-1].duration_ns < event.start_ns:
@@ -172,8 +167,9 @@ def _cpu_trace(host, module: str) -> Trace:
             elif event.name.startswith(WAIT_PREFIX) and open_ops:
                 open_ops[-1].waits.append((event.start_ns, event.duration_ns))  # the innermost op waits
     if not found:
-        raise TraceFormatError(f"no XLA:CPU event of module {module!r} carries an 'hlo_op' stat (the instruction it "
-                               f"ran): the trace's stats changed, or the program did not run while traced.")
+        raise TraceFormatError(f"no event of {HOST_PLANE}'s threads ({[line.name for line in host.lines][:8]}) "
+                               f"carries the stats 'hlo_op' and hlo_module={module!r} (the instruction and program "
+                               f"it ran): the trace's stats changed, or the program did not run while traced.")
     by_device = all(device is not None for _, device, _ in found)
     lanes: dict = {}
     runs: dict = {}
