@@ -318,7 +318,7 @@ def _compare(magic: str, options, source, namespace, **engine_options) -> Outcom
 def _explore(options, source, namespace, **engine_options) -> Outcome:
     """--plan --explore: the layout explorer over the cell, bound as `_explorer` (only if that name is new or
     holds an earlier explorer); the view drives it."""
-    from ..stages.plan.explore import Explorer
+    from ..stages.explore.explorer import Explorer
     from ..views.progress import Progress
 
     with Progress("planning the first layout"):

@@ -56,7 +56,7 @@ def view_of(kind: str, state: dict):
     """The widget that shows a view state of `kind` (actions.Outcome.views)."""
     from .. import views
 
-    if kind == "explorer":  # a live view over its explorer (stages/plan/explore.py), not a state alone
+    if kind == "explorer":  # a live view over its explorer (stages/explore/explorer.py), not a state alone
         return views.ExplorerView(explorer=state)
     classes = {"devices": views.DevicesView, "mesh": views.MeshView, "sharding": views.ShardingView,
                "results": views.ResultView, "collectives": views.CollectivesView, "plan": views.PlanView,

@@ -1,5 +1,5 @@
 """ExplorerView: the layout explorer (``js/explorer.js``), live over an Explorer
-(stages/plan/explore.py), with static HTML and 80-column text forms of the same state: the chosen
+(stages/explore/explorer.py), with static HTML and 80-column text forms of the same state: the chosen
 layout's plan and the table of tried layouts, ranked.
 
 The live view sends the user's changes as messages (EXPLORER_CONTRACT.md: choose, reshape,

@@ -3,8 +3,8 @@ EXPLORER_CONTRACT.md): the controls, the current plan's figures, the difference 
 layout, and the tried layouts ranked. Built from the Plans, never from arrays."""
 from __future__ import annotations
 
-from .explore_controls import groups, mesh_shapes, topology_options
-from .plan import format_bytes
+from .controls import groups, mesh_shapes, topology_options
+from ..plan.plan import format_bytes
 
 LARGEST = 5  # buffers at the peak the view lists
 COLLECTIVES = 32  # collectives the view lists (the plan keeps them all)
@@ -12,7 +12,7 @@ BOUNDS = {"compute": "compute", "memory": "HBM", "ici": "ICI", "dcn": "DCN", "la
 
 
 def explorer_state(ex) -> dict:
-    from .hardware import PROFILES
+    from ..plan.hardware import PROFILES
 
     layout = ex.current.layout
     specs = list(layout.specs)
@@ -60,7 +60,7 @@ def _where(line, source) -> str | None:
 
 
 def plan_summary(plan) -> dict:
-    from .plan_program import largest_words
+    from ..plan.plan_program import largest_words
 
     buffers = plan.peak.buffers[:LARGEST] if plan.peak is not None else []
     moving = [c for c in plan.collectives if c.group_size > 1]

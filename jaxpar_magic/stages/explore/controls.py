@@ -3,7 +3,7 @@ leaf the cell reads (its input, path, shape, dtype and current spec), the mesh's
 devices, and a layout (mesh shape, axis types, one spec per leaf, target) as a hashable key with the
 `%%shard --plan` line that reproduces it.
 
-No planning here (stages/plan/explore.py plans a layout through plan_cell); no IPython.
+No planning here (stages/explore/explorer.py plans a layout through plan_cell); no IPython.
 """
 from __future__ import annotations
 

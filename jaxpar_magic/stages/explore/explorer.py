@@ -4,7 +4,7 @@ layout is one `plan_cell`), kept by layout so a layout tried before comes back a
 
 The synchronous API (choose, reshape, retarget) plans on the caller's thread and raises a
 UsageError for a wrong choice; `submit` (what the view sends) plans on a worker thread
-(stages/plan/explore_worker.py), coalescing changes made while a compile runs. Either way a refused
+(stages/explore/worker.py), coalescing changes made while a compile runs. Either way a refused
 layout leaves the current plan as it was and says why in `message`. The explorer reads a snapshot of
 the namespace taken when it was made and never writes to it.
 """
@@ -14,8 +14,8 @@ import threading
 from dataclasses import dataclass, replace
 
 from ...errors import UsageError
-from . import explore_controls as controls
-from .explore_controls import Layout, format_spec
+from . import controls
+from .controls import Layout, format_spec
 
 
 @dataclass
@@ -57,8 +57,8 @@ class Explorer:
         import jax
 
         from ...engines.shard import is_mesh, resolve_mesh
-        from .hardware import Hardware, parse_hardware, parse_memory_size
-        from .plan_cell import engine_spec
+        from ..plan.hardware import Hardware, parse_hardware, parse_memory_size
+        from ..plan.plan_cell import engine_spec
 
         self.source = source
         self._namespace = dict(namespace)  # a snapshot: later cells do not move the explorer, nor it them
@@ -99,7 +99,7 @@ class Explorer:
         self.previous: Row | None = None
         self.current: Row | None = None
         self.intended = self._first  # the layout the last change asked for (the worker plans towards it)
-        from .explore_worker import Worker
+        from .worker import Worker
 
         self._worker = Worker(self)
         self._make_current(self._plan(self._first))
@@ -164,7 +164,7 @@ class Explorer:
         return self._worker.idle.wait(timeout)
 
     def state(self) -> dict:
-        from .explore_state import explorer_state
+        from .state import explorer_state
 
         with self._lock:
             return explorer_state(self)
@@ -204,7 +204,7 @@ class Explorer:
             raise UsageError("retarget: this explorer's cell gave no target; start it with --hardware (and --topology) "
                              "on the line, e.g. `%%shard --plan --explore --hardware tpu-v5e`.")
         if hardware is not None:
-            from .hardware import parse_hardware
+            from ..plan.hardware import parse_hardware
 
             self._profiles.setdefault(hardware, replace(parse_hardware(hardware), topology=None))
         return replace(layout, hardware=hardware or layout.hardware,
@@ -280,7 +280,7 @@ class Explorer:
         return UsageError(message)
 
     def _plan_cell(self, layout: Layout, mesh):
-        from .plan_cell import plan_cell
+        from ..plan.plan_cell import plan_cell
 
         hardware = self._profiles[layout.hardware] if layout.hardware is not None else None
         return plan_cell(self.source, self._namespace, magic="shard", mesh=mesh, in_specs=self._in_specs(layout),
