@@ -133,24 +133,29 @@ def test_a_tried_layout_comes_back_from_the_cache_without_compiling(cell, compil
     assert ex.wait(60) and ex.compiles == count and compiles.count == made
 
 
+def when(ex, condition) -> threading.Event:
+    """An event set (on whichever thread tells the explorer's observers) once `condition(state)` holds."""
+    seen = threading.Event()
+    ex.observe(lambda state: seen.set() if condition(state) else None)
+    return seen
+
+
+def busy_with(text: str):
+    return lambda state: state["status"]["busy"] and text in state["status"]["text"]
+
+
 def test_changes_made_during_a_compile_are_coalesced_to_the_latest(cell):
     ex, _ = explore(cell)
-    started, release = threading.Event(), threading.Event()
-
-    def held():  # the compile waits until the test lets it go: deterministic, no timing
-        started.set()
-        assert release.wait(120)
-
-    ex._gate = held
     compiles, generation = ex.compiles, ex.generation
-    ex.submit({"kind": "choose", "name": "params['w1']", "spec": [[], ["model"]]})
-    assert started.wait(120)
-    status = ex.state()["status"]
-    assert status["busy"] and status["text"].startswith("planning data=4,model=2 params['w1']=P(None,'model')… ")
-    ex.submit({"kind": "choose", "name": "params['w2']", "spec": [["model"], []]})
-    ex.submit({"kind": "choose", "name": "x", "spec": [["data"], ["model"]]})  # conflicts with w1's model? no: x only
-    ex.submit({"kind": "choose", "name": "x", "spec": [[], []]})
-    release.set()
+    started = when(ex, busy_with("params['w1']=P(None,'model')"))
+    with ex.holding():  # the compile waits until the test lets it go: deterministic, no timing
+        ex.submit({"kind": "choose", "name": "params['w1']", "spec": [[], ["model"]]})
+        assert started.wait(120)
+        status = ex.state()["status"]
+        assert status["busy"] and status["text"].startswith("planning data=4,model=2 params['w1']=P(None,'model')… ")
+        ex.submit({"kind": "choose", "name": "params['w2']", "spec": [["model"], []]})
+        ex.submit({"kind": "choose", "name": "x", "spec": [["data"], ["model"]]})
+        ex.submit({"kind": "choose", "name": "x", "spec": [[], []]})
     assert ex.wait(120)
     assert ex.compiles == compiles + 2 and ex.generation == generation + 2  # the first and the latest only
     specs = {i["name"]: i["spec"] for i in ex.state()["inputs"]}
@@ -158,6 +163,57 @@ def test_changes_made_during_a_compile_are_coalesced_to_the_latest(cell):
     lines = [r.line for r in ex.tried]
     assert not any("x=P('data','model')" in line for line in lines)  # an intermediate layout: never planned
     assert ex.state()["status"] == {"busy": False, "text": ""}
+
+
+def test_a_change_made_while_the_next_layout_compiles_adds_to_it(cell):
+    """Issue 40: x->data, then w1->model (waiting), then, while w1's layout compiles, w2->model. Every change
+    is kept (w1 was lost: the first compile's end took the explorer back to its own layout). The oracle: the
+    same choices made one by one, and the explorer's line planned as a cell."""
+    ex, _ = explore(cell, "")
+    generation = ex.generation
+    held = []
+
+    def hold_the_next_compile(state):  # on the worker, as x's layout becomes current: w1's compile waits
+        if state["generation"] == generation + 1 and not held:
+            held.append(ex.holding())
+
+    ex.observe(hold_the_next_compile)
+    compiling_x, compiling_w1 = when(ex, busy_with("x=P('data',None)")), when(ex, busy_with("params['w1']"))
+    with ex.holding():
+        ex.submit({"kind": "choose", "name": "x", "spec": [["data"], []]})
+        assert compiling_x.wait(120)  # x's layout is on the worker: w1's waits behind it
+        ex.submit({"kind": "choose", "name": "params['w1']", "spec": [[], ["model"]]})
+    assert compiling_w1.wait(120) and held
+    assert ex.state()["inputs"][0]["spec"] == [["data"], []]  # x's layout is current
+    ex.submit({"kind": "choose", "name": "params['w2']", "spec": [["model"], []]})
+    held[0].release()
+    assert ex.wait(120) and ex.message is None
+    specs = {i["name"]: i["spec"] for i in ex.state()["inputs"]}
+    assert specs == {"x": [["data"], []], "params['w1']": [[], ["model"]], "params['w2']": [["model"], []]}
+    one_by_one, _ = explore(cell, "")
+    one_by_one.choose("x", P("data", None))
+    one_by_one.choose("params['w1']", P(None, "model"))
+    one_by_one.choose("params['w2']", P("model", None))
+    assert one_by_one.layout == ex.layout and figures(one_by_one.plan) == figures(ex.plan)
+    assert figures(planned_as_cell(cell, ex)) == figures(ex.plan)
+
+
+def test_an_observer_that_raises_is_said_in_the_view_and_the_explorer_goes_on(cell):
+    """Issue 40: a callback that raised ended the worker thread (wait() never True, later changes ignored)."""
+    ex, (view,) = explore(cell)
+
+    def broken(state):
+        raise RuntimeError("my callback is wrong")
+
+    ex.observe(broken)
+    ex.submit({"kind": "choose", "name": "params['w1']", "spec": [[], ["model"]]})
+    assert ex.wait(120)
+    said = "observe: the callback " + broken.__qualname__ + " raised RuntimeError: my callback is wrong"
+    assert ex.message.startswith(said) and "\n" not in ex.message
+    assert view.state["message"] == ex.message and ex.generation == 2  # the view was told, the plan made
+    ex.submit({"kind": "choose", "name": "params['w2']", "spec": [["model"], []]})  # later changes: planned
+    assert ex.wait(120) and ex.generation == 3 and ex.message.startswith(said)
+    assert ex.choose("x", P()) is ex.plan and ex.line().endswith("x=P(None,None) params=@params_specs_4")
 
 
 def test_wrong_choices_say_one_line_and_keep_the_plan(cell):

@@ -49,6 +49,25 @@ class Row:
         return (0 if self.fits is not False else 1, estimate if estimate is not None else float(self.peak_bytes))
 
 
+class Hold:
+    """`Explorer.holding()`: the worker's plans wait until `release()` (or the end of a `with` block)."""
+
+    def __init__(self, worker):
+        self._worker, self._held = worker, True
+        worker.hold()
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._worker.release()
+
+    def __enter__(self) -> "Hold":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
 class Explorer:
     """Plans of one %%shard cell under the layouts you try. See the module docstring and README."""
 
@@ -92,7 +111,6 @@ class Explorer:
         self._planning = threading.Lock()  # one plan at a time (the kept compiles are not shared across threads)
         self._listeners: list = []
         self._notifying = threading.Lock()
-        self._gate = None  # tests: called on the planning thread just before a compile
         self.compiles = 0
         self.generation = 0
         self.message: str | None = None
@@ -162,6 +180,13 @@ class Explorer:
     def wait(self, timeout: float | None = None) -> bool:
         """Until no submitted change is pending or planning (True), or `timeout` seconds (False)."""
         return self._worker.idle.wait(timeout)
+
+    def holding(self) -> "Hold":
+        """Hold the view's changes before they are planned, until let go (`with _explorer.holding(): ...`, or
+        `held = _explorer.holding()` ... `held.release()`): the view says "planning ..." and the changes
+        made meanwhile coalesce as during a long compile. For demonstrations and tests; the synchronous
+        API (choose, reshape, ...) is not held."""
+        return Hold(self._worker)
 
     def state(self) -> dict:
         from .state import explorer_state
@@ -250,8 +275,6 @@ class Explorer:
                 raise UsageError(self._refused[layout])
         self.check(layout)
         mesh = self._mesh_of(layout)
-        if self._gate is not None:
-            self._gate()
         try:
             plan = self._plan_cell(layout, mesh)
         except UsageError as err:
@@ -288,7 +311,9 @@ class Explorer:
                          device_memory=self.device_memory, bind=False, status=False, compiler=self.compiler,
                          donate=self.donate, outputs=self.outputs)
 
-    def _make_current(self, row: Row) -> None:
+    def _make_current(self, row: Row, aim: bool = True) -> None:
+        """`row` is the current layout; `aim`: and the one the next change starts from (the synchronous
+        API; the worker keeps `intended`, the latest change asked for, which may be newer than `row`)."""
         with self._lock:
             if row is self.current:
                 self.message = None
@@ -296,7 +321,8 @@ class Explorer:
                 self.previous, self.current = self.current, row
                 self.generation += 1
                 self.message = None
-            self.intended = row.layout
+            if aim:
+                self.intended = row.layout
         self._notify()
 
     def _say(self, message: str, back: bool = False) -> None:
@@ -309,13 +335,28 @@ class Explorer:
 
     def _notify(self) -> None:
         """Each listener gets the state; one at a time, so the last state delivered is the last made (the
-        status ticker and the worker both notify)."""
+        status ticker and the worker both notify). A listener that raises is said in `message` (the
+        view shows it) and the others are told again; nothing here raises, so the worker goes on."""
         if not self._listeners:
             return
         with self._notifying:
-            state = self.state()
-            for callback in list(self._listeners):
+            failed = self._deliver(self.state())
+            if failed:
+                with self._lock:
+                    self.message = failed
+                self._deliver(self.state())  # once: a listener that fails again is not reported twice
+
+    def _deliver(self, state: dict) -> str | None:
+        said = None
+        for callback in list(self._listeners):
+            try:
                 callback(state)
+            except Exception as exc:  # a user's observe(callback): reported, never the worker's end
+                reason = (str(exc).strip().splitlines() or [""])[0][:200]
+                name = getattr(callback, "__qualname__", type(callback).__name__)
+                said = said or (f"observe: the callback {name} raised {type(exc).__name__}"
+                                f"{': ' + reason if reason else ''}; the explorer goes on (fix or replace that callback).")
+        return said
 
     # --- layouts as meshes, specs and lines -------------------------------------------------------
     def _mesh_of(self, layout: Layout):
