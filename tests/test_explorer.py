@@ -227,6 +227,9 @@ def test_wrong_choices_say_one_line_and_keep_the_plan(cell):
     with pytest.raises(UsageError, match="the cell reads no array called that"):
         ex.choose("w3", P())
     assert ex.message.startswith("choose('w3'): ")
+    with pytest.raises(UsageError, match=r"^choose\('x'\): entry 2 of 'data,,' is empty; write None"):
+        ex.choose("x", "data,,")  # issue 40: read as P('data', None) before, while '(data' was refused
+    assert ex.plan is plan and "\n" not in ex.message
     ex.submit({"kind": "choose", "name": "x", "spec": [["nope"], []]})  # from the view: a message, no exception
     assert ex.wait(60) and "'nope' is not an axis of the mesh" in ex.message and "\n" not in ex.message
     assert ex.plan is plan and ex.generation == generation

@@ -124,7 +124,7 @@ def _top_level_split(text: str, sep: str) -> list[str]:
 
 def _spec_entry(item: str, where: str):
     item = item.strip().strip("'\"")
-    if item in ("None", ""):
+    if item == "None":
         return None
     if _is_count(item):
         return int(item)  # "split this dimension over N devices" (PositionalSharding's job)
@@ -173,13 +173,17 @@ def parse_spec(text: str, where: str) -> "tuple | SpecTree":
         return SpecTree(name)
     for prefix in ("P(", "PartitionSpec("):
         if text.startswith(prefix) and text.endswith(")"):
-            text = text[len(prefix):-1]
+            text = text[len(prefix):-1].strip()
             break
     if not text:
         return ()
     items = _top_level_split(text, ",")
     if len(items) > 1 and not items[-1].strip():
         items.pop()  # P('data',) is a one-entry spec, as in Python
+    empty = [n for n, item in enumerate(items, 1) if not item.strip().strip("'\"").strip()]
+    if empty:  # `data,,` is no spec in Python either; reading it as P('data', None) would guess
+        raise UsageError(f"{where}: entry {empty[0]} of {_shortened(text)!r} is empty; write None for a dimension left "
+                         f"whole (`data,None`), or remove the extra comma.")
     return tuple(_spec_entry(item, where) for item in items)
 
 
