@@ -97,6 +97,14 @@ _code_and_plan_options = _applying(
              help="With --plan: propose DP, FSDP, TP and FSDP x TP layouts over the mesh's devices (BATCH: the inputs "
                   "whose first dimension is the batch) and rank them."),
 )
+_inline_mesh_options = _applying(
+    argument("--axis-types", default=None, choices=["auto", "explicit", "manual"],
+             help="With an inline --mesh: its axis types, as %%mesh takes them (default: what jax.make_mesh gives)."),
+    argument("--devices", nargs="+", metavar="N_OR_IDS",
+             help="With an inline --mesh: over the first N devices, or these device ids, as %%mesh takes them."),
+    argument("--abstract", action="store_true",
+             help="With an inline --mesh and --plan: an AbstractMesh, as `%%mesh --abstract` builds."),
+)
 _collectives_option = _applying(
     argument("--collectives", action="store_true",
              help="Show one card per collective call: what every device held before and after it, and the data "
@@ -287,6 +295,7 @@ class JaxparMagics(Magics, Configurable):
     @argument("--show", dest="show", action="store_const", const=True, default=None, help="Show the sharding views.")
     @argument("--no-show", dest="show", action="store_const", const=False, help="Do not show the views.")
     @argument("--report", action="store_true", help="Show the compiled program's collectives, compile and run time.")
+    @_inline_mesh_options
     @_code_and_plan_options
     @no_var_expand
     def shard(self, line, cell):
@@ -318,6 +327,7 @@ class JaxparMagics(Magics, Configurable):
     @argument("--show", dest="show", action="store_const", const=True, default=None, help="Show the per-device blocks and the outputs' layouts.")
     @argument("--no-show", dest="show", action="store_const", const=False, help="Do not show the views.")
     @argument("--report", action="store_true", help="Add the compiled program's collectives, compile and run time.")
+    @_inline_mesh_options
     @_collectives_option
     @_code_and_plan_options
     @no_var_expand
