@@ -51,10 +51,11 @@ def figures(plan) -> dict:
 
 
 def planned_as_cell(ip, ex, source: str = STEP) -> object:
-    """The explorer's current layout planned by `%%shard --plan` with `ex.line()`'s options, compiled afresh."""
+    """The explorer's current layout planned by `%%shard --plan` with `ex.line()`'s options, compiled afresh:
+    the line pasted into a cell as it is, nothing bound first (it names no mesh or specs variable)."""
     line = ex.line()
-    assert line.startswith("%%shard ")
-    ip.user_ns.update(ex.line_names())
+    assert line.startswith("%%shard ") and ex.line_names() == {}
+    assert not re.search(r"--mesh mesh\b|=@", line), line
     compiled_plans.forget()  # no kept compile: the cell compiles its own
     with capture_output():
         ip.run_cell_magic("shard", line[len("%%shard "):] + " --no-show", source)
@@ -81,17 +82,19 @@ def test_choose_reshape_tried_line_and_best(cell):
     ex, _ = explore(cell)
     first = ex.plan
     tp = ex.choose("params['w1']", P(None, "model"))  # one leaf, by its path
-    assert ex.line() == "%%shard --plan --mesh mesh --in x=P('data',None) params=@params_specs_2"  # layout 2
-    specs = ex.line_names()["params_specs_2"]
-    assert specs == {"w1": P(None, "model"), "w2": P(None, None)}
+    # Self-contained: the mesh by its shape and axis types, the leaf by its path; nothing to bind first.
+    assert ex.line() == ("%%shard --plan --mesh data=4,model=2 --axis-types auto --in x=P('data',None) "
+                         "params=P(None,None) params['w1']=P(None,'model')")
+    assert ex.line_names() == {}
     assert any(c.group_size > 1 for c in tp.collectives) and tp is not first  # w1 cut: data moves
     ex.choose("params['w2']", P("model", None))
-    assert ex.line().endswith("params=@params_specs_3") and len({r.line for r in ex.tried}) == 3  # lines differ
+    assert ex.line().endswith("params=P(None,'model') params['w2']=P('model',None)")  # a tie: the first leaf's
+    assert len({r.line for r in ex.tried}) == 3  # lines differ
     ex.choose("params", "None,model")  # every leaf of an input, in --in's syntax
     assert ex.line().endswith("params=P(None,'model')") and ex.line_names() == {}
     ex.reshape("data=2,model=4")
     assert ex.plan.axes == {"data": 2, "model": 4}
-    assert ex.line() == "%%shard --plan --mesh mesh_2x4 --in x=P('data',None) params=P(None,'model')"
+    assert ex.line() == "%%shard --plan --mesh data=2,model=4 --axis-types auto --in x=P('data',None) params=P(None,'model')"
     tried = ex.tried
     assert len(tried) == 5 and sum(r.plan is ex.plan for r in tried) == 1
     assert [r.peak_bytes for r in tried] == sorted(r.peak_bytes for r in tried)  # no profile: ranked by peak
@@ -110,6 +113,34 @@ def test_the_explorers_plans_equal_the_same_layouts_planned_as_cells(cell):
         change()
         mine = ex.plan
         assert figures(planned_as_cell(cell, ex)) == figures(mine), ex.line()
+
+
+def test_a_line_names_the_mesh_by_its_shape_so_a_rebound_mesh_changes_nothing(cell):
+    """Issue 40: the line said `--mesh mesh`; after `%mesh` rebound `mesh`, it planned another layout than the
+    explorer showed. The oracle: the line planned as a cell after the rebinding, figure for figure."""
+    ex, _ = explore(cell)
+    ex.choose("params['w1']", P(None, "model"))
+    with capture_output():
+        cell.run_line_magic("mesh", "data=2 model=4 --no-show")  # `mesh` is now another mesh, of Explicit axes
+    again = planned_as_cell(cell, ex)
+    assert again.axes == {"data": 4, "model": 2} and figures(again) == figures(ex.plan)
+    ex.reshape("data=8,model=1", axis_types="explicit")  # JAX's default type: no --axis-types
+    assert " --mesh data=8,model=1 --in " in ex.line()
+    assert figures(planned_as_cell(cell, ex)) == figures(ex.plan)
+
+
+def test_a_mesh_over_some_devices_is_spelled_with_devices(cell):
+    with capture_output():
+        cell.run_line_magic("mesh", "data=2 model=2 --devices 4 2 6 0 --axis-types auto --name four --no-show")
+        cell.run_cell_magic("shard", "--plan --explore --mesh four --in x=data,None", STEP)
+    ex = cell.user_ns["_explorer"]
+    assert ex.line().startswith("%%shard --plan --mesh data=2,model=2 --axis-types auto --devices 4 2 6 0 --in ")
+    mine = ex.choose("params", P(None, "model"))
+    assert [d.id for d in planned_as_cell(cell, ex).mesh.devices.flat] == [4, 2, 6, 0]
+    assert figures(planned_as_cell(cell, ex)) == figures(mine)
+    ex.reshape("data=4,model=1")  # a new shape over the same devices
+    assert "--mesh data=4,model=1 --axis-types auto --devices " in ex.line()
+    assert figures(planned_as_cell(cell, ex)) == figures(ex.plan)
 
 
 def test_out_names_are_planned_and_kept_in_the_line(cell):
@@ -213,7 +244,7 @@ def test_an_observer_that_raises_is_said_in_the_view_and_the_explorer_goes_on(ce
     assert view.state["message"] == ex.message and ex.generation == 2  # the view was told, the plan made
     ex.submit({"kind": "choose", "name": "params['w2']", "spec": [["model"], []]})  # later changes: planned
     assert ex.wait(120) and ex.generation == 3 and ex.message.startswith(said)
-    assert ex.choose("x", P()) is ex.plan and ex.line().endswith("x=P(None,None) params=@params_specs_4")
+    assert ex.choose("x", P()) is ex.plan and " x=P(None,None) params=" in ex.line()
 
 
 def test_wrong_choices_say_one_line_and_keep_the_plan(cell):
@@ -247,7 +278,7 @@ def test_a_layout_the_compiler_refuses_is_a_message(cell):
     ex.submit({"kind": "choose", "name": "params['w1']", "spec": [[], ["data"]]})  # from the view
     assert ex.wait(120)
     refused = ex.message
-    assert refused.startswith("data=4,model=2 params['w1']=P(None,'data'): ") and "\n" not in refused
+    assert refused.startswith("data=4,model=2 (Explicit) params['w1']=P(None,'data'): ") and "\n" not in refused
     assert "the mesh has Explicit axes" in refused and ex.plan is plan and ex.generation == generation
     assert ex.compiles == compiles + 1
     with pytest.raises(UsageError, match="the mesh has Explicit axes") as err:  # synchronously: raised
@@ -316,8 +347,8 @@ def test_a_target_gives_estimates_ranks_by_them_and_can_be_changed(cell):
     ex.choose("params['w1']", P(None, "model"))
     assert "estimate " in ex.state()["diff"]
     v5p = ex.retarget(hardware="tpu-v5p")
-    assert v5p.hardware.name == "tpu-v5p" and ex.line().split()[:6] == ["%%shard", "--plan", "--mesh", "mesh",
-                                                                      "--hardware", "tpu-v5p"]
+    assert v5p.hardware.name == "tpu-v5p" and ex.line().split()[:8] == [
+        "%%shard", "--plan", "--mesh", "data=4,model=2", "--axis-types", "auto", "--hardware", "tpu-v5p"]
     tried = ex.tried
     assert [r.estimate_s for r in tried] == sorted(r.estimate_s for r in tried)  # with a profile: by estimate
     assert figures(planned_as_cell(cell, ex)) == figures(v5p)
@@ -327,7 +358,8 @@ def test_retarget_without_a_target_is_refused(cell):
     ex, _ = explore(cell)
     with pytest.raises(UsageError, match="gave no target; start it with --hardware"):
         ex.retarget(hardware="tpu-v5e")
-    assert repr(ex).startswith("<Explorer: 1 layouts tried; current: %%shard --plan --mesh mesh --in x=P('data',None)")
+    assert repr(ex).startswith("<Explorer: 1 layout tried; current: %%shard --plan --mesh data=4,model=2 --axis-types "
+                               "auto --in x=P('data',None)")
 
 
 def test_leaves_of_one_layout_are_one_control_as_sharding_groups_them(cell):

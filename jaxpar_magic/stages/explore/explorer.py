@@ -83,13 +83,8 @@ class Explorer:
         self._namespace = dict(namespace)  # a snapshot: later cells do not move the explorer, nor it them
         in_specs = {n: engine_spec(s) for n, s in (in_specs or {}).items()}
         self._out_specs = {n: engine_spec(s) for n, s in (out_specs or {}).items()}
-        self._mesh_name = mesh if isinstance(mesh, str) and mesh in namespace else None
-        if mesh is None and is_mesh(namespace.get("mesh")):
-            self._mesh_name = "mesh"
         self.mesh = mesh if is_mesh(mesh) else resolve_mesh(mesh, namespace, [in_specs, self._out_specs])
-        if isinstance(self.mesh, jax.sharding.AbstractMesh):
-            raise UsageError("--explore plans layouts over the mesh's devices; this mesh is an AbstractMesh. Build a "
-                             "Mesh over simulated devices (`%devices --simulate 64`, then `%mesh data=8 model=8`).")
+        self.abstract = isinstance(self.mesh, jax.sharding.AbstractMesh)  # planned for a --topology by XLA:TPU
         self.leaves, specs = controls.cell_leaves(source, self._namespace, in_specs, self.mesh)
         if isinstance(hardware, str):
             hardware = parse_hardware(hardware)
@@ -101,7 +96,8 @@ class Explorer:
         self.donate, self.compiler = tuple(donate), compiler
         self.outputs = tuple(outputs) if outputs is not None else None  # --out's names: what the cell returns
         shape = controls.MeshShape(tuple(str(n) for n in self.mesh.axis_names),
-                                   tuple(int(s) for s in self.mesh.devices.shape))
+                                   tuple(int(self.mesh.shape[n]) for n in self.mesh.axis_names))
+        self.devices = shape.size  # every layout's mesh has these devices (or, abstract, this many)
         self._first = Layout(shape, controls.axis_type_names(self.mesh), tuple(specs),
                              hardware.name if hardware is not None else None, topology)
         self._cache: dict[Layout, Row] = {}
@@ -195,7 +191,8 @@ class Explorer:
             return explorer_state(self)
 
     def __repr__(self) -> str:
-        return (f"<Explorer: {len(self._order)} layouts tried; current: {self.current.line if self.current else '-'}"
+        tried = len(self._order)
+        return (f"<Explorer: {tried} layout{'s' if tried != 1 else ''} tried; current: {self.current.line if self.current else '-'}"
                 f"{'; refused: ' + self.message if self.message else ''}>")
 
     # --- changes as layouts ------------------------------------------------------------------------
@@ -207,7 +204,7 @@ class Explorer:
         return layout
 
     def reshaping(self, layout: Layout, shape, axis_types=None) -> Layout:
-        shape = controls.read_shape(shape, int(self.mesh.devices.size))
+        shape = controls.read_shape(shape, self.devices)
         if isinstance(axis_types, (list, tuple)):
             types = tuple(str(t).lower() for t in axis_types)
         elif axis_types is not None:
@@ -360,8 +357,6 @@ class Explorer:
 
     # --- layouts as meshes, specs and lines -------------------------------------------------------
     def _mesh_of(self, layout: Layout):
-        import jax
-
         from ...engines.shard import make_mesh
 
         if layout.shape == self._first.shape and layout.types == self._first.types:
@@ -369,9 +364,11 @@ class Explorer:
         if len(set(layout.types)) != 1:
             raise UsageError(f"reshape: axes of different types {layout.types} on a new mesh shape; give one type "
                              f"for all axes (reshape(..., axis_types=\"auto\")).")
+        if self.abstract:
+            return make_mesh(layout.shape, axis_types=layout.types[0], abstract=True)
         ids = tuple(d.id for d in self.mesh.devices.flat)
-        devices = None if len(ids) == len(jax.devices()) else tuple(sorted(ids))
-        return make_mesh(layout.shape, devices, layout.types[0])
+        return make_mesh(layout.shape, None if sorted(ids) == controls.all_device_ids() else tuple(sorted(ids)),
+                         layout.types[0])
 
     def _per_input(self, layout: Layout) -> dict:
         found: dict = {}
@@ -389,39 +386,28 @@ class Explorer:
         return specs
 
     def _line(self, layout: Layout) -> tuple[str, dict]:
-        import jax
-
-        from ...cell.meshes import default_axis_type
-
-        names: dict = {}
-        words = ["%%shard", "--plan"]
-        if layout.shape == self._first.shape and layout.types == self._first.types and self._mesh_name:
-            words += ["--mesh", self._mesh_name]
-        elif set(layout.types) == {default_axis_type()} and self.mesh.devices.size == len(jax.devices()):
-            words += ["--mesh", str(layout.shape)]
-        else:
-            kinds = set(layout.types)
-            name = "mesh_" + "x".join(str(s) for s in layout.shape.sizes) + (
-                "" if kinds == {"auto"} else "_" + "_".join(layout.types))
-            names[name] = self._mesh_of(layout)
-            words += ["--mesh", name]
+        """The line, self-contained: the mesh by its shape, axis types and devices (never a variable, which
+        `%mesh` may rebind), a leaf by its path; and what it names that no line can spell (a mesh whose
+        axes are of different types), to bind by hand."""
+        mesh_words, names = controls.mesh_words(layout, self._mesh_of(layout))
+        words = ["%%shard", "--plan", "--mesh", *mesh_words]
         if layout.hardware is not None:
             words += ["--hardware", layout.hardware] + (["--topology", layout.topology] if layout.topology else [])
         if self.device_memory is not None:
-            words += ["--device-memory", str(int(self.device_memory))]
+            words += ["--device-memory", controls.memory_words(self.device_memory)]
         ins = []
-        with self._lock:  # the layout's number among those tried (the next one's, for a layout not tried yet)
-            number = self._order.index(layout) + 1 if layout in self._order else len(self._order) + 1
         for name, per_leaf in self._per_input(layout).items():
-            if len(set(per_leaf)) == 1:
-                ins.append(f"{name}={format_spec(per_leaf[0])}")
-            else:  # one tree of specs per layout, so that every tried layout's line is its own
-                tree = f"{name}_specs_{number}"
-                names[tree] = controls.spec_tree(self.leaves, list(layout.specs), name, self._namespace[name])
-                ins.append(f"{name}=@{tree}")
+            spelled = controls.input_words(name, [leaf for leaf in self.leaves if leaf.input == name], per_leaf)
+            if spelled is None:  # a leaf no path spells: a tree of specs, one per tried layout, bound by hand
+                with self._lock:
+                    number = self._order.index(layout) + 1 if layout in self._order else len(self._order) + 1
+                names[f"{name}_specs_{number}"] = controls.spec_tree(self.leaves, list(layout.specs), name,
+                                                                     self._namespace[name])
+                spelled = [f"{name}=@{name}_specs_{number}"]
+            ins += spelled
         words += ["--in"] + ins
-        outs = [f"{n}={format_spec(controls.canonical(s, len(s), '--out'))}"
-                for n, s in self._out_specs.items() if isinstance(s, tuple)]
+        outs = [f"{n}={format_spec(controls.canonical(s, len(s), '--out'))}" if isinstance(s, tuple) else f"{n}={s}"
+                for n, s in self._out_specs.items()]
         outs += [n for n in self.outputs or () if n not in self._out_specs]  # bare --out names: only these return
         if outs:
             words += ["--out"] + outs
@@ -435,7 +421,8 @@ class Explorer:
                    zip(self.leaves, layout.specs, self._first.specs) if spec != first]
         target = ([layout.hardware] if layout.hardware != self._first.hardware else []) + \
             ([layout.topology] if layout.topology != self._first.topology and layout.topology else [])
-        return " ".join([str(layout.shape)] + changed + target)
+        types = [f"({controls.types_text(layout.types)})"] if layout.types != self._first.types else []
+        return " ".join([str(layout.shape)] + types + changed + target)
 
 
 def explore_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None, hardware=None,

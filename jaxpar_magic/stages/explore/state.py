@@ -22,7 +22,7 @@ def explorer_state(ex) -> dict:
         inputs.append({"name": first.label, "group": first.input, "shape": list(first.shape), "dtype": first.dtype,
                        "spec": [list(axes) for axes in specs[members[0]]],
                        "paths": [ex.leaves[i].label for i in members], "count": len(members)})
-    devices = int(ex.mesh.devices.size)
+    devices = ex.devices
     target = None
     if layout.hardware is not None:
         hardware = ex._profiles.get(layout.hardware)
