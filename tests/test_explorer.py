@@ -143,6 +143,26 @@ def test_a_mesh_over_some_devices_is_spelled_with_devices(cell):
     assert figures(planned_as_cell(cell, ex)) == figures(ex.plan)
 
 
+def test_the_explorer_plans_an_abstract_mesh_for_a_slice(cell):
+    """Issue 42: `%mesh --abstract` (which --plan takes) was refused. Over an AbstractMesh the explorer plans
+    with XLA:TPU for the slice --topology names; its line spells the mesh `--abstract`, and pasted it plans
+    the same (the oracle, figure for figure)."""
+    from tpu_support import require_libtpu
+
+    with capture_output():
+        cell.run_line_magic("mesh", "data=16 model=4 --abstract --axis-types auto --name pod --no-show")
+    with pytest.raises(UsageError, match="not an AbstractMesh: simulate them first"):  # XLA:CPU needs devices
+        explore(cell, "--mesh pod --in x=data,None")
+    require_libtpu()
+    ex, (view,) = explore(cell, "--mesh pod --in x=data,None --hardware tpu-v5e --topology 8x8")
+    assert view.state["mesh"]["devices"] == 64 and ex.plan.compiler == "XLA:TPU"
+    assert ex.line().startswith("%%shard --plan --mesh data=16,model=4 --axis-types auto --abstract --hardware "
+                                "tpu-v5e --topology 8x8 --in ")
+    ex.choose("params['w1']", "None,model")
+    ex.reshape("data=8,model=8")
+    assert ex.plan.axes == {"data": 8, "model": 8} and figures(planned_as_cell(cell, ex)) == figures(ex.plan)
+
+
 def test_out_names_are_planned_and_kept_in_the_line(cell):
     """`--out y`: the explorer plans only `y` as an output (h is a temporary), as the cell does, and its line says so."""
     ex, _ = explore(cell, "--in x=data,None --out y")
