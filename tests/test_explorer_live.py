@@ -163,6 +163,18 @@ def explore_live(server: Any, path: str, label: str) -> None:
             assert "xb=P(None,'model') wb=P('data','model')" in current
             assert compiles(view) == first + 5
             screenshot(view, shots / f"{label}-explorer-coalesced.png")
+
+            # The static twin is the record the notebook keeps: the kernel updates it as layouts are tried
+            # (while the widget, drawn, keeps it hidden), so a saved, reopened or exported notebook shows every
+            # tried layout, not only the first.
+            record = page.evaluate(
+                """() => window.jupyterapp.shell.currentWidget.content.widgets[3].model.outputs.toJSON()
+                         .map((o) => (o.data || {})['text/plain'] || '').join('\\n')""")
+            assert record.count("%%shard --plan --mesh data=4,model=2 --axis-types auto ") == 6, record
+            assert all(line in record.splitlines() for line in lines), record
+            twin = page.locator(".jp-OutputArea", has=view).locator(".jpm-static")
+            expect(twin).to_have_count(1)
+            expect(twin).to_be_hidden()
         except BaseException as failure:
             page.screenshot(path=str(shots / f"{label}-explorer-live-failure.png"))
             failure.add_note(f"screenshot: test-artifacts/{label}-explorer-live-failure.png\nserver log:\n{lab.log_tail()}")
