@@ -75,7 +75,8 @@ def test_the_magic_binds_the_explorer_and_shows_its_view(cell):
     assert state["mesh"]["shapes"] == ["data=8,model=1", "data=4,model=2", "data=2,model=4", "data=1,model=8"]
     assert state["plan"]["peak_bytes"] == ex.plan.total_bytes and state["generation"] == 1 == state["compiles"]
     assert state["tried"] == [{"rank": 1, "line": ex.line(), "peak_bytes": ex.plan.total_bytes, "fits": None,
-                               "collective_bytes": 0, "estimate_s": None, "bound": None, "current": True}]
+                               "collective_bytes": 0, "estimate_s": None, "bound": None, "current": True,
+                               "mesh": "data=4,model=2 Auto"}]
 
 
 def test_choose_reshape_tried_line_and_best(cell):
@@ -299,9 +300,13 @@ def test_a_layout_the_compiler_refuses_is_a_message(cell):
     assert ex.wait(120)
     refused = ex.message
     assert refused.startswith("data=4,model=2 (Explicit) params['w1']=P(None,'data'): ") and "\n" not in refused
-    assert "the mesh has Explicit axes" in refused and ex.plan is plan and ex.generation == generation
-    assert ex.compiles == compiles + 1
-    with pytest.raises(UsageError, match="the mesh has Explicit axes") as err:  # synchronously: raised
+    # One line, no paragraph of fixes for a cell (out_sharding=..., jax.reshard) and no literal backticks.
+    assert re.fullmatch(r"data=4,model=2 \(Explicit\) params\['w1'\]=P\(None,'data'\): on Explicit axes JAX refuses "
+                        r"line 1 of the cell \(h = jnp.tanh\(x @ params\['w1'\]\)\): dot_general operation .* produces "
+                        r"an illegally sharded result: f32\[64@data,256@data\]\. Try Auto axis types or another layout\.",
+                        refused), refused
+    assert ex.plan is plan and ex.generation == generation and ex.compiles == compiles + 1
+    with pytest.raises(UsageError, match="on Explicit axes JAX refuses") as err:  # synchronously: raised
         ex.choose("params['w1']", P(None, "data"))
     assert " ".join(str(err.value).split()) == refused and ex.plan is plan
     assert ex.compiles == compiles + 1  # the refusal is kept: not compiled again
@@ -325,11 +330,13 @@ def test_the_view_drives_the_explorer_and_shows_its_states(cell):
     assert view.state["generation"] == 2 and view.state == ex.state()  # set from the worker thread
     view._message(view, {"kind": "unknown"})  # ignored
     text = view.to_text()
-    flat = " ".join(text.split())
-    assert all(len(line) <= 80 for line in text.splitlines())
+    # Every line fits 80 columns but the layouts' lines, each whole on a line of its own, from the first column:
+    # a magic's line cannot continue on the next, so copied from a terminal a wrapped one would not run.
+    long = [line for line in text.splitlines() if len(line) > 80]
+    assert all(line.startswith("%%shard ") for line in long) and long, text
     page = view.to_html()
     for row in ex.tried:
-        assert " ".join(row.line.split()) in flat  # wrapped, never cut
+        assert row.line in text.splitlines()
         assert html.escape(row.line) in page
     assert "Tried layouts (2), best first" in text and "Tried layouts (2), best first" in page
     assert "<script" not in page and "style=" in page  # static: inline styles only
@@ -372,6 +379,25 @@ def test_a_target_gives_estimates_ranks_by_them_and_can_be_changed(cell):
     tried = ex.tried
     assert [r.estimate_s for r in tried] == sorted(r.estimate_s for r in tried)  # with a profile: by estimate
     assert figures(planned_as_cell(cell, ex)) == figures(v5p)
+
+
+def test_one_unit_per_figure_readable_sizes_and_singular_words(cell):
+    """Issue 42: 0.571 ms beside 571 µs, "1 collectives", `--device-memory 50331648`. The summary, the rows
+    and the text say each figure with the view's one formatter (views/base.py, the twin of the page's)."""
+    from jaxpar_magic.views.base import format_bytes, format_seconds
+
+    ex, (view,) = explore(cell, "--in x=data,None --hardware tpu-v5e --device-memory 50331648")
+    ex.choose("params['w1']", P(None, "model"))  # h's rows are cut by model: one all-reduce
+    assert " --device-memory 48MiB " in ex.line()
+    plan, summary = ex.plan, ex.state()["plan"]["summary"]
+    estimate = format_seconds(plan.roofline.estimate_s)
+    assert f" · 1 collective · estimate {estimate}, bound by " in summary
+    assert f"{format_bytes(plan.total_bytes)} per device (fits in 48.0 MiB)" in summary
+    text = view.to_text()
+    assert "1 collectives" not in text and "1 collectives" not in view.to_html()
+    flat = " ".join(text.split())
+    assert f"* 2. data=4,model=2 Auto · peak {format_bytes(plan.total_bytes)} · fits · moves 768 B · {estimate} (" in flat
+    assert figures(planned_as_cell(cell, ex)) == figures(plan) and planned_as_cell(cell, ex).capacity == 48 * 2**20
 
 
 def test_retarget_without_a_target_is_refused(cell):

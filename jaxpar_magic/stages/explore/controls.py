@@ -240,6 +240,19 @@ def all_device_ids() -> list[int]:
     return sorted(d.id for d in jax.devices())
 
 
+def refusal_words(err: UsageError) -> str:
+    """What the view says of a layout the engine refused. JAX refusing a layout on Explicit axes is
+    said in one line, without the cell's paragraph of fixes (out_sharding=..., jax.reshard): in the
+    explorer the fix is another layout, or Auto axes."""
+    said = str(err)
+    cause = err.__context__
+    if type(cause).__name__ != "ShardingTypeError" or ": the mesh has Explicit axes" not in said:  # jax._src.core's
+        return said
+    where = said.split(": the mesh has Explicit axes", 1)[0].replace("`", "")
+    detail = (str(cause).strip().splitlines() or [""])[0].rstrip(".")
+    return f"on Explicit axes JAX refuses {where}: {detail}. Try Auto axis types or another layout."
+
+
 # --- a layout as the words of a line ------------------------------------------------------------
 
 def mesh_words(layout: Layout, mesh) -> tuple[list[str], dict]:

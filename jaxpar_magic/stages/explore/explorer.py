@@ -275,7 +275,7 @@ class Explorer:
         try:
             plan = self._plan_cell(layout, mesh)
         except UsageError as err:
-            raise self._refuse(layout, f"{self.describe(layout)}: {err}") from None
+            raise self._refuse(layout, f"{self.describe(layout)}: {controls.refusal_words(err)}") from None
         except Exception as exc:  # a layout XLA refuses is the explorer's message, never a traceback
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
             raise self._refuse(layout, f"{self.describe(layout)}: the compiler refused this layout ({type(exc).__name__}: "
