@@ -4,6 +4,7 @@ planned as cells with the line it gives (the differential oracle)."""
 from __future__ import annotations
 
 import html
+import random
 import re
 import textwrap
 import threading
@@ -247,6 +248,56 @@ def test_a_change_made_while_the_next_layout_compiles_adds_to_it(cell):
     one_by_one.choose("params['w1']", P(None, "model"))
     one_by_one.choose("params['w2']", P("model", None))
     assert one_by_one.layout == ex.layout and figures(one_by_one.plan) == figures(ex.plan)
+    assert figures(planned_as_cell(cell, ex)) == figures(ex.plan)
+
+
+SPECS = [[[], []], [["data"], []], [[], ["model"]], [["model"], []], [[], ["data"]], [["data"], ["model"]]]
+
+
+@pytest.mark.parametrize("seed", [40, 5, 42])
+def test_random_changes_while_compiles_are_held_add_up(cell, seed):
+    """Issue 40's differential: random changes from the view, some while compiles are held. Whatever the
+    worker's timing, every layout it plans is the sum of a first run of the changes (none lost, none out
+    of order), it ends at the sum of them all, and that layout's line, pasted, plans the same figures."""
+    rng = random.Random(seed)
+    ex, _ = explore(cell, "")
+    names = [leaf.label for leaf in ex.leaves]
+    layouts = [dict(zip(names, ex.layout.specs))]  # after 0, 1, 2, ... changes
+    stops, armed = [], []
+
+    def stop_after_a_plan(state):  # armed: the worker stops as a plan becomes current, before the next one
+        if armed and state["generation"] > armed[0]:
+            stops.append(ex.holding())
+            armed.pop(1).set()
+            armed.clear()
+
+    def change():  # one leaf's spec, to a layout not asked for before: each plan that ends is a new current one
+        while True:
+            name, spec = rng.choice(names), rng.choice(SPECS)
+            after = {**layouts[-1], name: tuple(tuple(axes) for axes in spec)}
+            if after not in layouts:
+                break
+        ex.submit({"kind": "choose", "name": name, "spec": spec})
+        layouts.append(after)
+
+    ex.observe(stop_after_a_plan)
+    for _ in range(4):  # changes while a compile waits, one plan ends, a change while the next one waits
+        held = ex.holding()
+        for _ in range(rng.randint(1, 3)):
+            change()
+        ended = threading.Event()
+        armed[:] = [ex.generation, ended]
+        for hold in [held, *stops]:
+            hold.release()
+        stops.clear()
+        assert ended.wait(120)
+        change()
+    for hold in stops:
+        hold.release()
+    assert ex.wait(240) and ex.message is None
+    sums = [tuple(layout[n] for n in names) for layout in layouts]
+    assert all(row.layout.specs in sums for row in ex.tried), [r.line for r in ex.tried]
+    assert ex.layout.specs == sums[-1]
     assert figures(planned_as_cell(cell, ex)) == figures(ex.plan)
 
 

@@ -284,7 +284,8 @@ class JaxparMagics(Magics, Configurable):
     @magic_arguments()
     @argument("--mesh", nargs="+", metavar="NAME_OR_AXES", help="A Mesh by name (`--mesh mesh`) or inline (`--mesh data=4,model=2`).")
     @argument("--in", dest="ins", nargs="+", metavar="NAME=SPEC",
-              help="Place inputs: `v=data`, `w=data,None`, `w=(data,model),None`, `w=P('data', None)`, or `v=8` (split axis 0 over 8 devices).")
+              help="Place inputs: `v=data`, `w=data,None`, `w=(data,model),None`, `w=P('data', None)`, or `v=8` (split axis 0 over 8 devices); "
+                   "one leaf of a pytree by its path: `\"params['w1']=None,model\"`.")
     @argument("--out", dest="outs", nargs="+", metavar="NAME[=SPEC]",
               help="What the cell returns, like a `return` statement: only these names are bound; the other names "
                    "it assigns are temporaries. NAME=SPEC also lays the output out by SPEC (same syntax as --in); a bare "
