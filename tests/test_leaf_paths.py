@@ -108,6 +108,12 @@ def test_a_wrong_path_is_one_usage_error_and_changes_nothing(cell, words, said):
     assert "\n" not in str(err.value) and snapshot(cell.user_ns) == before
 
 
+def test_as_code_says_it_writes_one_spec_per_input(cell):
+    with pytest.raises(UsageError, match=re.escape("--as-code: params=P(None) params[w1]=P(None,'model') gives one "
+                                                   "spec per leaf; --as-code writes one spec per input.")):
+        shard(cell, "--as-code --in x=data,None params=None params[w1]=None,model")
+
+
 def test_out_takes_no_leaf_path(cell):
     with pytest.raises(UsageError, match=r"^--out: cannot read 'y\[0\]=data'"):
         shard(cell, "--in x=data,None --out y[0]=data")

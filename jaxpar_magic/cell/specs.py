@@ -236,8 +236,9 @@ class LeafSpecs:
     paths: tuple  # ((path text, its steps, spec), ...), as written
 
     def __str__(self) -> str:
-        return " ".join(([f"{self.name}={_spec_words(self.base)}"] if self.base is not None else [])
-                        + [f"{self.name}{text}={_spec_words(spec)}" for text, _, spec in self.paths])
+        """What follows `NAME=` in a message: `P(None) params[w1]=P(None,'model')`."""
+        base = _spec_words(self.base) if self.base is not None else "(each leaf as laid out)"
+        return " ".join([base] + [f"{self.name}{text}={_spec_words(spec)}" for text, _, spec in self.paths])
 
 
 def _spec_words(spec) -> str:
