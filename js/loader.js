@@ -52,28 +52,15 @@ function useStylesheet(css, where) {
  */
 function hideTwin(el, twin) {
   let frame = 0;
-  /** @type {MutationObserver | null} */
-  let watch = null;
-  const hide = () => {
-    for (const node of /** @type {Document | ShadowRoot} */ (el.getRootNode()).querySelectorAll(`.jpm-twin-${twin}`)) {
-      const box = node.closest(".jp-OutputArea-child");
-      const hidden = /** @type {HTMLElement} */ (box?.contains(el) ? node : box || node);
-      if (hidden.style.display !== "none") hidden.style.display = "none";
-    }
-  };
   const look = () => {
     if (!el.isConnected) return void (frame = requestAnimationFrame(look));
-    hide();
-    // A twin the kernel keeps current (the explorer's record, by update_display_data) is drawn anew in a
-    // new output box: hide that one too, watching only this cell's outputs.
-    const area = el.closest(".jp-OutputArea, .output_area, .output");
-    if (area && typeof MutationObserver !== "undefined") {
-      watch = new MutationObserver(hide);
-      watch.observe(area, { childList: true, subtree: true });
+    for (const node of /** @type {Document | ShadowRoot} */ (el.getRootNode()).querySelectorAll(`.jpm-twin-${twin}`)) {
+      const box = node.closest(".jp-OutputArea-child");
+      /** @type {HTMLElement} */ (box?.contains(el) ? node : box || node).style.display = "none";
     }
   };
   if (/^[0-9a-f]+$/.test(twin)) look();
-  return () => (cancelAnimationFrame(frame), watch?.disconnect());
+  return () => cancelAnimationFrame(frame);
 }
 
 /**

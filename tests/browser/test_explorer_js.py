@@ -294,3 +294,22 @@ def test_at_900_px_the_figures_stay_in_sight_and_axis_types_tell_rows_apart(view
     assert rows.nth(0).locator(".jpm-ex-rowmesh").inner_text() != rows.nth(2).locator(".jpm-ex-rowmesh").inner_text()
     assert rows.nth(0).locator(".jpm-ex-line").inner_text() != rows.nth(2).locator(".jpm-ex-line").inner_text()
     view_page.shot(host, "explorer_900px")
+
+
+def test_a_twin_the_kernel_updates_is_hidden_again(view_page: Any) -> None:
+    """The kernel keeps the explorer's static twin current (update_display_data, the notebook's record of the
+    tried layouts): JupyterLab draws the update in a new output box, which the drawn explorer hides too. The
+    view is mounted as a kernel shows it: through js/loader.js, in one output area with its twin."""
+    page = view_page.page
+    view_page.mount("explorer", explorer_state(), mode="loader", twin="0a1b2c", attach="after", area=True)
+    page.locator(".jpm-twin-0a1b2c").wait_for(state="hidden", timeout=5_000)  # js/loader.js: the first twin
+    page.evaluate("""twin => {
+        const old = document.querySelector(`.jpm-twin-${twin}`).closest('.jp-OutputArea-child');
+        const box = document.createElement('div');
+        box.className = 'jp-OutputArea-child';
+        box.innerHTML = `<div class="jpm-static jpm-twin-${twin}">updated twin ${twin}</div>`;
+        old.replaceWith(box);
+    }""", "0a1b2c")
+    page.locator(".jpm-twin-0a1b2c").wait_for(state="hidden", timeout=5_000)
+    assert page.locator(".jpm-twin-0a1b2c").text_content() == "updated twin 0a1b2c"
+    assert page.locator(".jpm-explorer").is_visible()

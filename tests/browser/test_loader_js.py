@@ -55,23 +55,3 @@ def test_a_drawn_view_hides_its_static_twin(view_page: Any, samples: Any, attach
     page.locator(".jpm-twin-0123abcd").wait_for(state="hidden", timeout=5_000)
     assert other.is_visible(), "a view that could not draw must leave its twin showing"
 
-
-def test_a_twin_the_kernel_updates_is_hidden_again(view_page: Any, samples: Any) -> None:
-    """The explorer keeps its static twin current (update_display_data): JupyterLab draws the new twin in a new
-    output box, which the drawn widget hides too; a view that cannot draw leaves its updated twin showing."""
-    page = view_page.page
-    view_page.mount("mesh", samples.mesh([2, 4]), mode="loader", twin="0a1b2c", attach="after", area=True)
-    view_page.mount("mesh", samples.mesh([2, 2]), mode="loader", lib="IPY_MODEL_gone", twin="0d0d", area=True)
-    page.locator(".jpm-twin-0a1b2c").wait_for(state="hidden", timeout=5_000)
-    replace = """twin => {
-        const old = document.querySelector(`.jpm-twin-${twin}`).closest('.jp-OutputArea-child');
-        const box = document.createElement('div');
-        box.className = 'jp-OutputArea-child';
-        box.innerHTML = `<div class="jpm-static jpm-twin-${twin}">updated twin ${twin}</div>`;
-        old.replaceWith(box);
-    }"""
-    page.evaluate(replace, "0a1b2c")
-    page.evaluate(replace, "0d0d")
-    page.locator(".jpm-twin-0a1b2c").wait_for(state="hidden", timeout=5_000)
-    assert page.locator(".jpm-twin-0a1b2c").inner_text() == "updated twin 0a1b2c"
-    assert page.locator(".jpm-twin-0d0d").is_visible()
