@@ -54,4 +54,3 @@ def test_a_drawn_view_hides_its_static_twin(view_page: Any, samples: Any, attach
     assert host.locator(".jpm-cell").count() == 8
     page.locator(".jpm-twin-0123abcd").wait_for(state="hidden", timeout=5_000)
     assert other.is_visible(), "a view that could not draw must leave its twin showing"
-
