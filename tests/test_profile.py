@@ -76,19 +76,20 @@ def wall_median(call, runs: int = 5) -> float:
     return statistics.median(times)
 
 
-def check_times(profile: Profile, hand_wall: float | None = None) -> None:
+def check_times(profile: Profile, hand_walls: tuple = ()) -> None:
     """Each run's span on the devices lies within its own call's wall-clock time (the device work
     starts after the call and ends before its results are ready: 0.1 ms for the two clocks). The
-    median is of the order of a hand-written step's wall-clock median, timed just before: on 2 cores
-    shared with other work the same step's wall clock varies 4-fold from one second to the next
-    (measured), so that band is 4-fold too; it still catches a unit mistake (ps, ns, µs: 1000-fold).
-    The chip's tier holds the profile to 10 % of the wall clock (tests/test_profile_device.py)."""
+    median is of the order of a hand-written step's wall-clock medians, timed before and after the
+    profile: on 2 cores at a load of 10 (this machine, shared) the same step's wall clock varies 5-fold
+    from one second to the next (measured: 3.6 ms, then 19 ms), so that band is 10-fold; it still
+    catches a unit mistake (ps, ns, µs: 1000-fold). The chip's tier holds the profile to 10 % of the
+    wall clock (tests/test_profile_device.py)."""
     assert len(profile.step_times_s) == len(profile.wall_times_s) == profile.steps
     for span, wall in zip(profile.step_times_s, profile.wall_times_s):
         assert 0 < span <= wall + 1e-4, (span, wall)
     assert profile.step_s == pytest.approx(statistics.median(profile.step_times_s))
-    if hand_wall is not None:
-        assert hand_wall / 4 <= profile.step_s <= 4 * hand_wall, (profile.step_s, hand_wall)
+    if hand_walls:
+        assert min(hand_walls) / 10 <= profile.step_s <= 10 * max(hand_walls), (profile.step_s, hand_walls)
     for lane in profile.lanes:  # a lane's own work fits in its step, op by op
         for step in range(profile.steps):
             mine = [e for e in lane.events if e.step == step and not e.in_flight and e.kind != "wait"]
@@ -101,6 +102,7 @@ def test_shard_profile_binds_the_plain_runs_values_and_names_only_the_programs_o
     y_hand, total_hand = step(*args)
     hand_text = step.lower(*args).compile().as_text()
     run(data, "shard", "--in x=data,None --no-show", STEP)  # the plain run compiles the program
+    before = wall_median(lambda: step(*args))
     compiled = compiles.count
     _, (view,), captured = run(data, "shard", "--in x=data,None --profile --profile-steps 3", STEP)
     assert compiles.count == compiled  # the profile compiled nothing: the same program ran again
@@ -126,7 +128,7 @@ def test_shard_profile_binds_the_plain_runs_values_and_names_only_the_programs_o
     (reduce,) = profile.collectives
     assert reduce.line == 2 and reduce.count == 1  # `total = jnp.sum(y)`
     assert {op.line for op in profile.ops if op.kind == "compute"} >= {1}
-    check_times(profile, wall_median(lambda: step(*args)))
+    check_times(profile, (before, wall_median(lambda: step(*args))))
     state = view.state
     assert state["headline"].startswith("measured step") and len(state["lanes"]) == 8
     assert "_profile" not in captured.stdout  # the view, not the summary, when shown
