@@ -4,7 +4,7 @@ MLP step on the devices JAX has, beside a wall-clock median of the same step han
 
     python bench/profile_mlp.py                    # on the machine's devices (a TPU: the chip's figures)
     python bench/profile_mlp.py --cpu              # a dry run on 8 simulated CPU devices, small sizes
-    python bench/profile_mlp.py --json out.json    # also the figures as JSON (tests/test_profile_device.py)
+    python bench/profile_mlp.py --json out.json    # also the figures as JSON (tests/device/test_device_profile.py)
 
 Prints the profile (the step, its shares, the top ops with their lines, the plan beside it), the
 hand-written step's wall-clock median and the ratio, and whether every op the profile names is an

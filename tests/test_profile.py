@@ -83,7 +83,7 @@ def check_times(profile: Profile, hand_walls: tuple = ()) -> None:
     profile: on 2 cores at a load of 10 (this machine, shared) the same step's wall clock varies 5-fold
     from one second to the next (measured: 3.6 ms, then 19 ms), so that band is 10-fold; it still
     catches a unit mistake (ps, ns, µs: 1000-fold). The chip's tier holds the profile to 10 % of the
-    wall clock (tests/test_profile_device.py)."""
+    wall clock (tests/device/test_device_profile.py)."""
     assert len(profile.step_times_s) == len(profile.wall_times_s) == profile.steps
     for span, wall in zip(profile.step_times_s, profile.wall_times_s):
         assert 0 < span <= wall + 1e-4, (span, wall)

@@ -6,7 +6,7 @@ expected, before a profile silently shows empty lanes: they check, on a real XLA
 name and stat the reader depends on. A TPU trace cannot be made here; the TPU tests build one in
 XSpace's own text format with the structure the chip recorded (TPU.md: a TPU v5e, JAX 0.10.2,
 libtpu 0.0.42: planes `/device:TPU:N`, lines "XLA Modules", "XLA Ops", "Async XLA Ops", ops named by
-their HLO text), and the device tier (tests/test_profile_device.py) reads the chip's own.
+their HLO text), and the device tier (tests/device/test_device_profile.py) reads the chip's own.
 """
 from __future__ import annotations
 
