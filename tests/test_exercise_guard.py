@@ -81,6 +81,8 @@ RING = ("%%exercise ring_total\n%%pmap -a batch --no-show\npassing = readings\nr
     ("check.__code__ = (lambda *a, **k: print('✓ right')).__code__", "changes the code or defaults of `check`"),
     ("get_ipython().events.register('post_run_cell', lambda result: print('✓ right'))",
      "changes IPython's event callbacks"),
+    ("def hook(info):\n    globals()['total'] = 0\nhook.__module__ = 'IPython'\n"
+     "get_ipython().events.register('pre_run_cell', hook)", "changes IPython's event callbacks"),
     ("get_ipython().input_transformers_post.append(lambda lines: ['print(\"✓ right\")\\n'])",
      "changes IPython's input transformers"),
     ("import threading\nthreading.Thread(target=threading.Event().wait, args=(5,), daemon=True).start()",
@@ -111,6 +113,16 @@ def test_the_same_value_bound_again_and_the_exercises_own_names_are_allowed(ex):
     assert run(ex, RING)[0] and verdict(ex, RING_CHECK) == "✓ right"
     assert run(ex, "%%exercise answer\nMEMORY_LIMIT = 3 * 2**20\nhelper = [1]\nanswer = 1")[0]
     assert run(ex, "%%exercise answer\nhelper = [2]\nanswer = helper[0] - 1")[0]
+    assert verdict(ex, ANSWER_CHECK) == "✓ right"
+
+
+def test_a_front_ends_own_callback_may_be_added(ex):
+    """matplotlib's inline backend registers a callback when a cell makes the kernel's first figure:
+    its code lies in the library, not in a cell, so the exercise run counts."""
+    pytest.importorskip("matplotlib_inline")
+    assert run(ex, "%%exercise answer\nfrom matplotlib_inline.backend_inline import flush_figures\n"
+                   "get_ipython().events.register('post_execute', flush_figures)\nanswer = 1")[0]
+    ex.events.unregister("post_execute", ex.user_ns["flush_figures"])
     assert verdict(ex, ANSWER_CHECK) == "✓ right"
 
 

@@ -126,9 +126,11 @@ class Snapshot:
                     and _guarded_module(name)]
         if replaced:
             found.append(f"replaces the module `{replaced[0]}`")
-        hooks = _identities(_shell_hooks(self.shell))
+        now = _shell_hooks(self.shell)
+        hooks = _identities(now)
         for part, before in _identities(self.hooks).items():
-            if hooks.get(part) != before:
+            if hooks.get(part) != before and not (part == "event callbacks" and _front_end_added(self.hooks[part],
+                                                                                                   now[part])):
                 found.append(f"changes IPython's {part}")
         left = [t for t in threading.enumerate() if t not in self.threads and t.is_alive()
                 and not t.name.startswith("jaxpar")]
@@ -352,6 +354,38 @@ def _shell_hooks(shell) -> dict:
         "namespace": (shell.user_ns, shell.user_global_ns),
     }
     return parts
+
+
+_FRONT_END = ("matplotlib", "matplotlib_inline", "ipykernel", "ipywidgets", "IPython", "jaxpar_magic")
+
+
+def _front_end_added(before: dict, now: dict) -> bool:
+    """Only callbacks of the front end's own libraries were added (matplotlib's inline backend registers
+    one when a cell makes the kernel's first figure), none removed or replaced."""
+    for event, callbacks in now.items():
+        kept = before.get(event, [])
+        if [id(c) for c in callbacks[:len(kept)]] != [id(c) for c in kept]:
+            return False
+        if not all(map(_front_end_code, callbacks[len(kept):])):
+            return False
+    return True
+
+
+def _front_end_code(function) -> bool:
+    """The function's code lies in one of the front end's installed packages (its own file, not a
+    cell's: a name or a __module__ can be set to anything)."""
+    import os
+
+    code = getattr(getattr(function, "__func__", function), "__code__", None)
+    if code is None:
+        return False
+    where = os.path.realpath(code.co_filename)
+    for name in _FRONT_END:
+        package = sys.modules.get(name)
+        home = os.path.dirname(os.path.realpath(getattr(package, "__file__", "") or "")) if package else ""
+        if home and where.startswith(home + os.sep):
+            return True
+    return False
 
 
 def _identities(value):
