@@ -10,7 +10,7 @@ import { h, formatBytes, formatDuration } from "./format.js";
 /** Collectives listed (the engines send at most this many). */
 const MAX_COLLECTIVES = 256;
 
-const SLICED = "XLA:CPU makes an all-reduce that each device then slices; XLA:TPU and XLA:GPU make it this reduce-scatter, which the plan shows and costs";
+const SLICED = "XLA:CPU makes an all-reduce that each device then slices; XLA:TPU and XLA:GPU can make it this reduce-scatter, which the plan shows and costs";
 
 /**
  * The source of a collective: `line 3: loss, grads = …` (the twin of `where`).

@@ -14,7 +14,7 @@ from .textwidth import fit_line
 MAX_COLLECTIVES = 256
 #: Collectives the text rendering lists (a terminal screenful); more get a summary by op and axis first.
 TEXT_COLLECTIVES = 24
-SLICED = ("XLA:CPU makes an all-reduce that each device then slices; XLA:TPU and XLA:GPU make it this "
+SLICED = ("XLA:CPU makes an all-reduce that each device then slices; XLA:TPU and XLA:GPU can make it this "
           "reduce-scatter, which the plan shows and costs")
 
 

@@ -38,8 +38,9 @@ def attached_caveats(target) -> tuple[str, ...]:
 
 SCATTER_CAVEAT = (
     "XLA:CPU sums some arrays on every device and then keeps each device's slice (an all-reduce and a "
-    "dynamic-slice); XLA:TPU and XLA:GPU make that one reduce-scatter (XLA's reduce-scatter creator pass), so the "
-    "plan shows and costs those as reduce-scatters, each marked on its line."
+    "dynamic-slice); XLA:TPU and XLA:GPU can make that one reduce-scatter (XLA's reduce-scatter creator pass), and "
+    "the plan shows and costs those as reduce-scatters, each marked on its line. They do not always (XLA:TPU kept "
+    "a float32 FSDP step's gradient sums as all-reduces, libtpu 0.0.42): plan with XLA:TPU to see its choice."
 )
 # jax.checkpoint / jax.remat in the lowered program (its op names: .../checkpoint/..., .../remat2; inside
 # a loop's body the name stack starts again: "checkpoint/...", "remat2", "vmap()/remat2").
@@ -63,9 +64,10 @@ def remat_caveat(hardware) -> str:
 ROOFLINE_CAVEAT = (
     "The step time is a model, not a measurement: peak FLOP/s for each matmul's dtype and precision, HBM "
     "bandwidth, and ring collectives on the mesh's topology (per-axis links, wraparound, ~1 µs hops, DCN or "
-    "network past a pod or node), as in the scaling book. The estimate assumes communication fully "
-    "overlaps compute (optimistic); the no-overlap figure adds it (pessimistic). Real steps reach a "
-    "fraction of peak: the book measures 680 µs for a gather it models at 560 µs."
+    "network past a pod or node), as in the scaling book. The estimate hides the collectives the compiled "
+    "schedule overlaps behind compute and adds those it runs synchronously (an XLA:CPU plan's are all counted "
+    "as overlapped: its schedule is not the target's); the no-overlap figure adds them all (pessimistic). Real "
+    "steps reach a fraction of peak: the book measures 680 µs for a gather it models at 560 µs."
 )
 UPCAST_CAVEAT = (
     "XLA:CPU computes bf16 in f32 around collectives; collectives and memory traffic are counted in the "

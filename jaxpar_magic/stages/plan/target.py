@@ -7,8 +7,11 @@ topology_name="v5e:4x4")` gives the devices, the mesh is laid onto them as `jax.
 (several slices over DCN as `create_hybrid_device_mesh` does), and `jit(...).lower(...).compile()`
 runs XLA:TPU itself. Nothing runs on, or needs, a TPU; `jax.devices()` stays what it was.
 
-Everything else (no libtpu, no `--topology`, a GPU or custom profile, `--compiler cpu`) compiles with
-XLA:CPU for simulated devices, and the plan says how to get the target's own compile.
+Where the mesh is of the accelerator chips this process has (a TPU host: `devices_of(mesh)` says
+"tpu"), a plan without `--topology` is compiled by their own compiler for them (`on_attached`), and fits
+against what they report (`memory_stats()['bytes_limit']`). Everything else (no libtpu, no `--topology`,
+a GPU or custom profile, `--compiler cpu`) compiles with XLA:CPU for simulated devices, and the plan says
+how to get the target's own compile.
 
 Loading libtpu without a TPU makes it print start-up warnings on the process's stderr (in a
 notebook, ipykernel forwards that into the cell); `native_stderr.heard` keeps them out, and hands on

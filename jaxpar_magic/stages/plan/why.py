@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from .buffer_roles import parameter_behind
+from .buffer_roles import THROUGH
 from .peak import short_op
 
 # JAX's names for the collectives a cell writes itself (shard_map, pmap): the cell asks for these.
@@ -32,11 +32,36 @@ ORDERED = {"sharding_constraint", "reshard", "device_put", "mesh_cast", "shardin
 
 
 class _Program:
-    """What `parameter_behind` reads: the instructions by name and the arguments' labels."""
+    """The instructions by name, the arguments' labels, and who calls each fused computation."""
 
     def __init__(self, instructions: list, labels: dict):
         self.by_name = {i.name: i for i in instructions}
         self.parameters = labels
+        self.callers: dict = {}
+        for i in instructions:
+            if i.callee:
+                self.callers.setdefault(i.callee, []).append(i)
+
+    def argument_behind(self, name: str) -> str | None:
+        """The argument a value is a copy, view, conversion or gather of (through the fusions XLA:TPU wraps
+        an async collective in: a fused computation's parameter read as its caller's operand)."""
+        for _ in range(24):
+            ins = self.by_name.get(name)
+            if ins is None:
+                return None
+            if ins.op == "parameter":
+                if ins.name in self.parameters:
+                    return self.parameters[ins.name]
+                callers = self.callers.get(ins.computation, [])
+                number = re.search(r"parameter\((\d+)\)", ins.line)
+                if len(callers) != 1 or number is None or int(number.group(1)) >= len(callers[0].operands):
+                    return None
+                name = callers[0].operands[int(number.group(1))]
+                continue
+            if ins.op not in THROUGH and not ins.op.startswith("all-gather") or not ins.operands:
+                return None
+            name = ins.operands[0]
+        return None
 
 
 def _axes(axes) -> str:
@@ -51,12 +76,12 @@ def reason(c, planned, program: _Program | None) -> dict | None:
     if op is None or c.over_dcn:
         return None
     op = op.removesuffix("_invariant")  # JAX 0.10's psum_invariant, all_gather_invariant: the user wrote psum
-    operand = parameter_behind(program, c.operand) if program is not None and c.operand else None
+    operand = program.argument_behind(c.operand) if program is not None and c.operand else None
     kind = planned.op
     axes = _axes(planned.axes)
     dim = c.dimensions[0] if c.dimensions else None
     who = f"{operand}'s " if operand else ""
-    at = f" at line {planned.line}" if planned.line is not None else ""
+    at = _at(planned)
     pass_ = "the backward pass's " if c.backward else ""
     summed = planned.reduction or "sum"
     if op in ASKED:
@@ -80,6 +105,15 @@ def reason(c, planned, program: _Program | None) -> dict | None:
     else:
         text = f"{pass_}{op}{at} needs {who}data a neighbour along {axes} holds"
     return {"op": op, "asked": False, "operand": operand, "before": before, "needed": needed, "text": text}
+
+
+def _at(planned) -> str:
+    """` at line 26 of In[1], in block()` (the line inside a function the cell calls), or the cell's line."""
+    o = planned.origin
+    if o and o.get("line") is not None:
+        inside = f", in {o['function']}()" if o.get("function") else ""
+        return f" at line {o['line']} of {o.get('cell')}{inside}"
+    return f" at line {planned.line}" if planned.line is not None else ""
 
 
 def _moves(kind: str, dim, axes: str, summed: str) -> tuple[str, str]:
