@@ -17,6 +17,7 @@ from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
 from jaxpar_magic.cell.hlo import collectives
 from jaxpar_magic.stages.plan.plan_program import compile_plan
 from test_loop_census import D, F, L, fsdp_block
+from test_plan_differential import asynchronous
 from tpu_support import require_libtpu
 
 
@@ -45,6 +46,16 @@ def test_zero3_on_xla_tpu_lists_four_gathers_and_two_scatters_each_eight_times()
     assert ops == ["all-gather"] * 4 + ["reduce-scatter"] * 2, ops
     assert {c.count for c in planned.collectives} == {8}
     assert all("8 times (in a loop)" in c.groups_text for c in planned.collectives)
+    # Issue 42: which of them the compiled schedule overlaps (an async collective fusion's start) and
+    # which make the device wait; the estimate adds the latter.
+    started = asynchronous(text)
+    assert started, "XLA:TPU starts at least one collective asynchronously here"
+    assert [c.overlapped for c in planned.collectives] == [f.computation in started for f in collectives(text)]
+    assert {c.overlapped for c in planned.collectives} == {True, False}
+    r = planned.roofline
+    exposed = sum(c.seconds for c in planned.collectives if c.overlapped is False)
+    assert r.exposed_s == pytest.approx(exposed) and exposed > 0
+    assert r.estimate_s == pytest.approx(max(r.compute_s, r.memory_s, r.collective_s - exposed) + exposed)
 
 
 def test_a_multi_slice_reduction_has_its_dcn_stage_costed_on_dcn():

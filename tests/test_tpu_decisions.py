@@ -1,6 +1,6 @@
-"""What XLA:TPU decided, as the plan says it (issue 42), against XLA:TPU's own program: which collectives
-its schedule overlaps with compute (and the estimate that adds the others), the calls per trip of a loop
-it cannot bound, and the outputs a multi-output fusion writes. Each compiles one small program for
+"""What XLA:TPU decided, as the plan says it (issue 42), against XLA:TPU's own program: a collective its
+schedule does not overlap with compute (and the estimate that adds it; test_tpu_census.py's ZeRO-3 step has
+both kinds), the calls per trip of a loop it cannot bound, and the outputs a multi-output fusion writes. Each compiles one small program for
 compile-only devices of a v5e 2x4 slice; they need the optional libtpu (tpu_support.py)."""
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from jaxpar_magic.engines.shard import make_mesh, plan
 from jaxpar_magic.stages.plan.plan import EXPOSED_CAVEAT
 from jaxpar_magic.stages.plan.plan_program import compile_plan
 from jaxpar_magic.views import plan as plan_view
+from test_plan_differential import asynchronous
 from test_plan_why import UNBOUNDED
 from tpu_support import require_libtpu
 
@@ -33,18 +34,6 @@ def spec(shape, *axes, dtype=jnp.float32):
     return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(POD, P(*axes)))
 
 
-def _asynchronous(text: str) -> set[str]:
-    """The oracle: computations whose collective XLA:TPU runs asynchronously (their root starts it)."""
-    found, current = set(), None
-    for line in text.splitlines():
-        if line and not line[0].isspace() and line.rstrip().endswith("{"):
-            current = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
-        elif 'custom_call_target="AsyncCollectiveStart"' in line or "-start(" in line and re.search(
-                r"(all-gather|all-reduce|collective-permute|reduce-scatter|all-to-all)-start\(", line):
-            found.add(current)
-    return found
-
-
 def test_a_synchronous_all_reduce_is_exposed_and_the_estimate_adds_it():
     # A data-parallel step: XLA:TPU runs the gradient's all-reduce synchronously (no -start/-done, no async
     # collective fusion), so the "estimate" that overlapped it was unreachable.
@@ -54,7 +43,7 @@ def test_a_synchronous_all_reduce_is_exposed_and_the_estimate_adds_it():
     planned = compile_plan(step, (spec((2048, 2048)), spec((8 * 256, 2048), "data")), POD, hardware="tpu-v5e",
                            topology="2x4")
     text = planned.compiled.as_text()
-    assert not _asynchronous(text) and re.search(r"= \S+ all-reduce\(", text)
+    assert not asynchronous(text) and re.search(r"= \S+ all-reduce\(", text)
     (c,) = planned.collectives
     assert c.op == "all-reduce" and c.overlapped is False
     r = planned.roofline
@@ -64,31 +53,6 @@ def test_a_synchronous_all_reduce_is_exposed_and_the_estimate_adds_it():
     text = " ".join(plan_view.to_text(planned.state("dp")).split())
     assert "(ici-bound, exposed)" in text or "(latency-bound, exposed)" in text
     assert "of synchronous ones (exposed) add to it" in text
-
-
-def test_an_async_collective_is_overlapped_and_the_rest_are_not():
-    from test_loop_census import D, F, L, fsdp_block
-
-    def grads(params, x):
-        return jax.grad(lambda p: jnp.mean(lax.scan(jax.checkpoint(fsdp_block), x, p)[0] ** 2))(params)
-
-    fn = jax.shard_map(grads, in_specs=(P(None, "data"), P("data")), out_specs=P(None, "data"))
-    params = {"w1": spec((L, D, F), None, None, "data", dtype=jnp.bfloat16),
-              "w2": spec((L, F, D), None, None, "data", dtype=jnp.bfloat16)}
-    planned = compile_plan(fn, (params, spec((512, D), "data", dtype=jnp.bfloat16)), POD, hardware="tpu-v5e",
-                           topology="2x4")
-    text = planned.compiled.as_text()
-    from jaxpar_magic.cell.hlo import collectives
-
-    found = collectives(text)
-    asynchronous = _asynchronous(text)
-    assert asynchronous, "XLA:TPU starts at least one collective asynchronously here"
-    assert [c.overlapped for c in planned.collectives] == [f.computation in asynchronous for f in found]
-    assert {c.overlapped for c in planned.collectives} == {True, False}
-    r = planned.roofline
-    exposed = sum(c.seconds for c in planned.collectives if c.overlapped is False)
-    assert r.exposed_s == pytest.approx(exposed)
-    assert r.estimate_s == pytest.approx(max(r.compute_s, r.memory_s, r.collective_s - exposed) + exposed)
 
 
 def test_a_loop_xla_tpu_cannot_bound_gives_calls_per_trip_and_the_conditions_bound():

@@ -57,6 +57,7 @@ class PeakBuffer:
     role: str | None = None  # what a temporary is for (buffer_roles.role_of): "all-gather of params['w1']", ...
     count: int = 1  # buffers in this row (more than one: grouped by what they are and their line)
     members: tuple = field(default=(), repr=False, compare=False)  # a group's buffers
+    index: str = field(default="{}", repr=False, compare=False)  # which element of the instruction's (tuple) result
 
     def state(self) -> dict:
         return {"bytes": self.bytes, "dtype": self.dtype, "shape": list(self.shape), "kind": self.kind,
@@ -383,7 +384,7 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
             of = f" of {_lower_first(role.removeprefix('copy of '))}" if role else ""
             role = f"XLA:CPU's f32 copy ({low_copy} in the program){of}"
         rows.append(PeakBuffer(b.size, dtype, shape, kind, name, described["op"], value.name, described["line"],
-                               described["source"], described["origin"], role=role))
+                               described["source"], described["origin"], role=role, index=value.index))
     rows.sort(key=lambda r: -r.bytes)
     largest = len([r for r in rows[:MAX_ROWS] if r.bytes >= MIN_SHARE * max(reported, 1)]) or 1
     named, other = group(rows, largest, reported)
