@@ -262,7 +262,9 @@ def test_one_program_gets_one_ici_time_whatever_its_axes_are_called():
     v5e = PROFILES["tpu-v5e"]
     one = placed(topology_for(v5e, {"data": 32}, "4x4"), _Devices((32,), ("data",)))
     two = placed(topology_for(v5e, {"dcn": 2, "data": 16}, "4x4"), _Devices((2, 16), ("dcn", "data")))
-    assert one.places == two.places
+    assert one.places == two.places and len(set(one.places.values())) == 32  # each device at a place of its own
+    four = placed(topology_for(v5e, {"a": 2, "b": 2, "c": 16}, "4x4"), _Devices((2, 2, 16), ("a", "b", "c")))
+    assert sorted({p[0] for p in four.places.values()}) == [0, 1, 2, 3] and len(set(four.places.values())) == 64
     bytes_ = 64 * 2**20
     for group in (list(range(16)), list(range(16, 32)), list(range(32))):
         a = collective_time(one, "all-reduce", ("data",), bytes_, bytes_, len(group), group)

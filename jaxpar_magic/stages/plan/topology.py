@@ -265,22 +265,25 @@ def placed(topology: Topology, mesh) -> Topology:
             if span.dim != DCN:
                 stride[name, k] = (span.dim, filled[span.dim])
                 filled[span.dim] *= span.extent
-    places = {}
-    for position in np.ndindex(*mesh.devices.shape):
-        slice_, where = 0, [0] * dims
-        for name, index in zip(names, position):
-            spans = topology.axes[name]
-            digits = []
-            for span in reversed(spans):  # the last span is the least significant digit
-                digits.append(index % span.extent)
-                index //= span.extent
-            for k, (span, digit) in enumerate(zip(spans, reversed(digits))):
-                if span.dim == DCN:
-                    slice_ = slice_ * span.extent + digit
-                else:
-                    dim, step = stride[name, k]
-                    where[dim] += digit * step
-        places[int(mesh.devices[position].id)] = (slice_, *where)
+    shape = mesh.devices.shape
+    grid = np.indices(shape).reshape(len(shape), -1)  # each device's position along each mesh axis
+    slice_ = np.zeros(grid.shape[1], dtype=np.int64)
+    where = np.zeros((dims, grid.shape[1]), dtype=np.int64)
+    for axis, name in enumerate(names):
+        index = grid[axis].copy()
+        spans = topology.axes[name]
+        digits = [None] * len(spans)
+        for k in reversed(range(len(spans))):  # the last span is the least significant digit
+            digits[k] = index % spans[k].extent
+            index //= spans[k].extent
+        for k, span in enumerate(spans):
+            if span.dim == DCN:  # slices numbered over the DCN spans, outermost first
+                slice_ = slice_ * span.extent + digits[k]
+            else:
+                dim, step = stride[name, k]
+                where[dim] += digits[k] * step
+    ids = [int(d.id) for d in mesh.devices.flat]
+    places = {i: (int(slice_[n]), *(int(c) for c in where[:, n])) for n, i in enumerate(ids)}
     return replace(topology, places=places)
 
 
