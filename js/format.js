@@ -99,20 +99,6 @@ export function formatSI(n) {
 }
 
 /**
- * Seconds with a unit, 3 significant digits: `850 µs`, `1.33 ms`, `2.50 s`.
- * @param {number | null | undefined} s
- */
-export function formatDuration(s) {
-  if (s === null || s === undefined || !Number.isFinite(s)) return "?";
-  const a = Math.abs(s);
-  if (a === 0) return "0 s";
-  if (a < 1e-6) return `${(s * 1e9).toPrecision(3)} ns`;
-  if (a < 1e-3) return `${(s * 1e6).toPrecision(3)} µs`;
-  if (a < 1) return `${(s * 1e3).toPrecision(3)} ms`;
-  return `${s.toPrecision(3)} s`;
-}
-
-/**
  * Milliseconds, 3 significant digits: `12.3 ms`, `0.402 ms`, `1.25 s`.
  * @param {number | null | undefined} ms
  */
@@ -120,6 +106,20 @@ export function formatMs(ms) {
   if (ms === null || ms === undefined || !Number.isFinite(ms)) return "?";
   if (ms >= 1000) return `${(ms / 1000).toPrecision(3)} s`;
   return `${ms.toPrecision(3)} ms`;
+}
+
+/**
+ * Seconds with a unit, 3 significant digits: `850 µs`, `1.33 ms`, `2.50 s`.
+ * @param {number | null | undefined} s
+ */
+export function formatSeconds(s) {
+  if (s === null || s === undefined || !Number.isFinite(s)) return "?";
+  const a = Math.abs(s);
+  if (a === 0) return "0 s";
+  if (a < 1e-6) return `${(s * 1e9).toPrecision(3)} ns`;
+  if (a < 1e-3) return `${(s * 1e6).toPrecision(3)} µs`;
+  if (a < 1) return `${(s * 1e3).toPrecision(3)} ms`;
+  return `${s.toPrecision(3)} s`;
 }
 
 /**

@@ -8,17 +8,9 @@
  * the compiler inserted; the outputs with their specs; and the caveats (folded when long): the
  * figures come from XLA's CPU compiler, not from the target's.
  */
-import { h, formatBytes, formatDuration, formatSI, formatMs, formatShape, formatSpec, detailLine, mount } from "./format.js";
+import { h, formatBytes, formatSI, formatMs, formatSeconds, formatShape, formatSpec, detailLine, mount } from "./format.js";
 import { collectivesSection, layoutChanges } from "./plan_collectives.js";
 import { memorySection, whatText } from "./memory.js";
-
-/**
- * Seconds with a unit (format.js's `formatDuration`; js/explorer.js imports it from here).
- * @param {number | null | undefined} s
- */
-export function formatSeconds(s) {
-  return formatDuration(s);
-}
 
 const COMPILE_WORDS = { compiled: "compiled in", reused: "reused an earlier plan's compile; lowered in", refused: "the compiler refused it after" };
 

@@ -5,7 +5,7 @@
  * said, a pipeline's bubble, and the inputs the cell hands back in another layout. The twins of
  * views/plan_collectives.py.
  */
-import { h, formatBytes, formatDuration } from "./format.js";
+import { h, formatBytes, formatSeconds } from "./format.js";
 
 /** Collectives listed (the engines send at most this many). */
 const MAX_COLLECTIVES = 256;
@@ -40,7 +40,7 @@ export function overlapWords(c) {
  */
 export function timeWords(c) {
   const said = [c.bound ? `${c.bound}-bound` : "", overlapWords(c)].filter(Boolean);
-  return formatDuration(c.seconds) + (said.length ? ` (${said.join(", ")})` : "");
+  return formatSeconds(c.seconds) + (said.length ? ` (${said.join(", ")})` : "");
 }
 
 /**
@@ -52,7 +52,7 @@ export function summaryLine(s) {
   const count = Number(s.instructions) || 0;
   const called = s.calls !== null && s.calls !== undefined && s.calls !== count ? `, ${s.calls.toLocaleString("en-US")} calls` : "";
   let timed = "";
-  if (s.seconds !== null && s.seconds !== undefined) timed = `, ${formatDuration(s.seconds)}${s.exposed_s ? ` (${formatDuration(s.exposed_s)} exposed)` : ""}`;
+  if (s.seconds !== null && s.seconds !== undefined) timed = `, ${formatSeconds(s.seconds)}${s.exposed_s ? ` (${formatSeconds(s.exposed_s)} exposed)` : ""}`;
   return `${s.op} over ${axes}: ${count.toLocaleString("en-US")} instruction${count === 1 ? "" : "s"}${called}, ${formatBytes(s.bytes)} moved per device${timed}`;
 }
 

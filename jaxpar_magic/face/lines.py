@@ -11,7 +11,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from ..cell.specs import MeshShape, parse_assignments, parse_device_selection, parse_literal, parse_mesh_shape
+from ..cell.specs import InlineMesh, MeshShape, parse_assignments, parse_device_selection, parse_literal, parse_mesh_shape
 from ..errors import UsageError
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -62,13 +62,29 @@ def _literal(text, option: str, default):
     return default if text is None else value
 
 
-def mesh_argument(words, option: str = "--mesh") -> MeshShape | str | None:
-    """`--mesh NAME` (a Mesh in the namespace) or `--mesh data=4,model=2` (built inline)."""
+def mesh_argument(words, option: str = "--mesh", args=None) -> MeshShape | str | None:
+    """`--mesh NAME` (a Mesh in the namespace) or `--mesh data=4,model=2` (built inline, with `%mesh`'s
+    `--axis-types`, `--devices` and `--abstract` from `args` where the magic has them)."""
+    given = {flag: value for flag, value in (("--axis-types", getattr(args, "axis_types", None)),
+                                             ("--devices", getattr(args, "devices", None)),
+                                             ("--abstract", getattr(args, "abstract", False) or None))
+             if value is not None}
+    text = " ".join(words or ())
+    if given and "=" not in text:
+        flag = next(iter(given))
+        example = f"`{option} data=4,model=2 {flag}{'' if flag == '--abstract' else ' ...'}`"
+        which = (f"`{option} {text}` names a mesh built already, with its own axis types and devices" if text else
+                 f"this line has no {option}")
+        raise UsageError(f"{flag}: it builds a mesh given inline, as %mesh does ({example}); {which}.")
     if not words:
         return None
-    text = " ".join(words)
     if "=" in text:
-        return parse_mesh_shape(list(words), option)
+        shape = parse_mesh_shape(list(words), option)
+        if not given:
+            return shape
+        return InlineMesh(shape.names, shape.sizes, axis_types=getattr(args, "axis_types", None),
+                          devices=parse_device_selection(getattr(args, "devices", None)),
+                          abstract=bool(getattr(args, "abstract", False)))
     if _NAME.fullmatch(text):
         return text
     raise UsageError(
@@ -100,6 +116,8 @@ def plan_options(args, magic: str) -> PlanOptions | None:
     extras = [f for f, v in (("--hardware", args.hardware), ("--device-memory", args.device_memory),
                              ("--topology", topology), ("--compare", compare), ("--search", search)) if v is not None]
     if not args.plan:
+        if getattr(args, "profile", False):  # --profile --hardware: the plan beside the measurement
+            extras = [f for f in extras if f != "--hardware"]
         if explore:
             raise UsageError(f"{magic} --explore: the explorer re-plans the cell under the layouts you choose; add "
                              f"--plan (`%%shard --plan --explore ...`).")
@@ -135,6 +153,35 @@ def plan_options(args, magic: str) -> PlanOptions | None:
     memory = parse_memory_size(args.device_memory) if args.device_memory is not None else None
     return PlanOptions(hardware, memory, python_names([compare], "--compare")[0] if compare is not None else None,
                        python_names(search, "--search") if search is not None else (), explore)
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    """--profile [--profile-steps N] [--hardware NAME]: run the cell, then its program N more times under
+    the profiler (stages/profile/)."""
+
+    steps: int
+    hardware: object = None  # hardware.Hardware or None: the profile the plan beside the measurement prices
+
+
+def profile_options(args, magic: str) -> ProfileOptions | None:
+    """The --profile record of a line, or None; --profile-steps without --profile is a mistake."""
+    steps = getattr(args, "profile_steps", None)
+    if not getattr(args, "profile", False):
+        if steps is not None:
+            raise UsageError(f"{magic} --profile-steps {steps}: the steps are those of a profile; add --profile "
+                             f"(`{magic} --profile --profile-steps {steps} ...`).")
+        return None
+    for flag, clash in (("--plan", args.plan), ("--as-code", args.as_code)):
+        if clash:
+            raise UsageError(f"{magic} --profile {flag}: --profile measures the cell's run, and {flag} runs nothing; "
+                             f"use one of them (with --profile, --hardware puts the plan beside the measurement).")
+    from ..stages.plan.hardware import parse_hardware
+    from ..stages.profile.profile_cell import DEFAULT_STEPS, check_profile
+
+    steps = check_profile(DEFAULT_STEPS if steps is None else steps, magic, donate=tuple(getattr(args, "donate", ())),
+                          collectives=bool(getattr(args, "collectives", False)))
+    return ProfileOptions(steps, parse_hardware(args.hardware) if args.hardware is not None else None)
 
 
 @dataclass(frozen=True)
@@ -175,6 +222,7 @@ class PmapLine:
     as_code: bool = False
     collectives: bool = False
     plan: PlanOptions | None = None
+    profile: ProfileOptions | None = None  # --profile: the measured run (stages/profile/)
 
 
 @dataclass(frozen=True)
@@ -188,6 +236,7 @@ class ShardLine:
     plan: PlanOptions | None = None
     outputs: tuple[str, ...] | None = None  # with --out: the only names the cell returns (None: all it assigns)
     donate: tuple[str, ...] = ()  # inputs whose buffers the program may reuse (jax.jit's donate_argnums)
+    profile: ProfileOptions | None = None  # --profile: the measured run (stages/profile/)
 
 
 @dataclass(frozen=True)
@@ -202,6 +251,7 @@ class ShardMapLine:
     collectives: bool = False
     plan: PlanOptions | None = None
     outputs: tuple[str, ...] | None = None  # with --out: the only names the cell returns (None: all it assigns)
+    profile: ProfileOptions | None = None  # --profile: the measured run (stages/profile/)
 
 
 def devices_line(args) -> DevicesLine:
@@ -247,6 +297,7 @@ def pmap_line(args) -> PmapLine:
         as_code=args.as_code,
         collectives=args.collectives,
         plan=plan_options(args, "%%pmap"),
+        profile=profile_options(args, "%%pmap"),
     )
 
 
@@ -272,10 +323,19 @@ def output_names(words) -> tuple[dict, tuple[str, ...] | None]:
     return specs, tuple(listed)
 
 
+def _cell_mesh(args, magic: str):
+    """--mesh of a %%shard or %%shard_map line; an abstract one only with --plan (it has no devices to run on)."""
+    mesh = mesh_argument(args.mesh, args=args)
+    if getattr(mesh, "abstract", False) and not args.plan:
+        raise UsageError(f"{magic} --abstract: an AbstractMesh has no devices to run the cell on; add --plan to plan it "
+                         f"(with --hardware and --topology, XLA:TPU compiles for the slice), or drop --abstract.")
+    return mesh
+
+
 def shard_line(args) -> ShardLine:
     out_specs, outputs = output_names(list(args.outs or ()))
     return ShardLine(
-        mesh=mesh_argument(args.mesh),
+        mesh=_cell_mesh(args, "%%shard"),
         in_specs=parse_assignments(list(args.ins or ()), "--in"),
         out_specs=out_specs,
         outputs=outputs,
@@ -284,13 +344,14 @@ def shard_line(args) -> ShardLine:
         report=args.report,
         as_code=args.as_code,
         plan=plan_options(args, "%%shard"),
+        profile=profile_options(args, "%%shard"),
     )
 
 
 def shard_map_line(args) -> ShardMapLine:
     out_specs, outputs = output_names(list(args.outs or ()))
     return ShardMapLine(
-        mesh=mesh_argument(args.mesh),
+        mesh=_cell_mesh(args, "%%shard_map"),
         in_specs=parse_assignments(list(args.ins or ()), "--in"),
         out_specs=out_specs,
         outputs=outputs,
@@ -300,6 +361,7 @@ def shard_map_line(args) -> ShardMapLine:
         as_code=args.as_code,
         collectives=args.collectives,
         plan=plan_options(args, "%%shard_map"),
+        profile=profile_options(args, "%%shard_map"),
     )
 
 

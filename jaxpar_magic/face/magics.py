@@ -56,11 +56,11 @@ def view_of(kind: str, state: dict):
     """The widget that shows a view state of `kind` (actions.Outcome.views)."""
     from .. import views
 
-    if kind == "explorer":  # a live view over its explorer (stages/plan/explore.py), not a state alone
+    if kind == "explorer":  # a live view over its explorer (stages/explore/explorer.py), not a state alone
         return views.ExplorerView(explorer=state)
     classes = {"devices": views.DevicesView, "mesh": views.MeshView, "sharding": views.ShardingView,
                "results": views.ResultView, "collectives": views.CollectivesView, "plan": views.PlanView,
-               "tree": views.TreeView}
+               "tree": views.TreeView, "profile": views.ProfileView}
     return classes[kind](state=state)
 
 
@@ -80,7 +80,7 @@ _code_and_plan_options = _applying(
              help="Compile for the mesh without running: per-device memory, collectives, FLOPs; names are bound as "
                   "jax.ShapeDtypeStructs. Inputs may be abstract (jaxpar_magic.plan(...))."),
     argument("--hardware", metavar="NAME",
-             help="With --plan: a device profile for the fit and a modelled step time: tpu-v4, tpu-v5e, tpu-v5p, "
+             help="With --plan (or --profile: the plan beside the measurement): a device profile for the fit and a modelled step time: tpu-v4, tpu-v5e, tpu-v5p, "
                   "tpu-v6e, h100, a100, b200, or custom:flops=...,hbm=...,bw=...,memory=..."),
     argument("--device-memory", metavar="SIZE",
              help="With --plan: the device's memory, e.g. 16GiB (overrides the profile's)."),
@@ -96,6 +96,21 @@ _code_and_plan_options = _applying(
     argument("--search", metavar="BATCH", nargs="+",
              help="With --plan: propose DP, FSDP, TP and FSDP x TP layouts over the mesh's devices (BATCH: the inputs "
                   "whose first dimension is the batch) and rank them."),
+)
+_profile_option = _applying(
+    argument("--profile", action="store_true",
+             help="Run the cell, then its compiled program --profile-steps more times under JAX's profiler: a timeline "
+                  "of every device (compute, collectives, copies, waits), the top ops with their lines, and the plan's "
+                  "estimate beside it where the devices (or --hardware) give it a time; bound as `_profile`."),
+    argument("--profile-steps", type=int, metavar="N", help="With --profile: how many profiled runs (default 5)."),
+)
+_inline_mesh_options = _applying(
+    argument("--axis-types", default=None, choices=["auto", "explicit", "manual"],
+             help="With an inline --mesh: its axis types, as %%mesh takes them (default: what jax.make_mesh gives)."),
+    argument("--devices", nargs="+", metavar="N_OR_IDS",
+             help="With an inline --mesh: over the first N devices, or these device ids, as %%mesh takes them."),
+    argument("--abstract", action="store_true",
+             help="With an inline --mesh and --plan: an AbstractMesh, as `%%mesh --abstract` builds."),
 )
 _collectives_option = _applying(
     argument("--collectives", action="store_true",
@@ -158,6 +173,10 @@ class JaxparMagics(Magics, Configurable):
                                      "running, where %%shard runs on every process. Explore before `%cluster start` "
                                      "(or after `%cluster stop`), over simulated devices of the same count.")
 
+                if getattr(options, "profile", None) is not None:
+                    raise UsageError(f"%%{magic} --profile: a cluster is running, where the cell runs on every process "
+                                     f"and each process could trace only its own devices. Profile before `%cluster "
+                                     f"start` (or after `%cluster stop`), over simulated devices of the same count.")
                 outcome = on_cluster(cluster, magic, line, source, defaults, self.cluster_timeout, namespace)
             else:
                 outcome = actions.run(magic, options, source, namespace, defaults)
@@ -233,6 +252,7 @@ class JaxparMagics(Magics, Configurable):
     @argument("--no-show", dest="show", action="store_const", const=False, help="Do not show the result view.")
     @argument("--report", action="store_true", help="Add compile time, run time, flops and bytes to the view.")
     @_collectives_option
+    @_profile_option
     @_code_and_plan_options
     @no_var_expand
     def pmap(self, line, cell):
@@ -276,7 +296,8 @@ class JaxparMagics(Magics, Configurable):
     @magic_arguments()
     @argument("--mesh", nargs="+", metavar="NAME_OR_AXES", help="A Mesh by name (`--mesh mesh`) or inline (`--mesh data=4,model=2`).")
     @argument("--in", dest="ins", nargs="+", metavar="NAME=SPEC",
-              help="Place inputs: `v=data`, `w=data,None`, `w=(data,model),None`, `w=P('data', None)`, or `v=8` (split axis 0 over 8 devices).")
+              help="Place inputs: `v=data`, `w=data,None`, `w=(data,model),None`, `w=P('data', None)`, or `v=8` (split axis 0 over 8 devices); "
+                   "one leaf of a pytree by its path: `\"params['w1']=None,model\"`.")
     @argument("--out", dest="outs", nargs="+", metavar="NAME[=SPEC]",
               help="What the cell returns, like a `return` statement: only these names are bound; the other names "
                    "it assigns are temporaries. NAME=SPEC also lays the output out by SPEC (same syntax as --in); a bare "
@@ -287,6 +308,8 @@ class JaxparMagics(Magics, Configurable):
     @argument("--show", dest="show", action="store_const", const=True, default=None, help="Show the sharding views.")
     @argument("--no-show", dest="show", action="store_const", const=False, help="Do not show the views.")
     @argument("--report", action="store_true", help="Show the compiled program's collectives, compile and run time.")
+    @_inline_mesh_options
+    @_profile_option
     @_code_and_plan_options
     @no_var_expand
     def shard(self, line, cell):
@@ -318,7 +341,9 @@ class JaxparMagics(Magics, Configurable):
     @argument("--show", dest="show", action="store_const", const=True, default=None, help="Show the per-device blocks and the outputs' layouts.")
     @argument("--no-show", dest="show", action="store_const", const=False, help="Do not show the views.")
     @argument("--report", action="store_true", help="Add the compiled program's collectives, compile and run time.")
+    @_inline_mesh_options
     @_collectives_option
+    @_profile_option
     @_code_and_plan_options
     @no_var_expand
     def shard_map(self, line, cell):
