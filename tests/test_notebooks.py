@@ -596,7 +596,7 @@ def test_planning_chapter_plans_what_it_says():
     (tp_gib, tp_moved, tp_ms), (more_gib, more_moved, _), (wide_gib, _, wide_ms) = figures
     assert 0 < tp_gib - more_gib < 0.2 and more_moved > tp_moved, explored
     assert tp_gib - wide_gib > 1.5 and wide_ms < tp_ms, explored
-    assert "best so far: %%shard --plan --mesh mesh_64x4" in explored, explored
+    assert "best so far: %%shard --plan --mesh data=64,model=4 --axis-types auto" in explored, explored  # lines stand alone (issue 42)
     # A plan beside a measured step: the v5e estimate and the CPU measurement, said to be two machines.
     profiled = flat(stdout(cell_with("profile=3, hardware=\"tpu-v5e\"")))
     assert "plan (tpu-v5e): estimate" in profiled and "the all-reduce at line 1:" in profiled, profiled
