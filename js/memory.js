@@ -43,6 +43,14 @@ export function stepText(p) {
   return head + (where ? `, ${where}` : "");
 }
 
+/**
+ * What is live before the first step (the twin of `start_sentence` in views/memory.py).
+ * @param {any} peak
+ */
+export function startSentence(peak) {
+  return `before step 0: ${formatBytes(peak.start_bytes || 0)} of arguments, live when the program starts`;
+}
+
 /** @param {any} state */
 export function peakSentence(state) {
   const peak = state.peak || {};
@@ -127,6 +135,7 @@ function timeline(state) {
     chart,
     h("div", { class: "jpm-tl-axis" }, h("span", { text: "step 0" }), h("span", { text: "the schedule" }), h("span", { text: `step ${(peak.steps || 1) - 1}` })),
     h("div", { class: "jpm-note", text: `${peakSentence(state)}; ${capacitySentence(state)}` }),
+    h("div", { class: "jpm-note", text: startSentence(peak) }),
   ];
 }
 

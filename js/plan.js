@@ -9,10 +9,8 @@
  * figures come from XLA's CPU compiler, not from the target's.
  */
 import { h, formatBytes, formatSI, formatMs, formatSeconds, formatShape, formatSpec, detailLine, mount } from "./format.js";
+import { collectivesSection, layoutChanges } from "./plan_collectives.js";
 import { memorySection, whatText } from "./memory.js";
-
-/** Collectives listed (the engines send at most this many). */
-const MAX_COLLECTIVES = 256;
 
 const COMPILE_WORDS = { compiled: "compiled in", reused: "reused an earlier plan's compile; lowered in", refused: "the compiler refused it after" };
 
@@ -138,7 +136,22 @@ function roofRows(r, hw) {
 export function estimateSentence(r) {
   const bound = r.bound_text || r.bound;
   if (!("serial_s" in r)) return `estimate ${formatSeconds(r.estimate_s)} per step, ${bound}-bound (the largest of the three)`;
+  if (r.exposed_s) return `estimate ${formatSeconds(r.estimate_s)} per step, bound by ${bound}: the collectives the compiled schedule overlaps hide behind compute, and ${formatSeconds(r.exposed_s)} of synchronous ones (exposed) add to it; ${formatSeconds(r.serial_s)} if none overlaps`;
   return `estimate ${formatSeconds(r.estimate_s)} per step, bound by ${bound}, if communication fully overlaps compute (optimistic); ${formatSeconds(r.serial_s)} if none of it does`;
+}
+
+const NO_HARDWARE = "no step-time estimate: give --hardware (tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, h100, a100, b200, or custom:flops=…,hbm=…,bw=…,memory=…)";
+
+/**
+ * Why a plan has no step time (the twin of `no_estimate_sentence` in views/plan.py).
+ * @param {any} state
+ */
+export function noEstimateSentence(state) {
+  if (state.compiled === "refused") {
+    const compiler = (state.compiler || {}).name || "the compiler";
+    return `no step-time estimate: ${compiler} refused to compile this step, so there are no FLOPs or bytes accessed to time`;
+  }
+  return NO_HARDWARE;
 }
 
 /**
@@ -184,62 +197,11 @@ export function roofValue(key, s, r) {
 }
 
 /**
- * The source of a collective: `line 3: loss, grads = …`.
- * @param {{line?: number | null, source?: string | null, origin?: any}} c
- */
-function where(c) {
-  const line = c.line !== null && c.line !== undefined ? `line ${c.line}` : "";
-  const here = [line, c.source || ""].filter(Boolean).join(": ");
-  const o = /** @type {any} */ (c).origin;
-  if (!o) return here;
-  const inside = o.function ? `, in ${o.function}()` : "";
-  const text = `line ${o.line} of ${o.cell}${inside}${o.source ? `: ${o.source}` : ""}`;
-  return text + (line ? ` (called from ${line})` : "");
-}
-
-const SLICED = "XLA:CPU makes an all-reduce that each device then slices; XLA:TPU and XLA:GPU make it this reduce-scatter, which the plan shows and costs";
-
-/**
  * The twin of `left_alone_sentence` in views/plan.py.
  * @param {string[]} names
  */
 export function leftAloneSentence(names) {
   return `Not bound, because they hold concrete values a plan must not replace: ${names.join(", ")}. Their planned versions are on the plan: \`_plan.abstract['${names[0]}']\`.`;
-}
-
-/** @param {any} state */
-function collectivesTable(state) {
-  const colls = (state.collectives || []).slice(0, MAX_COLLECTIVES);
-  const sec = h("div", { class: "jpm-section" }, h("div", { class: "jpm-h", text: `Collectives the compiler inserted (${colls.length + (state.collectives_omitted || 0)})` }));
-  if (!colls.length) {
-    sec.append(h("div", { class: "jpm-note", text: "none: the compiled program moves no data between devices" }));
-    return sec;
-  }
-  const timed = colls.some((/** @type {any} */ c) => c.seconds !== null && c.seconds !== undefined);
-  const head = ["op", "shape", "bytes / device", "groups", "source"].concat(timed ? ["time"] : []);
-  const table = h("table", { class: "jpm-table jpm-plan-table" }, h("thead", {}, h("tr", {}, ...head.map((t) => h("th", { text: t })))));
-  const body = h("tbody");
-  for (const c of colls) {
-    const op = c.reduction ? `${c.op} (${c.reduction})` : c.op; // as the collectives view says it: all-reduce (sum)
-    const detail = `${op} ${c.shape} · ${formatBytes(c.bytes)} per device · ${c.groups_text || ""}${where(c) ? ` · ${where(c)}` : ""}`;
-    body.append(
-      h(
-        "tr",
-        { data: { detail } },
-        h("td", { class: "jpm-op", text: c.sliced_from ? `${op} *` : op, title: c.sliced_from ? SLICED : null }),
-        h("td", { class: "jpm-mono", text: c.shape }),
-        h("td", { class: "jpm-num", text: formatBytes(c.bytes) }),
-        h("td", { text: c.groups_text || (c.axes || []).join(", ") }),
-        h("td", { class: "jpm-mono jpm-srccell", text: where(c) || "—", title: where(c) }),
-        timed ? h("td", { class: "jpm-num", text: formatSeconds(c.seconds) }) : null,
-      ),
-    );
-  }
-  table.append(body);
-  sec.append(h("div", { class: "jpm-scroll" }, table));
-  if (colls.some((/** @type {any} */ c) => c.sliced_from)) sec.append(h("div", { class: "jpm-note", text: `* ${SLICED}` }));
-  if (state.collectives_omitted) sec.append(h("div", { class: "jpm-note", text: `… ${state.collectives_omitted} more collectives not listed` }));
-  return sec;
 }
 
 /** Lists longer than these are folded into a closed <details> (the twins of views/plan.py's). */
@@ -384,8 +346,10 @@ export function draw(state) {
     ),
   );
   if (state.roofline) root.append(roofline(state.roofline, state.hardware, state.topology));
-  else root.append(h("div", { class: "jpm-note", text: "no step-time estimate: give --hardware (tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, h100, a100, b200, or custom:flops=…,hbm=…,bw=…,memory=…)" }));
-  root.append(collectivesTable(state));
+  else root.append(h("div", { class: "jpm-note", text: noEstimateSentence(state) }));
+  root.append(collectivesSection(state));
+  const changes = layoutChanges(state);
+  if (changes) root.append(changes);
   root.append(outputsTable(state));
   if (state.left_alone && state.left_alone.length) root.append(h("div", { class: "jpm-note jpm-left-alone", text: leftAloneSentence(state.left_alone) }));
   const caveats = caveatsBlock(state.caveats || []);

@@ -697,3 +697,26 @@ def test_the_snippet_runs_with_only_its_arrays_pasted_into_a_script(jx, magic, l
     ours, _ = execute(code, {"x": jx.user_ns["x"]})  # no lax, jnp or np given
     theirs, _ = run_magic(jx, magic, line, source)
     same(ours["y"], theirs["y"], "y")
+
+
+def test_comments_are_wrapped_once_to_the_text_width(jx):
+    # Issue 39: comments wrapped at 100 columns, then again at the output's 80, read ragged ("# --in: each
+    # input placed ... rebinds the name to" / "# the placed array, so" / "# a second run moves no data.").
+    from jaxpar_magic.views.textwidth import text_width
+
+    jx.push({"x": floats(8, 4), "w": floats(4, 4)})
+    width = text_width()
+    for magic, line, source in [("shard", "--mesh data=8 --in x=data", "y = jnp.tanh(x @ w)\n"),
+                                ("shard_map", "--mesh data=8 --in x=data --out y=data", "y = lax.psum(x, 'data')\n"),
+                                ("pmap", "--split x --merge y", "y = lax.psum(x, 'i')\n")]:
+        lines = printed(jx, magic, line, source).splitlines()
+        for above, below in zip(lines, lines[1:]):
+            if not (above.lstrip().startswith("#") and below.lstrip().startswith("#")):
+                continue
+            indent = len(above) - len(above.lstrip())
+            if indent != len(below) - len(below.lstrip()):
+                continue
+            first_word = below.lstrip()[1:].split()[0]
+            # a paragraph wrapped once, greedily: the next line's first word did not fit on this one
+            assert len(above) + 1 + len(first_word) > width, (magic, above, below)
+        assert all(len(line) <= width for line in lines if line.lstrip().startswith("#"))

@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 import jaxpar_magic
 from jaxpar_magic.stages.plan.compare import engine_spec
 from jaxpar_magic.views import plan as plan_view
+from jaxpar_magic.views import plan_compare
 from jaxpar_magic.views.textwidth import text_width
 from shell_helpers import shown_widgets, snapshot
 
@@ -222,7 +223,7 @@ def test_each_row_carries_its_peak_and_its_largest_buffer_with_its_line(layouts)
         assert row["largest"]["line"] == largest.line
     dp = next(r for r in state["rows"] if r["label"] == "dp")
     said = " ".join(text.split())  # the text wraps at 80 columns
-    assert f"largest buffer {plan_view.largest_text(dp['largest'])}" in said
+    assert f"largest buffer {plan_compare.largest_text(dp['largest'])}" in said
     assert "Every layout compiled by XLA:CPU for 8 simulated CPU devices." in said
 
 

@@ -218,7 +218,41 @@ def flops_of_every_trip(example: Example, planned, **target) -> None:
     assert planned.flops == pytest.approx(want, rel=0.02), (example, planned.flops, want)
 
 
-PROPERTIES = (collectives_per_step, flops_of_every_trip)
+def asynchronous(text: str) -> set[str]:
+    """The oracle for the schedule: computations whose collective runs asynchronously (an XLA:TPU async
+    collective fusion's start, whose root is the custom-call AsyncCollectiveStart, or a `-start` op's)."""
+    found, current = set(), None
+    for line in text.splitlines():
+        if line and not line[0].isspace() and line.rstrip().endswith("{"):
+            current = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
+        elif 'custom_call_target="AsyncCollectiveStart"' in line or re.search(
+                r"(all-gather|all-reduce|collective-permute|reduce-scatter|all-to-all)-start\(", line):
+            found.add(current)
+    return found
+
+
+def schedule_and_why(example: Example, planned, **target) -> None:
+    """Each row's `overlapped` is the compiled schedule's (None for XLA:CPU, whose schedule is not the
+    target's), and its `why` names the operation the instruction's own metadata names."""
+    from jaxpar_magic.cell.hlo import collectives
+
+    text = planned.compiled.as_text()
+    found = collectives(text)
+    assert len(found) == len(planned.collectives), example
+    started = asynchronous(text)
+    for f, c in zip(found, planned.collectives):
+        if planned.target.is_cpu:
+            assert c.overlapped is None, example
+        else:
+            assert c.overlapped == (f.computation in started), (example, f.name)
+        line = next(l for l in text.splitlines() if re.match(rf"\s*(?:ROOT )?%?{re.escape(f.name)} = ", l))
+        named = re.search(r'op_name="([^"]*)"', line)
+        if named and c.why is not None:
+            last = re.sub(r"\)+$", "", named.group(1).rsplit("/", 1)[-1]).rsplit("(", 1)[-1]
+            assert c.why["op"] == last.removesuffix("_invariant"), (example, named.group(1), c.why)
+
+
+PROPERTIES = (collectives_per_step, flops_of_every_trip, schedule_and_why)
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ XLA:CPU in CI: a fixed, derandomized budget (12 examples, about 30 s on two busy
 from __future__ import annotations
 
 import os
+import re
 import textwrap
 from dataclasses import dataclass
 
@@ -126,6 +127,36 @@ def check_rows(plan) -> None:
     assert sum(b.bytes for b in peak.buffers) + peak.other_bytes + peak.reserved_bytes == peak.reported == plan.total_bytes
     assert peak.live <= peak.reported and peak.disagreement is None
     assert peak.other_bytes <= 0.10 * peak.reported  # nothing large hides in "other"
+    check_outputs(plan)
+
+
+def returned_values(text: str) -> set[tuple[str, str]]:
+    """The oracle for issue 42's outputs: (instruction, element) of what the ENTRY's ROOT returns, each read
+    through the get-tuple-elements and bitcasts that name no buffer of their own (a multi-output
+    fusion's outputs are its elements)."""
+    entry = text[text.index("\nENTRY "):]
+    moves = {m.group(1): (m.group(2), m.group(3), m.group(4)) for m in re.finditer(
+        r"%([\w.\-]+) = \S+ (get-tuple-element|bitcast)\(%([\w.\-]+)\)(?:, index=(\d+))?", entry)}
+    root = next(line for line in entry.splitlines() if line.lstrip().startswith("ROOT"))
+    names = re.findall(r"%([\w.\-]+)", root.split(" tuple(", 1)[1]) if " tuple(" in root else [root.split()[1].lstrip("%")]
+    found = set()
+    for name in names:
+        index: list[str] = []
+        found.add((name, "{}"))
+        while name in moves:
+            op, name, element = moves[name]
+            if op == "get-tuple-element":
+                index.insert(0, element)
+            found.add((name, "{" + ",".join(index) + "}"))
+    return found
+
+
+def check_outputs(plan) -> None:
+    """Every value the program returns that is live at the peak is an output row (never "temporary from
+    div", issue 42), and the output rows never exceed the header's outputs."""
+    peak, returned = plan.peak, returned_values(plan.compiled.as_text())
+    assert not [r for r in peak.live_rows if r.kind == "temporary" and (r.instruction, r.index) in returned]
+    assert sum(r.bytes for r in peak.live_rows if r.kind == "output") <= plan.output_bytes
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("JPM_DIFFERENTIAL_RANDOM"),

@@ -468,7 +468,7 @@ def test_device_memory_from_the_option_beats_the_profile(grid):
 def test_device_memory_from_the_profile(grid):
     x = plan((64, 32), "float32", grid, ("data", "model"))
     result = compile_plan(lambda a: a * 2, (x,), grid, hardware="tpu-v5e")
-    assert (result.capacity, result.capacity_source) == (16 * 2**30, "tpu-v5e profile")
+    assert (result.capacity, result.capacity_source) == (16_909_336_064, "tpu-v5e profile")
     assert result.fits is True and result.overshoot == 0
 
 
@@ -500,7 +500,8 @@ class _MeshOf:
 @pytest.mark.parametrize(
     "stats, expected",
     [
-        ({"bytes_limit": 80 * 2**30, "bytes_in_use": 0}, (80 * 2**30, "device")),
+        ({"bytes_limit": 80 * 2**30, "bytes_in_use": 0},
+         (80 * 2**30, "the device: memory_stats()['bytes_limit'], what XLA lets a program use")),
         ({"bytes_in_use": 0}, (None, None)),
         (None, (None, None)),
         (RuntimeError("memory_stats is not supported"), (None, None)),
@@ -713,13 +714,14 @@ def test_concrete_inputs_that_fit_are_not_warned_about(grid):
 # --- the view's state ---------------------------------------------------------------------------------
 
 TOP = {"title", "axes", "total_devices", "hardware", "memory", "cost", "collectives", "collectives_omitted",
-       "roofline", "outputs", "compile_ms", "caveats", "topology", "compiler", "peak", "left_alone", "compiled"}
+       "roofline", "outputs", "compile_ms", "caveats", "topology", "compiler", "peak", "left_alone", "compiled",
+       "collective_summary", "pipeline", "layout_changes", "partitioner"}
 MEMORY = {"argument", "output", "temp", "alias", "total", "capacity", "capacity_source", "fits", "overshoot", "note",
-          "reported_peak", "donated", "notes", "refused"}
+          "reported_peak", "donated", "notes", "refused", "advice"}
 COLLECTIVE = {"op", "shape", "bytes", "axes", "groups_text", "group_size", "line", "source", "seconds", "bound",
-              "origin", "sliced_from", "reduction"}
+              "origin", "sliced_from", "reduction", "count", "per_trip", "at_most", "overlapped", "why"}
 ROOFLINE = {"compute_s", "memory_s", "collective_s", "estimate_s", "bound", "ici_s", "dcn_s", "latency_s",
-            "serial_s", "rates", "labels", "bound_text"}
+            "serial_s", "rates", "labels", "bound_text", "exposed_s"}
 
 
 def test_state_follows_the_schema(grid):

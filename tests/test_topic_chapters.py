@@ -108,6 +108,12 @@ def test_memory_chapter_shows_what_it_says():
         cell_with(cells, "most_in_flight(schedule(STAGES, MICRO, kind))}"))
     gpipe, one_f_one_b = numbers(r"temporaries\s+([\d.]+) MiB", stdout(cell_with(cells, "pipe_weights = ")))
     assert one_f_one_b < gpipe / 2
+    # ... and the plan reads the same bubble off the compiled loop: 38 ticks, 6 idle, 3/19 (issue 42)
+    assert stdout(cell_with(cells, "pipe_weights = ")).count("bubble 6 of 38 ticks (0.158)") == 2
+    # The data-parallel all-reduce says why it is there (issue 42).
+    planned = " ".join(plain(cell_with(cells, "%%shard --plan --mesh mesh --in params=P()")).split())
+    assert re.search(r"why: the backward pass's dot_general at line \d+ of In\[\d+\], in block\(\) contracts or "
+                     r"reduces a dimension split over 'data'", planned), planned
 
     # The solved exercises pass.
     checked = [c for c in cells if "check" in c.metadata.get("tags", [])]

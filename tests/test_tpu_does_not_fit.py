@@ -68,12 +68,19 @@ def test_the_largest_buffers_are_named_with_their_lines_and_the_rows_stay_within
     assert len(peak.timeline) > 2 and max(p["bytes"] for p in peak.timeline) == peak.live
 
 
-def test_the_view_gives_advice_for_a_memory_problem_not_a_slice_shape(refused):
-    text = plan_view.to_text(refused.state("too big"))
-    assert "DOES NOT FIT" in text and "the compiler refused it after" in text
-    assert "jax.checkpoint" in text and "shard more" in text and "smaller batch" in text and "more devices" in text
-    assert "Google Cloud offers" not in text
+def test_the_advice_is_computed_from_the_buffers_at_the_peak(refused):
+    # Issue 42: "To make it fit" was the same text every time, and "give --hardware" where it was given.
+    by_kind = {a.kind: a for a in refused.advice}
+    assert by_kind["shard"].bytes == 3 * 2 * N * N * 4 // 4  # w and x whole on each of 4 devices: a quarter each
+    assert by_kind["donate"].bytes == N * N * 4 and "`--donate w`" in by_kind["donate"].text  # g has w's shape
+    assert by_kind["recompute"].bytes == N * N * 4  # h, saved for the backward pass
+    assert all("alone, it would fit" in a.text for a in refused.advice)  # each is 4 GiB or more of a 0.25 GiB excess
+    text = " ".join(plan_view.to_text(refused.state("too big")).split())
+    assert "DOES NOT FIT" in text and "the compiler refused it after" in text and "To make it fit: shard" in text
+    assert "Google Cloud offers" not in text and "more devices" not in text  # nothing that cannot help
     assert "What fills memory at the peak" in text and "line 2: h = jnp.tanh(x @ w)" in text
+    assert "no step-time estimate: XLA:TPU refused to compile this step, so there are no FLOPs" in text
+    assert "give --hardware" not in text
 
 
 def test_compare_gives_the_failing_layout_its_figures(square):

@@ -19,6 +19,7 @@ DTYPE_BYTES = {
     "s32": 4, "u32": 4, "f32": 4,
     "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
 }
+COLLECTIVE_OPS = ("all-reduce", "all-gather", "collective-permute", "reduce-scatter", "all-to-all")
 ARRAY = re.compile(r"\b([a-z]+\d*(?:e\dm\d\w*)?)\[([\d,]*)\]")
 FRAME = re.compile(r"stack_frame_id=(\d+)")
 OP_NAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')  # JAX escapes quotes in it: params[\'w1\']

@@ -92,6 +92,47 @@ def trip_count(loop: Instruction, program: Program) -> int | None:
     compared = program.binary(root, "compare") if root is not None else None
     if not body or compared is None or len(compared[0]) != 2:
         return None
+    return _counted(loop, body.group(1), compared, program)
+
+
+def trip_bound(loop: Instruction, program: Program) -> int | None:
+    """The most trips a loop of unknown length can make, where its condition says so: a counter's
+    bound anded with a computed test (`(i < 1000) & (err > tol)`), the tightest such bound; None
+    where the condition has none."""
+    body, condition = BODY.search(loop.line), CONDITION.search(loop.line)
+    root = program.root(condition.group(1)) if condition else None
+    if not body or root is None:
+        return None
+    bounds = [n for n in (_counted(loop, body.group(1), c, program) for c in _conjuncts(root, program, {}))
+              if n is not None]
+    return min(bounds) if bounds else None
+
+
+def _conjuncts(ins: Instruction, program: Program, outer: dict, depth: int = 0) -> list:
+    """The compares an `and` chain (fused or not) requires, as (operands, line) in the condition's own
+    names: a fused computation's parameters read as the fusion's operands."""
+    if ins is None or depth > 8:
+        return []
+    named = [outer.get(o, o) for o in ins.operands]
+    if ins.op == "compare" and len(named) == 2:
+        return [(named, ins.line)]
+    if ins.op == "and":
+        return [c for o in ins.operands for c in _conjuncts(_inside(o, program, outer), program, outer, depth + 1)]
+    if ins.op == "fusion" and ins.callee is not None:
+        params = {p.name: named[int(m.group(1))] for p in program.bodies.get(ins.callee, [])
+                  if p.op == "parameter" and (m := re.search(r"parameter\((\d+)\)", p.line))
+                  and int(m.group(1)) < len(named)}
+        return _conjuncts(program.root(ins.callee), program, params, depth + 1)
+    return []
+
+
+def _inside(name: str, program: Program, outer: dict) -> Instruction | None:
+    """The instruction `name` names: inside a fused computation (its own), else the caller's."""
+    return program.by_name.get(name) if name not in outer else program.by_name.get(outer[name])
+
+
+def _counted(loop: Instruction, body: str, compared: tuple, program: Program) -> int | None:
+    """Trips of `loop` were its condition only the compare `compared` ((operands, line))."""
     (left, right), line = compared
     direction = _DIRECTION.search(line)
     if direction is None:
@@ -100,7 +141,7 @@ def trip_count(loop: Instruction, program: Program) -> int | None:
     if index is None:
         index, bound, way = program.element(right), program.constant(left), _FLIP.get(way, way)
     start = _start(loop, index, program) if index is not None else None
-    step = _step(body.group(1), index, program) if index is not None else None
+    step = _step(body, index, program) if index is not None else None
     if bound is None or start is None or not step:
         return None
     return _trips(start, step, bound, way)
@@ -145,16 +186,20 @@ def _trips(start: int, step: int, bound: int, way: str) -> int | None:
     return None
 
 
-def calls(program: Program, as_walked: bool = False) -> dict[str, int | None]:
+def calls(program: Program, as_walked: bool = False, unknown: str | None = None) -> dict[str, int | None]:
     """Computation -> times one run of the program enters it (the entry once; a loop's body its trips
     times, its condition once more; what they call as often; None: inside a loop of unknown length).
     A computation reached from several places counts every place. `as_walked`: the times XLA's cost
-    analysis counts it instead, which walks every loop's body and condition once."""
+    analysis counts it instead, which walks every loop's body and condition once. `unknown`: what a
+    loop of unknown length counts as: "trip" one trip (the calls per trip of it, as its FLOPs are
+    counted), "bound" the most trips its condition allows (`trip_bound`; None where it has none)."""
     edges: dict[str, list[tuple[str, int | None]]] = {}
     for ins in program.read:
         out = edges.setdefault(ins.computation, [])
         if ins.op == "while":
             trips = 1 if as_walked else trip_count(ins, program)
+            if trips is None and unknown is not None:
+                trips = 1 if unknown == "trip" else trip_bound(ins, program)
             body, condition = BODY.search(ins.line), CONDITION.search(ins.line)
             if body:
                 out.append((body.group(1), trips))
@@ -200,11 +245,16 @@ def _callers_first(edges: dict[str, list], entry: str | None) -> list[str]:
     return order[::-1]
 
 
-def calls_text(count: int | None, backward: bool = False) -> str:
-    """How a collective's calls per run (and its pass) read after its groups ("" for once, forward)."""
+def calls_text(count: int | None, backward: bool = False, per_trip: int | None = None,
+               at_most: int | None = None) -> str:
+    """How a collective's calls per run (and its pass) read after its groups ("" for once, forward).
+    In a loop XLA cannot bound: its calls per trip of that loop, and the most per run where the loop's
+    condition bounds it."""
     where = ", in the backward pass" if backward else ""
     if count is None:
-        return where + ", in a loop whose length XLA cannot know (counted once)"
+        times = "once" if (per_trip or 1) == 1 else f"{per_trip:,} times"
+        most = f" (at most {at_most:,} times a step: its condition bounds the loop)" if at_most is not None else ""
+        return where + f", {times} per trip of a loop XLA cannot bound{most}"
     if count == 0:
         return where + ", in a loop of no trips (never runs)"
     return where + (f", {count:,} times (in a loop)" if count > 1 else "")

@@ -78,14 +78,19 @@ def key_steps(peak: dict, count: int = KEY_STEPS) -> list[dict]:
     each with its place's fields and its rise."""
     points = [{**place(peak, p), **p} for p in peak.get("timeline") or []]
     rises = []
-    for i, p in enumerate(points):
-        before = points[i - 1]["bytes"] if i else 0
+    for i, p in enumerate(points):  # the arguments are live before the first step: not its rise
+        before = points[i - 1]["bytes"] if i else int(peak.get("start_bytes") or 0)
         rises.append((p["bytes"] - before, i))
     chosen = {i for _, i in sorted(rises, reverse=True)[:count] if rises[i][0] > 0}
     at_peak = next((i for i, p in enumerate(points) if p.get("step") == peak.get("step")), None)
     if at_peak is not None:
         chosen.add(at_peak)
     return [dict(points[i], rise=rises[i][0]) for i in sorted(chosen)]
+
+
+def start_sentence(peak: dict) -> str:
+    """What is live before the first step: the arguments (the twin of `startSentence` in js/memory.js)."""
+    return f"before step 0: {format_bytes(peak.get('start_bytes') or 0)} of arguments, live when the program starts"
 
 
 def peak_sentence(state: dict) -> str:
@@ -170,6 +175,7 @@ def timeline_html(state: dict) -> str:
         f'<table class="jpm-tl-axis"><tr><td class="jpm-tl-left">step 0</td><td class="jpm-tl-mid">the schedule</td>'
         f'<td class="jpm-tl-right">step {peak.get("steps", 1) - 1}</td></tr></table>'
         f'<div class="jpm-note">{esc(peak_sentence(state))}; {esc(capacity_sentence(state))}</div>'
+        f'<div class="jpm-note">{esc(start_sentence(peak))}</div>'
         '<details class="jpm-tl-steps"><summary class="jpm-note">the steps that raise memory most</summary>'
         '<div class="jpm-scroll"><table class="jpm-table jpm-plan-table"><thead><tr><th>step</th><th>live</th>'
         f'<th>rise</th><th>operation and line</th></tr></thead><tbody>{steps}</tbody></table></div></details>'
@@ -209,7 +215,7 @@ def section_text(state: dict) -> list[str]:
     lines = (_fit(f"Live memory per device over {compiler}'s schedule ({peak.get('steps')} steps):")
              + ["  " + sparkline(peak.get("timeline") or [])]
              + _fit("  " + peak_sentence(state)) + _fit("  " + capacity_sentence(state))
-             + ["  steps that raise memory most:"])
+             + _fit("  " + start_sentence(peak)) + ["  steps that raise memory most:"])
     for p in key_steps(peak):
         lines += _fit(f"    step {p['step']}: +{format_bytes(p['rise'])} to {format_bytes(p['bytes'])}, {step_text(p)}")
     lines += _fit(f"What fills memory at the peak ({format_bytes(peak.get('reported'))} per device):")

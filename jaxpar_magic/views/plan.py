@@ -6,13 +6,12 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ms, format_seconds, format_shape, format_si, format_spec, op_words, style_block
-from .memory import TEXT_WIDTH, section_html as memory_section_html, section_text as memory_section_text, what_text
+from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_ms, format_seconds, format_shape, format_si, format_spec, style_block
+from .plan_collectives import collectives_html, collectives_text
+from .plan_compare import caveats_html, compare_html, compare_text
+from .memory import TEXT_WIDTH, section_html as memory_section_html, section_text as memory_section_text
 from .textwidth import fit_line
 
-MAX_COLLECTIVES = 256
-#: Collectives the text rendering lists (a terminal screenful).
-TEXT_COLLECTIVES = 24
 NO_HARDWARE = (
     "no step-time estimate: give --hardware (tpu-v4, tpu-v5e, tpu-v5p, tpu-v6e, h100, a100, b200, "
     "or custom:flops=…,hbm=…,bw=…,memory=…)"
@@ -144,13 +143,28 @@ def roof_value(key: str, s: Any, r: dict[str, Any]) -> str:
 
 
 def estimate_sentence(r: dict[str, Any]) -> str:
-    """`estimate 560 µs per step, bound by ICI collectives, if communication overlaps compute; 611 µs if
-    none of it does` (the twin of `estimateSentence` in js/plan.js)."""
+    """`estimate 560 µs per step, bound by ICI collectives, if communication fully overlaps compute; 611 µs if
+    none of it does`; with collectives the compiled schedule runs synchronously, the estimate adds them (the
+    twin of `estimateSentence` in js/plan.js)."""
     bound = r.get("bound_text") or r.get("bound")
     if "serial_s" not in r:
         return f"estimate {format_seconds(r.get('estimate_s'))} per step, {bound}-bound (the largest of the three)"
+    if r.get("exposed_s"):
+        return (f"estimate {format_seconds(r.get('estimate_s'))} per step, bound by {bound}: the collectives the "
+                f"compiled schedule overlaps hide behind compute, and {format_seconds(r['exposed_s'])} of synchronous "
+                f"ones (exposed) add to it; {format_seconds(r.get('serial_s'))} if none overlaps")
     return (f"estimate {format_seconds(r.get('estimate_s'))} per step, bound by {bound}, if communication fully "
             f"overlaps compute (optimistic); {format_seconds(r.get('serial_s'))} if none of it does")
+
+
+def no_estimate_sentence(state: dict[str, Any]) -> str:
+    """Why a plan has no step time: a refused compile has no FLOPs; otherwise no profile was given (the twin
+    of `noEstimateSentence` in js/plan.js)."""
+    if state.get("compiled") == "refused":
+        compiler = (state.get("compiler") or {}).get("name") or "the compiler"
+        return (f"no step-time estimate: {compiler} refused to compile this step, so there are no FLOPs or bytes "
+                f"accessed to time")
+    return NO_HARDWARE
 
 
 def _roofline_html(r: dict[str, Any], hw: dict[str, Any] | None, topology: dict[str, Any] | None = None) -> str:
@@ -179,78 +193,9 @@ def _roofline_html(r: dict[str, Any], hw: dict[str, Any] | None, topology: dict[
     )
 
 
-def _where(c: dict[str, Any]) -> str:
-    """`line 2 of In[3], in layer(): h = x @ w (called from line 1)`, or the cell's own line (the
-    twin of `where` in js/plan.js)."""
-    line = f"line {c['line']}" if c.get("line") is not None else ""
-    here = ": ".join(p for p in (line, str(c.get("source") or "")) if p)
-    o = c.get("origin")
-    if not o:
-        return here
-    inside = f", in {o['function']}()" if o.get("function") else ""
-    text = f"line {o.get('line')} of {o.get('cell')}{inside}" + (f": {o['source']}" if o.get("source") else "")
-    return text + (f" (called from {line})" if line else "")
-
-
-SLICED = ("XLA:CPU makes an all-reduce that each device then slices; XLA:TPU and XLA:GPU make it this "
-          "reduce-scatter, which the plan shows and costs")
-
-
-def sliced_note(c: dict[str, Any]) -> str:
-    return SLICED if c.get("sliced_from") else ""
-
-
-def _collectives(state: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
-    colls = list(state.get("collectives") or [])
-    return colls[:MAX_COLLECTIVES], int(state.get("collectives_omitted") or 0) + max(0, len(colls) - MAX_COLLECTIVES)
-
-
-def _collectives_html(state: dict[str, Any]) -> str:
-    colls, omitted = _collectives(state)
-    out = [f'<div class="jpm-section"><div class="jpm-h">Collectives the compiler inserted ({len(colls) + omitted})</div>']
-    if not colls:
-        out.append('<div class="jpm-note">none: the compiled program moves no data between devices</div></div>')
-        return "".join(out)
-    timed = any(c.get("seconds") is not None for c in colls)
-    head = ["op", "shape", "bytes / device", "groups", "source"] + (["time"] if timed else [])
-    out.append(
-        '<div class="jpm-scroll"><table class="jpm-table jpm-plan-table"><thead><tr>'
-        + "".join(f"<th>{esc(t)}</th>" for t in head)
-        + "</tr></thead><tbody>"
-    )
-    for c in colls:
-        groups = c.get("groups_text") or ", ".join(str(a) for a in c.get("axes") or [])
-        op = op_words(c) + (" *" if c.get("sliced_from") else "")
-        out.append(
-            f'<tr><td class="jpm-op" title="{esc(sliced_note(c))}">{esc(op)}</td><td class="jpm-mono">{esc(str(c.get("shape")))}</td>'
-            f'<td class="jpm-num">{esc(format_bytes(c.get("bytes")))}</td><td>{esc(str(groups))}</td>'
-            f'<td class="jpm-mono jpm-srccell" title="{esc(_where(c))}">{esc(_where(c) or "—")}</td>'
-            + (f'<td class="jpm-num" title="{esc(str(c.get("bound") or ""))}-bound">{esc(format_seconds(c.get("seconds")))}</td>' if timed else "")
-            + "</tr>"
-        )
-    out.append("</tbody></table></div>")
-    if any(c.get("sliced_from") for c in colls):
-        out.append(f'<div class="jpm-note">* {esc(SLICED)}</div>')
-    if omitted:
-        out.append(f'<div class="jpm-note">… {omitted} more collectives not listed</div>')
-    out.append("</div>")
-    return "".join(out)
-
-
 #: Lists longer than these are folded (HTML: a closed <details>; text: the first few, then a count).
 FOLD_OUTPUTS = 8
-FOLD_CAVEATS = 3
 TEXT_OUTPUTS = 5
-
-
-def caveats_html(caveats: list) -> str:
-    """The caveats, folded when there are more than a few (they are the same in every plan)."""
-    if not caveats:
-        return ""
-    opened = " open" if len(caveats) <= FOLD_CAVEATS else ""
-    return (f'<details class="jpm-caveats" role="note"{opened}><summary class="jpm-h">How far to trust these figures '
-            f'({len(caveats)} notes)</summary><ul>' + "".join(f"<li>{esc(str(c))}</li>" for c in caveats)
-            + "</ul></details>")
 
 
 def _outputs_html(state: dict[str, Any]) -> str:
@@ -273,96 +218,6 @@ def _outputs_html(state: dict[str, Any]) -> str:
             f'<td class="jpm-mono">{esc(spec)}</td></tr>'
         )
     out.append("</tbody></table>" + close)
-    return "".join(out)
-
-
-def _row_cells(row: dict[str, Any]) -> dict[str, str]:
-    """A comparison row's figures as text (the twin of `rowCells` in js/plan.js)."""
-    if row.get("error"):
-        return {"error": f"failed: {row['error']}"}
-    mesh = " × ".join(f"{a['name']}={a['size']}" for a in row.get("axes") or [])
-    fit = "" if row.get("fits") is None else ("fits" if row["fits"] else "DOES NOT FIT")
-    memory = format_bytes(row.get("memory")) + (f" of {format_bytes(row['capacity'])}" if row.get("capacity") else "")
-    cells = {"mesh": mesh, "memory": memory, "fit": fit, "collective bytes": format_bytes(row.get("collective_bytes")),
-             "largest buffer": largest_text(row.get("largest"))}
-    if row.get("estimate_s") is not None:
-        cells.update({"compute": format_seconds(row.get("compute_s")), "memory time": format_seconds(row.get("memory_s")),
-                      "collectives": format_seconds(row.get("collective_s")),
-                      "estimate": f"{format_seconds(row.get('estimate_s'))} – {format_seconds(row.get('serial_s'))}",
-                      "bound": str(row.get("bound_text") or row.get("bound"))})
-    return cells
-
-
-COMPARE_COLUMNS = ("mesh", "memory", "fit", "largest buffer", "collective bytes", "compute", "memory time",
-                   "collectives", "estimate", "bound")
-
-
-def largest_text(b: dict | None) -> str:
-    """A row's largest buffer at the peak: `4.0 MiB temporary from dot_general, line 2` (the twin of
-    `largestText` in js/plan.js)."""
-    if not b:
-        return ""
-    where = f", line {b['line']}" if b.get("line") is not None else ""
-    if b.get("origin"):
-        where = f", line {b['origin'].get('line')} of {b['origin'].get('cell')}"
-    return f"{format_bytes(b.get('bytes'))} {what_text(b)}{where}"
-
-
-def compare_text(state: dict[str, Any]) -> str:
-    """One line per layout, best first, each starting with its label."""
-    rows = state.get("rows") or []
-    width = max([len(str(r.get("label"))) for r in rows] + [5])
-    lines = [str(state.get("title") or "compare")]
-    for row in rows:
-        cells = _row_cells(row)
-        if "error" in cells:
-            lines.append(f"{row.get('label')!s:<{width}}  {cells['error']}")
-            continue
-        est = (f"estimate {cells['estimate']} ({cells['bound']}-bound) · " if "estimate" in cells else "")
-        times = (f" · compute {cells['compute']}, memory {cells['memory time']}, collectives {cells['collectives']}"
-                 if "estimate" in cells else "")
-        largest = f" · largest buffer {cells['largest buffer']}" if cells.get("largest buffer") else ""
-        lines.append(f"{row.get('label')!s:<{width}}  {est}{cells['memory']} per device{', ' + cells['fit'] if cells['fit'] else ''}"
-                     f"{largest} · collectives move {cells['collective bytes']}{times} · {cells['mesh']}")
-    lines += [f"Every layout {c}." for c in state.get("compilers") or []]
-    if any(r.get("estimate_s") is not None for r in rows):
-        lines.append("Estimates: communication overlapped with compute – none overlapped; best first, layouts that "
-                     "do not fit after those that do.")
-    else:
-        lines.append("No step-time estimate (give --hardware): ranked by memory per device.")
-    caveats = state.get("caveats") or []
-    if caveats:
-        lines.append("How far to trust these figures:")
-        lines += [piece for c in caveats for piece in fit_line(f"  - {c}", TEXT_WIDTH)]  # wrapped, never cut
-    return "\n".join(lines)
-
-
-def compare_html(state: dict[str, Any]) -> str:
-    rows = state.get("rows") or []
-    timed = any(r.get("estimate_s") is not None for r in rows)
-    columns = [c for c in COMPARE_COLUMNS if timed or c not in ("compute", "memory time", "collectives", "estimate", "bound")]
-    out = [style_block(), '<div class="jpm-view jpm-plan" data-kind="compare"><div class="jpm-head">'
-           f'<span class="jpm-title jpm-mono">{esc(str(state.get("title") or "compare"))}</span>'
-           '<span class="jpm-badge">planned, not run</span></div>',
-           "".join(f'<div class="jpm-compiler"><b>{esc(str(c))}</b></div>' for c in state.get("compilers") or []),
-           '<div class="jpm-scroll"><table class="jpm-table jpm-plan-table"><thead><tr><th>layout</th>'
-           + "".join(f"<th>{esc(c)}</th>" for c in columns) + "</tr></thead><tbody>"]
-    for row in rows:
-        cells = _row_cells(row)
-        label = f'<td class="jpm-mono">{esc(str(row.get("label")))}</td>'
-        if "error" in cells:
-            out.append(f'<tr class="jpm-bad">{label}<td colspan="{len(columns)}">{esc(cells["error"])}</td></tr>')
-            continue
-        bad = ' class="jpm-bad"' if row.get("fits") is False else ""
-        out.append(f"<tr{bad}>{label}" + "".join(
-            f'<td class="{"jpm-num" if c not in ("mesh", "bound", "fit", "largest buffer") else "jpm-mono"}">{esc(cells.get(c, ""))}</td>'
-            for c in columns) + "</tr>")
-    out.append("</tbody></table></div>")
-    note = ("estimate: communication overlapped with compute – none overlapped; best first"
-            if timed else "no step-time estimate (give --hardware): ranked by memory per device")
-    out.append(f'<div class="jpm-note">{esc(note)}</div>')
-    out.append(caveats_html(state.get("caveats") or []))
-    out.append("</div>")
     return "".join(out)
 
 
@@ -396,8 +251,8 @@ def to_html(state: dict[str, Any]) -> str:
     if state.get("roofline"):
         out.append(_roofline_html(state["roofline"], state.get("hardware"), state.get("topology")))
     else:
-        out.append(f'<div class="jpm-note">{esc(NO_HARDWARE)}</div>')
-    out.append(_collectives_html(state))
+        out.append(f'<div class="jpm-note">{esc(no_estimate_sentence(state))}</div>')
+    out.append(collectives_html(state))
     out.append(_outputs_html(state))
     if state.get("left_alone"):
         out.append(f'<div class="jpm-note jpm-left-alone">{esc(left_alone_sentence(state["left_alone"]))}</div>')
@@ -485,20 +340,8 @@ def to_text(state: dict[str, Any]) -> str:
         if hw and hw.get("source"):
             lines.append(f"  profile source: {hw['source']}")
     else:
-        lines.append(NO_HARDWARE)
-    colls, omitted = _collectives(state)
-    lines.append(f"Collectives the compiler inserted ({len(colls) + omitted})" + (": none" if not colls else ":"))
-    for c in colls[:TEXT_COLLECTIVES]:
-        groups = c.get("groups_text") or ", ".join(str(a) for a in c.get("axes") or [])
-        op = op_words(c) + (" (XLA:CPU: all-reduce + slice)" if c.get("sliced_from") else "")
-        parts = [op, str(c.get("shape")), f"{format_bytes(c.get('bytes'))}/device", str(groups)]
-        if c.get("seconds") is not None:
-            parts.append(format_seconds(c["seconds"]) + (f" ({c['bound']}-bound)" if c.get("bound") else ""))
-        lines += fit_line("  " + " · ".join(parts), TEXT_WIDTH)  # wrapped, never cut: read at 80 columns
-        if _where(c):
-            lines += fit_line(f"    at {_where(c)}", TEXT_WIDTH)
-    if len(colls) + omitted > TEXT_COLLECTIVES:
-        lines.append(f"  … {len(colls) + omitted - min(len(colls), TEXT_COLLECTIVES)} more")
+        lines.append(no_estimate_sentence(state))
+    lines += collectives_text(state)
     outs = state.get("outputs") or []
     if outs:
         lines.append(f"Outputs, bound as jax.ShapeDtypeStruct ({len(outs)}):")

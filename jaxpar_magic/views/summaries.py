@@ -147,7 +147,7 @@ def collective_state(c: Collective, total: int, source_line: str | None) -> dict
         "bytes": c.bytes,
         "groups": c.groups[:MAX_GROUPS],
         "groups_text": (f"{len(c.pairs)} send{'s' if len(c.pairs) != 1 else ''} between pairs of devices"
-                        if c.pairs and not c.groups else _groups_text(c.groups, total)) + calls_text(c.count, c.backward)
+                        if c.pairs and not c.groups else _groups_text(c.groups, total)) + calls_text(c.count, c.backward, c.per_trip, c.at_most)
                        + operands_text(c),
         "count": c.count,
         "pairs": [list(p) for p in c.pairs[:MAX_PAIRS]],

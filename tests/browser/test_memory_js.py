@@ -49,8 +49,10 @@ def test_bars_rows_and_hover_match_the_python_twin(view_page: Any, planned) -> N
     expected = [[memory.format_bytes(n), what, shape, where or "—"] for n, what, shape, where in memory.rows(state["peak"])]
     assert cells[:-1] == expected and cells[-1][0] == memory.format_bytes(state["peak"]["reported"])
     assert host.locator(".jpm-tl-cap").count() == 1  # 32 MiB of device memory: on the chart's scale
-    note = host.locator(".jpm-memory > .jpm-note").inner_text()
+    note, start = host.locator(".jpm-memory > .jpm-note").all_inner_texts()
     assert note == f"{memory.peak_sentence(state)}; {memory.capacity_sentence(state)}"
+    assert start == memory.start_sentence(state["peak"]) and start.startswith("before step 0: ")  # issue 39
+    assert memory.start_sentence(state["peak"]) in memory.to_html(state)
     view_page.shot(host, "memory-timeline")
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from jaxpar_magic.views import plan
+from jaxpar_magic.views import plan, plan_collectives, plan_compare
 from sample_states import plan_state
 
 pytestmark = pytest.mark.browser
@@ -56,7 +56,7 @@ def test_the_modelled_roofline_names_each_term_and_both_bounds(view_page: Any) -
     caveats = host.locator("details.jpm-caveats")
     assert caveats.get_attribute("open") is None and "(5 notes)" in caveats.locator("summary").text_content()
     source = host.locator("td.jpm-srccell").first.inner_text()
-    assert source == plan._where(state["collectives"][0]) == 'line 18 of In[3], in block(): x @ p["w1"] (called from line 3)'
+    assert source == plan_collectives.where(state["collectives"][0]) == 'line 18 of In[3], in block(): x @ p["w1"] (called from line 3)'
     outputs = host.locator("details.jpm-section")
     assert outputs.count() == 1 and "(12)" in outputs.locator("summary").text_content()
     view_page.shot(host, "plan-modelled")
@@ -68,8 +68,8 @@ def test_the_comparison_table_matches_its_python_twin(view_page: Any) -> None:
     rows = host.locator("tbody tr")
     assert rows.count() == 3
     first = rows.nth(0).locator("td").all_inner_texts()
-    cells = plan._row_cells(state["rows"][0])
-    assert first == ["fsdp"] + [cells[c] for c in plan.COMPARE_COLUMNS]
+    cells = plan_compare._row_cells(state["rows"][0])
+    assert first == ["fsdp"] + [cells[c] for c in plan_compare.COMPARE_COLUMNS]
     assert HOSTILE in rows.nth(1).inner_text() and "jpm-bad" in rows.nth(1).get_attribute("class")
     assert "failed: UsageError" in rows.nth(2).inner_text()
     assert host.locator("img").count() == 0 and view_page.page.evaluate("window.__xss") is None
@@ -83,3 +83,57 @@ def test_a_collective_row_names_its_reduction_as_the_python_twin_does(view_page:
     host = view_page.mount("plan", state)
     assert host.locator("td.jpm-op").first.inner_text() == "all-reduce (max)"
     assert ">all-reduce (max)</td>" in plan.to_html(state) and "all-reduce (max) · " in plan.to_text(state)
+
+
+def decided() -> dict[str, Any]:
+    """A plan state with what issue 42 adds: why, overlap, calls per trip, a summary, the partitioner's
+    warning, a pipeline's bubble, a layout that changes, and a refused compile's sentence."""
+    state = modelled()
+    first, second = state["collectives"][0], state["collectives"][1]
+    first.update(overlapped=False, bound="ici", why={"op": "dot_general", "asked": False, "operand": "w",
+                 "before": "dimension 0 split over 'data'", "needed": "dimension 0 whole",
+                 "text": f"dot_general at line 3 needs w's dimension 0 whole; it is split over 'data' {HOSTILE}"})
+    second.update(overlapped=True, count=None, per_trip=5, at_most=5000)
+    state["roofline"]["exposed_s"] = first["seconds"]
+    state["collective_summary"] = [
+        {"op": "collective-permute", "axes": ["data"], "instructions": 493, "calls": 3944, "bytes": 2 * 10**9,
+         "seconds": 4.1e-3, "exposed_s": 1.2e-3},
+        {"op": "all-gather", "axes": ["data", "model"], "instructions": 1, "calls": 1, "bytes": 2**20,
+         "seconds": None, "exposed_s": 0.0}]
+    state["partitioner"] = [{"what": "rematerialization", "name": "xb", "from": "P(('data', 'model'))",
+                             "to": "P(None, 'model') with 2 copies of each part", "line": 2, "source": "yb = xb @ wb",
+                             "text": f"XLA's partitioner cannot go from P(('data', 'model')) to P(None, 'model') {HOSTILE}",
+                             "said": "Involuntary full rematerialization"}]
+    state["pipeline"] = {"ticks": 11, "microbatches": 8, "stages": 4, "axis": "stage", "bubble": 3,
+                         "fraction": 3 / 11, "line": 11}
+    state["layout_changes"] = [{"name": "params['w2']", "before": "P('model', 'data')", "after": f"P(None, 'data') {HOSTILE}"}]
+    return state
+
+
+def test_why_overlap_summary_partitioner_pipeline_and_layouts_match_the_python_twins(view_page: Any) -> None:
+    state = decided()
+    host = view_page.mount("plan", state)
+    text = host.inner_text()
+    static = plan.to_text(state)
+    why = host.locator("tr.jpm-why").first.locator("td").nth(1).inner_text()
+    assert why == f"why: {plan_collectives.why_text(state['collectives'][0])}" and HOSTILE in why
+    times = host.locator("td.jpm-num").all_inner_texts()
+    assert plan_collectives.time_words(state["collectives"][0]) in times and "exposed)" in times[1]
+    assert plan_collectives.time_words(state["collectives"][1]).endswith("overlapped)")
+    summary = host.locator("ul.jpm-summary li").all_inner_texts()
+    assert summary == [plan_collectives.summary_line(s) for s in state["collective_summary"]]
+    assert summary[0] == ("collective-permute over 'data': 493 instructions, 3,944 calls, 1.9 GiB moved per device, "
+                          "4.10 ms (1.20 ms exposed)")
+    assert plan_collectives.summary_line(state["collective_summary"][0]) in " ".join(static.split())
+    assert host.locator(".jpm-partitioner").inner_text() == plan_collectives.partitioner_text(state["partitioner"][0])
+    assert host.locator(".jpm-pipeline").inner_text() == plan_collectives.pipeline_text(state["pipeline"])
+    assert "pipeline bubble: 3 of 11 ticks (27%)" in text
+    assert plan_collectives.layout_change_text(state["layout_changes"][0]) in text
+    assert host.locator(".jpm-estimate").inner_text() == plan.estimate_sentence(state["roofline"])
+    assert "of synchronous ones (exposed) add to it" in host.locator(".jpm-estimate").inner_text()
+    assert host.locator("img").count() == 0 and view_page.page.evaluate("window.__xss") is None
+    view_page.shot(host, "plan-decided")
+    refused = plan_state(hardware=True)
+    refused.update(roofline=None, compiled="refused", compiler={"name": "XLA:TPU", "text": "compiled by XLA:TPU"})
+    host = view_page.mount("plan", refused)
+    assert plan.no_estimate_sentence(refused) in host.inner_text() and "give --hardware" not in host.inner_text()

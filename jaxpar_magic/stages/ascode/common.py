@@ -178,10 +178,13 @@ def call_lines(head: str, args: list[str], indent: str = "", tail: str = "") -> 
 
 
 def comment_lines(text: str, indent: str = "") -> list[str]:
-    """`text` as comment lines that fit the width."""
+    """`text` as comment lines that fit the width: the text output's (80 columns in a kernel, the terminal's
+    else: views/textwidth.py), so that fitting the code to it (as_code.py) wraps no comment again."""
     import textwrap
 
-    width = COMMENT_WIDTH - len(indent) - 2
+    from ...views.textwidth import text_width
+
+    width = min(COMMENT_WIDTH, text_width()) - len(indent) - 2
     return [f"{indent}# {line}" for line in textwrap.wrap(text, width, break_on_hyphens=False)]
 
 

@@ -14,11 +14,9 @@ from .common import INDENT, SnippetNames, TracedReturns, abstract_of, after_call
 from .libraries import arrays_only, check_plain_outputs
 
 
-_PMAP_WHY = [
-    "# jax.pmap itself is jax.jit(jax.shard_map(...)) since JAX 0.8. check_vma=False is pmap's own setting on",
-    "# JAX 0.10: with the checks on, the gradient of a replicated input is summed over the devices on its",
-    "# own, and a following lax.pmean makes it N times too large.",
-]
+_PMAP_WHY = ("jax.pmap itself is jax.jit(jax.shard_map(...)) since JAX 0.8. check_vma=False is pmap's own setting on "
+             "JAX 0.10: with the checks on, the gradient of a replicated input is summed over the devices on its "
+             "own, and a following lax.pmean makes it N times too large.")
 
 
 def pmap_code(options, source: str, namespace: dict, axis_name: str, kinds: dict | None = None) -> str:
@@ -89,7 +87,7 @@ def _write_pmap_block(cell, namespace, mesh, options, inputs, args, returns: Tra
 
     every = spec_text(p, tuple(mesh.axis_names))
     in_specs = tuple_text(f"{p}()" if n in options.broadcast else every for n in inputs)
-    run_lines = list(_PMAP_WHY) + call_lines(
+    run_lines = comment_lines(_PMAP_WHY) + call_lines(
         f"{run} = {jax_}.jit({jax_}.shard_map",
         [per_device, f"mesh={mesh_var}", f"in_specs={in_specs}", f"out_specs={every if returned else '()'}",
          "check_vma=False"], tail=")")
@@ -272,7 +270,7 @@ def _pmap_function_code(cell: cells.Cell, options, mesh, namespace: dict) -> str
     pmapped = names.value("pmapped")
     helper = _PMAPPED.format(
         pmapped=pmapped, mesh=mesh_var, P=names.lib("P"), jax=names.lib("jax"), jnp=names.lib("jnp"),
-        functools=names.lib("functools"), why="\n".join(INDENT + line for line in _PMAP_WHY))
+        functools=names.lib("functools"), why="\n".join(comment_lines(_PMAP_WHY, INDENT)))
     options_text = []
     for label, value, default in (("in_axes", options.in_axes, 0), ("out_axes", options.out_axes, 0),
                                   ("static_argnums", options.static_broadcasted_argnums, ()),

@@ -145,12 +145,14 @@ def device_capacity(mesh, hardware: Hardware | None, device_memory=None) -> tupl
         return parse_memory_size(device_memory), "--device-memory"
     if hardware is not None and hardware.memory:
         return hardware.memory, f"{hardware.name} profile"
+    device = mesh.devices.flat[0]
     try:
-        stats = mesh.devices.flat[0].memory_stats()
-    except Exception:  # backends without memory statistics raise rather than return None
+        stats = device.memory_stats()
+    except Exception:  # backends without memory statistics (and compile-only devices) raise rather than return None
         stats = None
     if stats and stats.get("bytes_limit"):
-        return int(stats["bytes_limit"]), "device"
+        kind = getattr(device, "device_kind", "") or "the device"
+        return int(stats["bytes_limit"]), f"{kind}: memory_stats()['bytes_limit'], what XLA lets a program use"
     return None, None
 
 

@@ -28,7 +28,7 @@ from ...cell.loops import BODY, Program, trip_count
 
 OTHER_SHARE = 0.10  # "other" never holds more than this share of the peak
 MAX_GROUPS = 6  # grouped rows shown at least (more while "other" is too large)
-_THROUGH = ("copy", "copy-start", "copy-done", "bitcast", "get-tuple-element", "convert", "fusion", "reshape",
+THROUGH = ("copy", "copy-start", "copy-done", "bitcast", "get-tuple-element", "convert", "fusion", "reshape",
             "transpose", "dynamic-slice", "slice", "all-gather-start", "all-gather-done", "async-start", "async-done")
 
 
@@ -44,7 +44,7 @@ def parameter_behind(sources, name: str, depth: int = 12) -> str | None:
             return None
         if ins.op == "parameter":
             return sources.parameters.get(ins.name)
-        if ins.op not in _THROUGH and not ins.op.startswith("all-gather") or not ins.operands:
+        if ins.op not in THROUGH and not ins.op.startswith("all-gather") or not ins.operands:
             return None
         ins = sources.by_name.get(ins.operands[0])
     return None

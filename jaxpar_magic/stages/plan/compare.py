@@ -31,7 +31,7 @@ class Row:
         if self.plan is None:
             return {"label": self.label, "error": self.error}
         p, r = self.plan, self.plan.roofline
-        moved = sum(c.bytes * (c.count or 1) for c in p.collectives if c.group_size > 1)
+        moved = sum(c.bytes * c.calls for c in p.collectives if c.group_size > 1)
         largest = p.peak.largest if p.peak is not None else None
         return {
             "label": self.label, "error": None,

@@ -10,12 +10,14 @@ program: re-running a plan cell, or planning the same layout in a `--compare`, c
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from ...cell.xla_dump import BufferDump, compile_with_dump
+from ...cell.xla_dump import BufferDump, RefusedForMemory, compile_with_dump
+from .native_stderr import heard
 
 KEEP = 8  # compiled plans kept (an XLA:TPU executable for compile-only devices is a few MB)
 
@@ -28,6 +30,7 @@ class CompiledPlan:
     text: str  # compiled.as_text()
     dump: BufferDump
     compile_s: float  # how long the compile took when it ran
+    said: tuple = ()  # what XLA's partitioner logged while compiling it (native_stderr; why.py reads it)
 
 
 _kept: OrderedDict = OrderedDict()
@@ -71,8 +74,6 @@ def key_of(program_text: str, mesh, filename: str | None = None) -> str:
     the lines inside it, which name the collectives and buffers, do."""
     from ...cell.hlo_text import frames
 
-    import re
-
     body = "\n".join(line for line in program_text.split("\n\n") if line.split("\n", 1)[0].strip() not in _TABLES)
     inner = {}
     for frame, chain in frames(program_text).items():
@@ -94,14 +95,34 @@ def compile_plan_program(lowered, key: str) -> tuple[CompiledPlan, bool]:
             _kept.move_to_end(key)
             return _kept[key], True
     start = time.perf_counter()
-    compiled, dump = in_worker(compile_with_dump, lowered)
+    compiled, dump, said = in_worker(_compile_hearing, lowered)
     found = CompiledPlan(compiled, compiled.memory_analysis(), _cost(compiled), compiled.as_text(), dump,
-                         time.perf_counter() - start)
+                         time.perf_counter() - start, said)
     with _keeping:
         _kept[key] = found
         while len(_kept) > KEEP:
             _kept.popitem(last=False)
     return found, False
+
+
+# XLA's SPMD partitioner's warnings (spmd_partitioner.cc: "[SPMD] Involuntary full rematerialization ...").
+PARTITIONER = re.compile(r"spmd_partitioner\.cc|\[SPMD\]")
+
+
+def _compile_hearing(lowered):
+    """compile_with_dump, with what XLA's partitioner logs kept (not shown): (compiled, dump, said). A
+    compile refused for memory carries it on the RefusedForMemory (`said`)."""
+    with heard(PARTITIONER) as said:
+        try:
+            compiled, dump = compile_with_dump(lowered)
+        except RefusedForMemory as exc:
+            refused = exc
+        else:
+            refused = None
+    if refused is not None:
+        refused.said_by_partitioner = tuple(said())
+        raise refused
+    return compiled, dump, tuple(said())
 
 
 def in_worker(fn, *args):

@@ -1,10 +1,11 @@
 """The plan's step-time model: compute at the peak for each matmul's dtype and precision, HBM
 traffic in the program's dtypes, and every collective timed on the mesh's topology (stages/plan/topology.py).
 
-The estimate takes the largest of compute, memory and communication: that assumes perfect overlap
-and is the optimistic bound. `serial_s` adds the communication to the larger of compute and memory
-instead: no overlap, the pessimistic bound. A real step lies between them, usually nearer the
-first on TPUs (XLA overlaps collectives with compute) and only if the program lets it.
+The estimate takes the largest of compute, memory and the communication the compiled schedule can
+overlap (its asynchronous collectives, and every collective where the compiler is not the target's),
+plus the collectives it does not overlap (`exposed_s`: synchronous ones, which the device waits for).
+`serial_s` adds all the communication to the larger of compute and memory instead: no overlap, the
+pessimistic bound. A real step lies between them.
 
 Plain Python: no JAX.
 """
@@ -23,7 +24,7 @@ class Roofline:
     compute_s: float
     memory_s: float
     collective_s: float
-    estimate_s: float  # perfect overlap: the largest of compute, memory and collectives (optimistic)
+    estimate_s: float  # the largest of compute, memory and overlapped collectives, plus the exposed ones
     bound: str  # the dominant term: "compute" | "memory" | "ici" | "dcn" | "latency"
     ici_s: float = 0.0  # collectives bound by near-network bandwidth (ICI, NVLink)
     dcn_s: float = 0.0  # ... by the far network (DCN, the GPU network)
@@ -31,6 +32,7 @@ class Roofline:
     serial_s: float = 0.0  # no overlap: max(compute, memory) + collectives (pessimistic)
     rates: tuple = ()  # ({"class", "share", "flops_per_s", "rate"}, ...): the peak each matmul class runs at
     labels: dict = field(default_factory=dict)  # term -> its name on this hardware ("ICI collectives", ...)
+    exposed_s: float = 0.0  # collectives the compiled schedule runs synchronously: added to the estimate
 
     @property
     def bound_text(self) -> str:
@@ -51,7 +53,7 @@ def labels_for(hardware: Hardware) -> dict:
 
 def compute_time(flops: float | None, matmuls: dict, hardware: Hardware) -> tuple[float, tuple]:
     """FLOPs at the peak of the dtype and precision each matmul runs at, shared out by the program's
-    own matmul FLOPs (`hlo.matmul_flops`); a program without matmuls runs at the bf16 peak."""
+    own matmul FLOPs (`hlo_dtypes.matmul_flops`); a program without matmuls runs at the bf16 peak."""
     flops = flops or 0.0
     total = sum(matmuls.values())
     shares = {cls: v / total for cls, v in matmuls.items()} if total else {"bf16": 1.0}
@@ -80,11 +82,12 @@ def time_collectives(planned: list, topology: Topology) -> list:
         if c.over_dcn:
             t = dcn_stage_time(topology, c.op, c.bytes, c.group_size)
         else:
-            t = collective_time(topology, c.op, c.axes, c.bytes, ring_array_bytes(c), c.group_size)
-        calls = c.count or 1
+            t = collective_time(topology, c.op, c.axes, c.bytes, ring_array_bytes(c), c.group_size, _largest(c.groups))
+        calls = c.calls  # in a loop XLA cannot bound: one trip's, as its FLOPs are counted
         split = dict(t.split)
         if c.whole_bytes:  # one combined instruction: its unsliced elements are gathered back after the scatter
-            back = collective_time(topology, "all-gather", c.axes, c.whole_bytes, c.whole_bytes, c.group_size)
+            back = collective_time(topology, "all-gather", c.axes, c.whole_bytes, c.whole_bytes, c.group_size,
+                                   _largest(c.groups))
             for kind, s in back.split.items():
                 split[kind] = split.get(kind, 0.0) + s
         seconds = sum(split.values())
@@ -92,6 +95,11 @@ def time_collectives(planned: list, topology: Topology) -> list:
         timed.append(replace(c, seconds=seconds * calls, bound=bound,
                              parts={kind: s * calls for kind, s in split.items()}))
     return timed
+
+
+def _largest(groups) -> list | None:
+    """The largest of a collective's groups (its time is that group's), or None."""
+    return max(groups, key=len) if groups else None
 
 
 def estimate(flops: float | None, bytes_accessed: float | None, planned: list, hardware: Hardware,
@@ -105,12 +113,13 @@ def estimate(flops: float | None, bytes_accessed: float | None, planned: list, h
         for kind, seconds in (c.parts or {}).items():  # ICI stage, DCN stage, or latency
             split[kind] += seconds
     collective_s = sum(split.values())
-    overlapped = max(compute_s, memory_s, collective_s)
+    exposed_s = sum(c.seconds or 0.0 for c in timed if c.overlapped is False)
+    overlapped = max(compute_s, memory_s, collective_s - exposed_s) + exposed_s
     parts = {"compute": compute_s, "memory": memory_s, "collectives": collective_s}
     bound = max(parts, key=parts.get)
     if bound == "collectives":
         bound = max(split, key=split.get)
     return Roofline(
         compute_s, memory_s, collective_s, overlapped, bound, split["ici"], split["dcn"], split["latency"],
-        max(compute_s, memory_s) + collective_s, rates, labels_for(hardware),
+        max(compute_s, memory_s) + collective_s, rates, labels_for(hardware), exposed_s,
     ), timed

@@ -3,7 +3,9 @@
 A profile is one chip (one GPU) and the network it sits in, with every figure's source in `sources`:
 - `peak_flops`: dense bf16 FLOP/s (without 2:4 sparsity); `peaks` the matmul rate per dtype class
   and precision (`f32` at JAX's default precision, `f32-highest`, `int8`), see `peak_for`;
-- `hbm_bandwidth`: bytes/s between the chip and its HBM; `memory`: HBM bytes per chip;
+- `hbm_bandwidth`: bytes/s between the chip and its HBM; `memory`: the bytes of it XLA lets one program use
+  (a TPU's HBM less what the runtime keeps: the chip's `memory_stats()['bytes_limit']`, the figure XLA's
+  refusals call "available HBM"), which is what a plan fits against;
 - `interconnect_bandwidth`: bytes/s of one mesh axis mapped onto one physical axis, both directions
   (TPU: an ICI link each way; GPU: NVLink egress per GPU). `link_bandwidth`: one link, one way;
 - the topology (stages/plan/topology.py reads it): a TPU pod's torus (`pod`), which slices wrap around
@@ -126,19 +128,33 @@ H100_SHEET = "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM"
 B200_RATES = "NVIDIA HGX B200 (1,000 W) rates, via glennklockwood.com/garden/processors/B200"
 A100_SHEET = "NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM"
 
+# What XLA:TPU lets one program use. v5e: a TPU v5 lite chip's memory_stats()['bytes_limit'] (JAX 0.10.2, libtpu
+# 0.0.42.1; its refusals say "available HBM (15.75G)"). The others: the largest program XLA:TPU (libtpu 0.0.42.1)
+# compiles for a compile-only chip of that kind, found to 4 KiB by compiling (on v5e this finds 126 KiB less
+# than bytes_limit: XLA's compile-time check keeps that much for itself).
+V5E_LIMIT = ("a TPU v5 lite chip: memory_stats()['bytes_limit'] = 16,909,336,064 bytes, what XLA lets a program "
+             "use (its refusals: 'available HBM (15.75G)'), of 16 GiB HBM (Google Cloud TPU documentation, 'TPU v5e')")
+
+
+def _compiled_limit(chip: str, limit: int, said: str, hbm: str) -> str:
+    return (f"XLA:TPU (libtpu 0.0.42.1) for a compile-only {chip} chip: the largest program it compiles, "
+            f"{limit:,} bytes to 4 KiB ('available HBM ({said})'), of {hbm} (Google Cloud TPU documentation)")
+
+
 PROFILES = {
-    "tpu-v4": _tpu("tpu-v4", bf16=2.75e14, int8=2.75e14, hbm=1.2e12, memory=32 * GiB, link=4.5e10,
+    "tpu-v4": _tpu("tpu-v4", bf16=2.75e14, int8=2.75e14, hbm=1.2e12, memory=33_014_317_056, link=4.5e10,
                    pod=(16, 16, 16), wrap="cube", host_chips=4,
-                   sources_memory="Google Cloud TPU documentation, 'TPU v4': 32 GiB HBM per chip"),
-    "tpu-v5p": _tpu("tpu-v5p", bf16=4.59e14, int8=9.18e14, hbm=2.8e12, memory=95 * GiB, link=9e10,
+                   sources_memory=_compiled_limit("v4", 33_014_317_056, "30.75G", "32 GiB HBM per chip ('TPU v4')")),
+    "tpu-v5p": _tpu("tpu-v5p", bf16=4.59e14, int8=9.18e14, hbm=2.8e12, memory=102_803_308_544, link=9e10,
                     pod=(16, 20, 28), wrap="cube", host_chips=4,
-                    sources_memory="Google Cloud TPU documentation, 'TPU v5p': 95 GiB HBM per chip (the book: 96GB)"),
-    "tpu-v5e": _tpu("tpu-v5e", bf16=1.97e14, int8=3.94e14, hbm=8.1e11, memory=16 * GiB, link=4.5e10,
+                    sources_memory=_compiled_limit("v5p", 102_803_308_544, "95.74G",
+                                                   "95 GiB HBM per chip ('TPU v5p'; the book: 96GB)")),
+    "tpu-v5e": _tpu("tpu-v5e", bf16=1.97e14, int8=3.94e14, hbm=8.1e11, memory=16_909_336_064, link=4.5e10,
+                    pod=(16, 16), wrap="full-axis", host_chips=8, sources_memory=V5E_LIMIT),
+    "tpu-v6e": _tpu("tpu-v6e", bf16=9.2e14, int8=1.84e15, hbm=1.6e12, memory=33_550_106_624, link=9e10,
                     pod=(16, 16), wrap="full-axis", host_chips=8,
-                    sources_memory="Google Cloud TPU documentation, 'TPU v5e': 16 GiB HBM per chip"),
-    "tpu-v6e": _tpu("tpu-v6e", bf16=9.2e14, int8=1.84e15, hbm=1.6e12, memory=32 * GiB, link=9e10,
-                    pod=(16, 16), wrap="full-axis", host_chips=8,
-                    sources_memory="Google Cloud TPU documentation, 'TPU v6e' (Trillium): 32 GiB HBM per chip"),
+                    sources_memory=_compiled_limit("v6e", 33_550_106_624, "31.25G",
+                                                   "32 GiB HBM per chip ('TPU v6e', Trillium)")),
     "h100": _gpu("h100", bf16=989e12, tf32=989e12 / 2, fp32=67e12, int8=1979e12, hbm=3.35e12, memory=80 * GiB,
                  nvlink=450e9, network=400e9,
                  sources={"datasheet": H100_SHEET, "memory": f"{H100_SHEET}: 80 GB HBM3 (80 GiB on the device)",

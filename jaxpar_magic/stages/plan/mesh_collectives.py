@@ -178,7 +178,7 @@ def plan_collectives(found: list[Collective], mesh, line_text: Callable[[int], s
         traffic = RING_FACTORS[c.op](size) * _ring_array_bytes(c, size) if size > 1 else 0.0
         if c.whole_bytes and size > 1:  # the elements summed whole are gathered back after the scatter
             traffic += RING_FACTORS["all-gather"](size) * c.whole_bytes
-        text += calls_text(c.count, c.backward) + operands_text(c)
+        text += calls_text(c.count, c.backward, c.per_trip, c.at_most) + operands_text(c)
         if c.windowed:
             of = "an operand of the matmul" if c.windowed == "all-gather" else "the matmul's result"
             calls = f"{c.windowed_calls:,} permutes" if c.windowed_calls is not None else "permutes"
@@ -192,6 +192,7 @@ def plan_collectives(found: list[Collective], mesh, line_text: Callable[[int], s
             source=source or None, upcast_from=c.upcast_from, operand_bytes=c.operand_bytes,
             origin=origin_of(c.origin), sliced_from=c.sliced_from if rewritten else None,
             reduction=c.reduction, over_dcn=c.over_dcn, operands=c.operands,
-            whole_bytes=c.whole_bytes if rewritten else 0,
+            whole_bytes=c.whole_bytes if rewritten else 0, per_trip=c.per_trip, at_most=c.at_most,
+            overlapped=None if rewritten or c.over_dcn else c.overlapped,
         ))
     return planned

@@ -57,6 +57,7 @@ class PeakBuffer:
     role: str | None = None  # what a temporary is for (buffer_roles.role_of): "all-gather of params['w1']", ...
     count: int = 1  # buffers in this row (more than one: grouped by what they are and their line)
     members: tuple = field(default=(), repr=False, compare=False)  # a group's buffers
+    index: str = field(default="{}", repr=False, compare=False)  # which element of the instruction's (tuple) result
 
     def state(self) -> dict:
         return {"bytes": self.bytes, "dtype": self.dtype, "shape": list(self.shape), "kind": self.kind,
@@ -85,6 +86,8 @@ class MemoryPeak:
     disagreement: str | None = None  # where the live buffers exceed the reported figure: by how much, and why
     upcast_bytes: int = 0  # live at the peak: XLA:CPU's f32 copies of arrays the program holds in bf16/f16
     upcast_count: int = 0
+    live_rows: list = field(default_factory=list, repr=False)  # every buffer live at the peak, ungrouped (advice.py)
+    start_bytes: int = 0  # the arguments live when the program starts (before its first step: no step's rise)
 
     @property
     def largest(self) -> PeakBuffer | None:
@@ -97,7 +100,7 @@ class MemoryPeak:
                 "reserve": [{"bytes": n, "note": note} for n, note in self.reserve], "at": self.at,
                 "timeline": self.timeline, "places": self.places, "elsewhere": self.elsewhere,
                 "disagreement": self.disagreement, "upcast_bytes": self.upcast_bytes,
-                "upcast_count": self.upcast_count}
+                "upcast_count": self.upcast_count, "start_bytes": self.start_bytes}
 
 
 @dataclass
@@ -268,14 +271,47 @@ def _parameter_names(program: list[Instruction], entry: str | None) -> dict[int,
     return names
 
 
-def _output_names(program: list[Instruction], entry: str | None) -> dict[str, int]:
-    """Value name -> the index of the program's output it is (the entry's ROOT tuple's operands)."""
+def argument_labels(program: list[Instruction], entry: str | None, leaf_labels=None) -> dict[str, str]:
+    """Each entry parameter instruction's argument label (`params['w1']`), by the instruction's name."""
+    parameters = _parameter_names(program, entry)
+    by_number = {int(re.search(r"parameter\((\d+)\)", i.line).group(1)): i.name for i in program
+                 if i.op == "parameter" and i.computation == entry}
+    return {by_number[n]: _argument_label(parameters.get(n), leaf_labels, _Param(n)) for n in by_number}
+
+
+_INDEX = re.compile(r"\bindex=(\d+)")
+
+
+def _output_values(program: list[Instruction], entry: str | None) -> dict[tuple[str, str], int]:
+    """(value name, shape index) -> the index of the program's output it is: the entry's ROOT tuple's
+    operands, each read through the bitcasts and tuple elements that define no buffer of their own, so an
+    output a multi-output fusion writes (`fusion.3{1}`, the ROOT's `get-tuple-element(fusion.3), index=1`)
+    is an output too."""
     root = next((i for i in program if i.root and i.computation == entry), None)
     if root is None:
         return {}
-    if root.op == "tuple":
-        return {operand: k for k, operand in enumerate(root.operands)}
-    return {root.name: 0}
+    by_name = {i.name: i for i in program if i.computation == entry}
+    if root.op != "tuple":
+        elements = len(ARRAY.findall(root.type)) if root.type.lstrip().startswith("(") else 0
+        found = {(root.name, "{}"): 0}
+        found.update({(root.name, "{%d}" % k): k for k in range(elements)})
+        return found
+    found = {(root.name, "{}"): -1}  # the tuple itself: its table of pointers to the outputs
+    for k, operand in enumerate(root.operands):
+        name, index = operand, []
+        for _ in range(8):
+            found.setdefault((name, "{" + ",".join(map(str, index)) + "}"), k)
+            ins = by_name.get(name)
+            if ins is None or not ins.operands or ins.op not in ("bitcast", "get-tuple-element"):
+                break
+            if ins.op == "get-tuple-element":
+                element = _INDEX.search(ins.line)
+                if element is None:
+                    break
+                index.insert(0, int(element.group(1)))
+            name = ins.operands[0]
+        found.setdefault((name, "{" + ",".join(map(str, index)) + "}"), k)
+    return found
 
 
 def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None, reported: int, *,
@@ -287,7 +323,7 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
     input i (the engines' arguments `args[i][j]`); `output_labels[k]` output k. What the plan
     reports beyond the buffers live at the peak is the output buffers not yet written there, and
     the rest, which `rest_note` says what it is. `counted_temp`: memory_analysis()'s temporaries, to say
-    why live buffers may exceed `reported`. `shadows` (cell/hlo.upcasts): XLA:CPU's f32 values
+    why live buffers may exceed `reported`. `shadows` (cell/hlo_dtypes.upcasts): XLA:CPU's f32 values
     the program holds in a 16-bit float; those live at the peak are counted as `upcast_bytes`."""
     buffers = _buffers(dump)
     live = _timeline(buffers, dump.steps)
@@ -299,11 +335,9 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
     step = max(range(len(live)), key=live.__getitem__) if live else 0
     peak_live = live[step] if live else 0
     parameters = _parameter_names(program, entry)
-    by_number = {int(re.search(r"parameter\((\d+)\)", i.line).group(1)): i.name for i in program
-                 if i.op == "parameter" and i.computation == entry}
-    labels = {by_number[n]: _argument_label(parameters.get(n), leaf_labels, _Param(n)) for n in by_number}
+    labels = argument_labels(program, entry, leaf_labels)
     sources = _Sources(program, filename, line_text, labels)
-    outputs = _output_names(program, entry)
+    outputs = _output_values(program, entry)
     argument_shapes: dict[tuple, list] = {}
     for name, label in labels.items():
         argument_shapes.setdefault(_array(sources.by_name[name].type), []).append(label)
@@ -327,10 +361,11 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
         if allocation.kind == "parameter":
             kind, name = "argument", _argument_label(parameters.get(allocation.parameter), leaf_labels, allocation)
             described.update(op=None, line=None, source=None, origin=None)
-        elif value.name in outputs and value.index == "{}":
-            k = outputs[value.name]
+        elif (value.name, value.index) in outputs:
+            k = outputs[value.name, value.index]
             kind = "output"
-            name = output_labels[k] if output_labels is not None and k < len(output_labels) else f"output {k}"
+            name = ("the outputs' tuple (its pointers)" if k < 0 else
+                    output_labels[k] if output_labels is not None and k < len(output_labels) else f"output {k}")
         else:
             kind, name = "temporary", None
         role = role_of(sources, producer, (dtype, shape), argument_shapes, in_backward) if kind == "temporary" else None
@@ -349,7 +384,7 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
             of = f" of {_lower_first(role.removeprefix('copy of '))}" if role else ""
             role = f"XLA:CPU's f32 copy ({low_copy} in the program){of}"
         rows.append(PeakBuffer(b.size, dtype, shape, kind, name, described["op"], value.name, described["line"],
-                               described["source"], described["origin"], role=role))
+                               described["source"], described["origin"], role=role, index=value.index))
     rows.sort(key=lambda r: -r.bytes)
     largest = len([r for r in rows[:MAX_ROWS] if r.bytes >= MIN_SHARE * max(reported, 1)]) or 1
     named, other = group(rows, largest, reported)
@@ -374,7 +409,8 @@ def memory_peak(dump: BufferDump, program: list[Instruction], entry: str | None,
         other_bytes=sum(r.bytes for r in other), other_count=len(other),
         reserved_bytes=max(0, reported - peak_live), reserve=reserve,
         at=sources.describe(at_name) if at_name else None, elsewhere=elsewhere, disagreement=disagreement,
-        upcast_bytes=sum(upcast), upcast_count=len(upcast),
+        upcast_bytes=sum(upcast), upcast_count=len(upcast), live_rows=rows,
+        start_bytes=sum(b.size for b in buffers if b.first <= 0 and dump.allocations[b.allocation].kind == "parameter"),
     )
     peak.timeline, peak.places = _sampled(live, dump.sequence, sources)
     return peak

@@ -12,6 +12,7 @@ from .hardware import Hardware
 from .topology import Topology
 
 MAX_COLLECTIVES = 64  # in the view's state; the Plan keeps them all
+SUMMARY_AT = 24  # more collectives than this (a screenful) get a summary by op and axis
 
 CAVEATS = (
     "Figures come from XLA's CPU compiler, compiling for simulated devices: nothing ran.",
@@ -25,10 +26,21 @@ TPU_CAVEATS = (
     "and no TPU was needed. Memory is HBM as XLA:TPU assigns it (memory_analysis()'s figures), tile padding and "
     "its fusion decisions included; what it keeps in on-chip VMEM is said apart.",
 )
+
+
+def attached_caveats(target) -> tuple[str, ...]:
+    """What a plan compiled for the chips this process has (a TPU host, no --topology) must say."""
+    tpu = (" Memory is HBM as XLA:TPU assigns it (memory_analysis()'s figures), tile padding and its fusion "
+           "decisions included; what it keeps in on-chip VMEM is said apart.") if target.is_tpu else ""
+    return (f"Figures come from {target.compiler} itself, compiling for {target.where} (the devices this process "
+            f"has): nothing ran.{tpu}",)
+
+
 SCATTER_CAVEAT = (
     "XLA:CPU sums some arrays on every device and then keeps each device's slice (an all-reduce and a "
-    "dynamic-slice); XLA:TPU and XLA:GPU make that one reduce-scatter (XLA's reduce-scatter creator pass), so the "
-    "plan shows and costs those as reduce-scatters, each marked on its line."
+    "dynamic-slice); XLA:TPU and XLA:GPU can make that one reduce-scatter (XLA's reduce-scatter creator pass), and "
+    "the plan shows and costs those as reduce-scatters, each marked on its line. They do not always (XLA:TPU kept "
+    "a float32 FSDP step's gradient sums as all-reduces, libtpu 0.0.42): plan with XLA:TPU to see its choice."
 )
 # jax.checkpoint / jax.remat in the lowered program (its op names: .../checkpoint/..., .../remat2; inside
 # a loop's body the name stack starts again: "checkpoint/...", "remat2", "vmap()/remat2").
@@ -52,9 +64,10 @@ def remat_caveat(hardware) -> str:
 ROOFLINE_CAVEAT = (
     "The step time is a model, not a measurement: peak FLOP/s for each matmul's dtype and precision, HBM "
     "bandwidth, and ring collectives on the mesh's topology (per-axis links, wraparound, ~1 µs hops, DCN or "
-    "network past a pod or node), as in the scaling book. The estimate assumes communication fully "
-    "overlaps compute (optimistic); the no-overlap figure adds it (pessimistic). Real steps reach a "
-    "fraction of peak: the book measures 680 µs for a gather it models at 560 µs."
+    "network past a pod or node), as in the scaling book. The estimate hides the collectives the compiled "
+    "schedule overlaps behind compute and adds those it runs synchronously (an XLA:CPU plan's are all counted "
+    "as overlapped: its schedule is not the target's); the no-overlap figure adds them all (pessimistic). Real "
+    "steps reach a fraction of peak: the book measures 680 µs for a gather it models at 560 µs."
 )
 UPCAST_CAVEAT = (
     "XLA:CPU computes bf16 in f32 around collectives; collectives and memory traffic are counted in the "
@@ -70,8 +83,14 @@ LOOP_CAVEAT = (
     "accessed as each unfused operation's operands and result); collectives are counted on every trip."
 )
 UNKNOWN_LOOP_CAVEAT = (
-    "A loop's length is not a constant XLA can read (a while_loop on a computed condition): its FLOPs, "
-    "bytes and collectives are counted for one trip."
+    "A loop's length is not a constant XLA can read (a while_loop on a computed condition): its FLOPs and "
+    "bytes are counted for one trip, and each collective in it says its calls per trip (and at most per step, "
+    "where the loop's condition bounds it)."
+)
+EXPOSED_CAVEAT = (
+    "Some collectives run synchronously in XLA:TPU's schedule (no -start/-done pair, no async collective "
+    "fusion): the device waits for them, so the estimate adds their time to compute and memory instead of "
+    "overlapping it (each row says whether it is overlapped)."
 )
 
 
@@ -105,13 +124,26 @@ class PlannedCollective:
     over_dcn: bool = False  # XLA:TPU's Megascale transfer: the cross-slice stage of a collective, over DCN
     operands: int = 1  # arrays its one instruction moves (a combined all-reduce of several gradients)
     whole_bytes: int = 0  # a sliced combined all-reduce's elements still summed whole (cell/scatter.py)
+    per_trip: int | None = None  # count None: its calls per trip of the loop XLA cannot bound (as FLOPs count it)
+    at_most: int | None = None  # ... and the most per step, where that loop's condition bounds it
+    # Whether the compiled schedule overlaps it with compute: True for an asynchronous collective (-start/-done,
+    # XLA:TPU's async collective fusions), False where the device waits for it; None where the compiler is not
+    # the target's (XLA:CPU's schedule says nothing of a TPU's or GPU's)
+    overlapped: bool | None = None
+    why: dict | None = None  # why it is there, where the program says it (stages/plan/why.py)
+
+    @property
+    def calls(self) -> int:
+        """Calls per step: `count`, or one trip's (`per_trip`) of a loop XLA cannot bound."""
+        return self.count if self.count is not None else (self.per_trip or 1)
 
     def state(self) -> dict:
         return {
             "op": self.op, "shape": self.shape, "bytes": self.bytes, "axes": list(self.axes),
             "groups_text": self.groups_text, "group_size": self.group_size, "line": self.line,
             "source": self.source, "seconds": self.seconds, "bound": self.bound, "origin": self.origin,
-            "sliced_from": self.sliced_from, "reduction": self.reduction,
+            "sliced_from": self.sliced_from, "reduction": self.reduction, "count": self.count,
+            "per_trip": self.per_trip, "at_most": self.at_most, "overlapped": self.overlapped, "why": self.why,
         }
 
 
@@ -151,6 +183,11 @@ class Plan:
     refused: str | None = None  # XLA's words where it refused to compile for memory: the plan is of its buffers
     donated: tuple[str, ...] = ()  # --donate: inputs given to the program, compiled with their aliasing
     notes: list = field(default_factory=list)  # more sentences about the memory figures (memory_notes adds these)
+    advice: list = field(default_factory=list)  # advice.Advice: what would make it fit, from the peak's buffers
+    # (name, spec in, spec out): inputs the cell binds again in another layout (layout_changes.py)
+    layout_changes: list = field(default_factory=list)
+    partitioner: list = field(default_factory=list)  # XLA's partitioner warnings as rows (why.partitioner_rows)
+    pipeline: dict | None = None  # a pipeline's bubble, where a loop's ticks outnumber its microbatches (pipeline.py)
 
     @property
     def total_bytes(self) -> int:
@@ -223,7 +260,10 @@ class Plan:
                 "capacity_source": self.capacity_source, "fits": self.fits, "overshoot": self.overshoot,
                 "note": self.memory_note, "reported_peak": self.peak_bytes is not None,
                 "donated": list(self.donated), "notes": self.memory_notes(), "refused": self.refused,
+                "advice": [a.state() for a in self.advice],
             },
+            "layout_changes": [{"name": n, "before": str(a), "after": str(b)} for n, a, b in self.layout_changes],
+            "partitioner": list(self.partitioner),
             "compiler": self.target.state() if self.target is not None else None,
             "peak": self.peak.state() if self.peak is not None else None,
             "left_alone": list(self.left_alone),
@@ -231,12 +271,32 @@ class Plan:
             "cost": {"flops": self.flops, "bytes_accessed": self.bytes_accessed},
             "collectives": [c.state() for c in self.collectives[:MAX_COLLECTIVES]],
             "collectives_omitted": max(0, len(self.collectives) - MAX_COLLECTIVES),
+            "collective_summary": by_op_and_axis(self.collectives) if len(self.collectives) > SUMMARY_AT else [],
+            "pipeline": self.pipeline,
             "roofline": self.roofline.state() if self.roofline is not None else None,
             "outputs": output_entries(shown),
             "compile_ms": round(self.compile_ms, 1),
             "compiled": "refused" if self.refused else "reused" if self.reused else "compiled",
             "caveats": list(self.caveats),
         }
+
+
+def by_op_and_axis(collectives: list) -> list[dict]:
+    """The collectives summed by op and mesh axes: instructions, calls and bytes per step, and their time
+    (and the exposed part of it) where timed; most bytes first."""
+    groups: dict[tuple, dict] = {}
+    for c in collectives:
+        if c.group_size <= 1:
+            continue
+        g = groups.setdefault((c.op, tuple(c.axes)), {"op": c.op, "axes": list(c.axes), "instructions": 0, "calls": 0,
+                                                      "bytes": 0, "seconds": None, "exposed_s": 0.0})
+        g["instructions"] += 1
+        g["calls"] += c.calls
+        g["bytes"] += c.bytes * c.calls
+        if c.seconds is not None:
+            g["seconds"] = (g["seconds"] or 0.0) + c.seconds
+            g["exposed_s"] += c.seconds if c.overlapped is False else 0.0
+    return sorted(groups.values(), key=lambda g: -g["bytes"])
 
 
 def format_bytes(n: float) -> str:

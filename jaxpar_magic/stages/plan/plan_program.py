@@ -20,7 +20,8 @@ import os
 import time
 from collections.abc import Callable
 
-from ...cell.hlo import Upcasts, collectives, program_facts, runs_outside_loops, upcasts
+from ...cell.hlo import collectives, runs_outside_loops
+from ...cell.hlo_dtypes import Upcasts, program_facts, upcasts
 from ...cell.hlo_text import entry_name, instructions
 from ...cell.work import loop_work
 from ...cell.meshes import on_cell_mesh
@@ -33,12 +34,16 @@ from .compiled_plans import compile_plan_program, key_of, same_operations
 from .costs import estimate
 from .hardware import Hardware, parse_hardware
 from .mesh_collectives import is_user_file, plan_collectives
-from .peak import memory_peak
-from .refused import advice, available, refused_program
-from .plan import (CAVEATS, GPU_CAVEAT, LOOP_CAVEAT, MAX_COLLECTIVES, REMAT, RESERVED_CPU, RESERVED_TPU, ROOFLINE_CAVEAT,
-                   SCATTER_CAVEAT, TPU_CAVEATS, UNKNOWN_LOOP_CAVEAT, UPCAST_CAVEAT, Plan, PlannedCollective, PlanWarning, format_bytes,
+from .peak import argument_labels, memory_peak
+from .layout_changes import layout_changes
+from .advice import advice_note, advise, parameter_shardings
+from .refused import available, refused_program
+from .pipeline import bubble
+from .why import partitioner_rows, reasons
+from .plan import (CAVEATS, attached_caveats, GPU_CAVEAT, LOOP_CAVEAT, MAX_COLLECTIVES, REMAT, RESERVED_CPU, RESERVED_TPU, ROOFLINE_CAVEAT,
+                   SCATTER_CAVEAT, TPU_CAVEATS, EXPOSED_CAVEAT, UNKNOWN_LOOP_CAVEAT, UPCAST_CAVEAT, Plan, PlannedCollective, PlanWarning, format_bytes,
                    remat_caveat)
-from .topology import topology_for
+from .topology import placed, topology_for
 
 __all__ = [  # the names this module has always offered, wherever they now live
     "CAVEATS", "CPU_DEVICE_CEILING", "GPU_CAVEAT", "LOOP_CAVEAT", "MAX_COLLECTIVES", "ROOFLINE_CAVEAT", "UPCAST_CAVEAT",
@@ -101,7 +106,7 @@ def output_structs(compiled):
 def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = None,
                  line_text: Callable[[int], str] | None = None, hardware: Hardware | str | None = None,
                  device_memory=None, set_mesh: bool = True, topology: str | None = None, leaf_labels=None,
-                 compiler: str = "auto", target=None, output_labels=None) -> Plan:
+                 compiler: str = "auto", target=None, output_labels=None, magic: str | None = None) -> Plan:
     """Compile `fn(*abstract_args)` for `mesh` without running it, and say what it costs per device.
 
     `fn`: a `jax.jit`-ed function (anything with `.lower`), or a function to jit. `abstract_args`:
@@ -139,6 +144,7 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         )
     sizes = {str(n): int(s) for n, s in mesh.shape.items()}
     laid_out = topology_for(hardware, sizes, hardware.topology) if hardware is not None else None  # before compiling
+    laid_out = placed(laid_out, mesh) if laid_out is not None else None  # each device where it sits
     capacity, capacity_source = device_capacity(mesh, hardware, device_memory)
     memory_note = None
     if hardware is not None and hardware.preallocate and device_memory is None and capacity:
@@ -180,28 +186,33 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
     types, matmuls = program_facts(program)
     read = instructions(text)  # the compiled program's instructions, read once for the three readers below
     read, types = same_operations(read, types, filename)  # a kept compile has its first plan's callers
-    upcast = upcasts(text, types, read) if not target.is_tpu else Upcasts({}, set(), 0.0)  # XLA:TPU keeps bf16
+    upcast = upcasts(text, types, read) if target.is_cpu else Upcasts({}, set(), 0.0)  # XLA:TPU keeps bf16
     found = reduce_scatters(text, collectives(text, None, filename, upcast.shadows, is_user_file, read), read,
-                            own_only=target.is_tpu)  # XLA:TPU's program has its own
-    planned = plan_collectives(found, mesh, line_text, filename, rewritten=not target.is_tpu)
+                            own_only=not target.is_cpu)  # XLA:TPU's program has its own
+    planned = plan_collectives(found, mesh, line_text, filename, rewritten=target.is_cpu)
+    entry = entry_name(text)
+    labels = argument_labels(read, entry, leaf_labels)
+    planned = reasons(found, planned, read, labels)
     trips = loop_work(text, read)  # the loop trips after the first, which cost_analysis leaves out
     flops, target_bytes = _figure(cost, "flops"), _figure(cost, "bytes accessed")
     flops = flops + trips.flops if flops is not None else None
     target_bytes = target_bytes + trips.bytes if target_bytes is not None else None
     bytes_accessed = max(0.0, target_bytes - upcast.traffic_bytes) if target_bytes is not None else None
-    caveats = list(TPU_CAVEATS if target.is_tpu else CAVEATS)
+    caveats = list(attached_caveats(target) if target.attached else TPU_CAVEATS if target.is_tpu else CAVEATS)
     if target.note:
         caveats.insert(0, target.note)
-    if not target.is_tpu and runs_outside_loops(program, REMAT):  # in a loop's body XLA:CPU keeps it
+    if target.is_cpu and runs_outside_loops(program, REMAT):  # in a loop's body XLA:CPU keeps it
         caveats.insert(0, remat_caveat(hardware))
     if upcast.shadows:
         caveats.append(UPCAST_CAVEAT)
-    if any(c.sliced_from for c in found) and not target.is_tpu:
+    if any(c.sliced_from for c in found) and target.is_cpu:
         caveats.append(SCATTER_CAVEAT)
     if " while(" in text:
         caveats.append(LOOP_CAVEAT)
     if trips.unknown or any(c.count is None for c in found):
         caveats.append(UNKNOWN_LOOP_CAVEAT)
+    if not target.is_cpu and any(c.overlapped is False for c in planned if c.group_size > 1):
+        caveats.append(EXPOSED_CAVEAT)
     times = None
     if hardware is not None and refused is None:  # a refused compile has no FLOPs to time
         times, planned = estimate(flops, bytes_accessed, planned, hardware, laid_out, matmuls)
@@ -239,7 +250,9 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
         reused=kept,
         refused=refused.said if refused is not None else None,
     )
-    plan.peak = memory_peak(made.dump, read, entry_name(text), plan.total_bytes,
+    plan.partitioner = partitioner_rows(made.said, mesh, leaf_labels, filename, line_text)
+    plan.pipeline = bubble(read, found, planned, sizes, filename) if " while(" in text else None
+    plan.peak = memory_peak(made.dump, read, entry, plan.total_bytes,
                             leaf_labels=leaf_labels, output_labels=_labels(output_labels, outputs),
                             filename=filename, line_text=line_text,
                             rest_note=RESERVED_TPU if target.is_tpu else RESERVED_CPU, shadows=upcast.shadows,
@@ -247,10 +260,9 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
     if plan.peak.upcast_bytes:
         plan.notes.append(upcast_note(plan.peak, plan.total_bytes))
     plan.notes += other_spaces(plan, target)
-    if plan.fits is False:  # name what fills the memory, and what to do about it
-        largest = plan.peak.largest if plan.peak is not None else None
-        named = f"{format_bytes(largest.bytes)} ({largest_words(largest)})" if largest is not None else None
-        plan.notes.append(advice(named))
+    if plan.fits is False:  # what to do about it, computed from what fills the peak
+        plan.advice = advise(plan, parameter_shardings(read, entry, labels), magic)
+        plan.notes.append(advice_note(plan.advice))
     return plan
 
 
@@ -356,11 +368,13 @@ def plan_program(prepared, *, hardware=None, device_memory=None, set_mesh=True, 
         plan = compile_plan(program.jitted, prepared.arguments, prepared.mesh, names=list(prepared.names),
                             filename=cell.filename, line_text=cell.line, hardware=hardware,
                             device_memory=device_memory, set_mesh=set_mesh, leaf_labels=prepared.labels(),
-                            target=target, output_labels=lambda outputs: _cell_output_labels(outputs, reshape))
+                            target=target, output_labels=lambda outputs: _cell_output_labels(outputs, reshape),
+                            magic=prepared.magic)
     trace = plan.outputs[TRACE]  # the CellTrace of the trace just compiled
     plan.bindings = trace.bound_outputs(plan.outputs[0], reshape)
     plan.computed = trace.device_outputs
     plan.abstract = dict(plan.bindings)
+    plan.layout_changes = layout_changes(prepared, plan)
     return plan
 
 

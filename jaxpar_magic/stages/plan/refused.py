@@ -46,7 +46,8 @@ def dump_memory(dump: BufferDump) -> DumpMemory:
 
 def refused_program(refused: RefusedForMemory) -> CompiledPlan:
     """A CompiledPlan without an executable: what XLA wrote before refusing."""
-    return CompiledPlan(None, dump_memory(refused.dump), {}, refused.text, refused.dump, 0.0)
+    return CompiledPlan(None, dump_memory(refused.dump), {}, refused.text, refused.dump, 0.0,
+                        getattr(refused, "said_by_partitioner", ()))
 
 
 def available(said: str) -> tuple[int | None, str | None]:
@@ -55,12 +56,3 @@ def available(said: str) -> tuple[int | None, str | None]:
     if m is None:
         return None, None
     return int(float(m.group(2)) * _UNITS[m.group(3)]), m.group(1)
-
-
-def advice(largest: str | None) -> str:
-    """What to do about a memory problem (not a slice shape: the slice compiled, the step is too big)."""
-    held = f" The largest buffer is {largest}." if largest else ""
-    return ("To make it fit: recompute activations in the backward pass (jax.checkpoint around each layer, "
-            "or a remat policy), shard more (split the largest buffers over another mesh axis: FSDP for weights "
-            "and optimizer state, the batch over 'data'), use a smaller batch (or accumulate gradients over "
-            "micro-batches), or plan more devices (a bigger slice: --topology) to share the load." + held)

@@ -7,11 +7,14 @@ topology_name="v5e:4x4")` gives the devices, the mesh is laid onto them as `jax.
 (several slices over DCN as `create_hybrid_device_mesh` does), and `jit(...).lower(...).compile()`
 runs XLA:TPU itself. Nothing runs on, or needs, a TPU; `jax.devices()` stays what it was.
 
-Everything else (no libtpu, no `--topology`, a GPU or custom profile, `--compiler cpu`) compiles with
-XLA:CPU for simulated devices, and the plan says how to get the target's own compile.
+Where the mesh is of the accelerator chips this process has (a TPU host: `devices_of(mesh)` says
+"tpu"), a plan without `--topology` is compiled by their own compiler for them (`on_attached`), and fits
+against what they report (`memory_stats()['bytes_limit']`). Everything else (no libtpu, no `--topology`,
+a GPU or custom profile, `--compiler cpu`) compiles with XLA:CPU for simulated devices, and the plan says
+how to get the target's own compile.
 
 Loading libtpu without a TPU makes it print start-up warnings on the process's stderr (in a
-notebook, ipykernel forwards that into the cell); `_quiet_stderr` keeps them out, and hands on
+notebook, ipykernel forwards that into the cell); `native_stderr.heard` keeps them out, and hands on
 anything else. libtpu also holds a lock file for the life of the process: a second process (a
 parallel kernel, a cluster engine) may load it too only with ALLOW_MULTIPLE_LIBTPU_LOAD=1, which
 compile-only devices need no more than that.
@@ -22,11 +25,11 @@ import functools
 import math
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 
 from ...errors import UsageError
 from .hardware import Hardware
+from .native_stderr import heard
 from .topology import check_shape
 
 INSTALL = 'pip install "jaxpar_magic[tpu]"'
@@ -48,10 +51,15 @@ class Target:
     where: str  # "a v5e 4x4 slice", "8 simulated CPU devices"
     note: str | None = None  # XLA:CPU with a target profile: why it is not the target's compiler, and how to get it
     version: str | None = None  # libtpu's version
+    attached: bool = False  # compiling for the accelerator chips this process has (a TPU host), not compile-only ones
 
     @property
     def is_tpu(self) -> bool:
         return self.compiler == "XLA:TPU"
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.compiler == "XLA:CPU"
 
     def describe(self) -> str:
         made = f"compiled by {self.compiler} for {self.where}"
@@ -76,13 +84,53 @@ def _cpu(mesh, note: str | None) -> Target:
     return Target("XLA:CPU", mesh, f"{count} simulated CPU device{'s' if count != 1 else ''}", note)
 
 
-def choose(mesh, hardware: Hardware | None, compiler: str = "auto") -> Target:
-    """The target for planning over `mesh` on `hardware` (its `topology` is --topology)."""
+@dataclass(frozen=True)
+class Devices:
+    """What the mesh's devices are: their platform ("cpu", "tpu", "gpu"), kind ("TPU v5 lite") and count."""
+
+    platform: str
+    kind: str
+    count: int
+
+
+def devices_of(mesh) -> Devices:
+    """The description of `mesh`'s devices (the first device's platform and kind; a mesh is of one kind);
+    an AbstractMesh has none: "abstract"."""
+    import jax
+
+    if not isinstance(mesh, jax.sharding.Mesh):
+        return Devices("abstract", "", int(math.prod(_sizes(mesh).values())))
+    first = mesh.devices.flat[0]
+    return Devices(str(getattr(first, "platform", "cpu")), str(getattr(first, "device_kind", "")),
+                   int(mesh.devices.size))
+
+
+def on_attached(devices: Devices, mesh, hardware: Hardware | None, compiler: str, version: str | None) -> Target | None:
+    """The target where the mesh is of accelerator chips this process has (a TPU host): their own compiler,
+    for them, unless --topology names another slice to compile for (None: decide as for simulated devices)."""
+    if devices.platform not in ("tpu", "gpu") or getattr(hardware, "topology", None):
+        return None
+    name = f"XLA:{devices.platform.upper()}"
+    if compiler == "cpu" or compiler == "tpu" and devices.platform != "tpu":
+        raise UsageError(f"--compiler {compiler}: the mesh is of the attached {devices.kind or devices.platform} "
+                         f"devices, which {name} compiles for. Drop --compiler, or plan over other devices (a "
+                         f"TPU slice: `--hardware tpu-v5e --topology 4x4`).")
+    chips = "chip" if devices.platform == "tpu" else "device"
+    where = f"{devices.count} attached {devices.kind or devices.platform} {chips}{'s' if devices.count != 1 else ''}"
+    return Target(name, mesh, where, None, version if devices.platform == "tpu" else None, attached=True)
+
+
+def choose(mesh, hardware: Hardware | None, compiler: str = "auto", devices: Devices | None = None) -> Target:
+    """The target for planning over `mesh` on `hardware` (its `topology` is --topology). `devices`: what the
+    mesh's devices are (by default read from them: `devices_of`); on a TPU host, its chips and XLA:TPU."""
     if compiler not in COMPILERS:
         raise UsageError(f"--compiler {compiler}: choose one of {', '.join(COMPILERS)} (auto: XLA:TPU where libtpu "
                          f"and --topology allow it, else XLA:CPU).")
     kind = getattr(hardware, "kind", None)
     version = libtpu_version()
+    attached = on_attached(devices or devices_of(mesh), mesh, hardware, compiler, version)
+    if attached is not None:
+        return attached
     if kind != "tpu":
         if compiler == "tpu":
             raise UsageError("--compiler tpu compiles for TPU devices: add a TPU profile and its slice, e.g. "
@@ -201,43 +249,16 @@ def _devices(chip: str, slice_text: str, shape: tuple[int, ...], slices: int) ->
     if slices > 1:
         options["num_slices"] = slices
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compile-only: never the one process owning a TPU
-    with _quiet_stderr() as said:
+    with heard(_STARTUP_NOISE) as said:
         try:
             return list(topologies.get_topology_desc(platform="tpu", topology_name=name, **options).devices)
         except Exception as exc:
             error = exc
     detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    heard = said()
+    heard_text = " ".join(line.strip() for line in said() if line.strip())[:300]
     raise UsageError(
         f"--topology {slice_text}: libtpu does not compile for a {chip} {slice_text} slice ({detail})"
-        + (f"; it said: {heard}" if heard else "")
+        + (f"; it said: {heard_text}" if heard_text else "")
         + f". Name a slice libtpu knows, with every side even, e.g. `--topology {'x'.join(['2'] * len(shape))}` "
           f"or `--topology {'x'.join(['4'] * len(shape))}`."
     ) from None
-
-
-class _quiet_stderr:
-    """Send file descriptor 2 to a temporary file for the block; afterwards pass on what was not
-    libtpu's start-up noise. `said()` gives the noise, for an error message."""
-
-    def __enter__(self):
-        import sys
-
-        sys.stderr.flush()
-        self._file = tempfile.TemporaryFile()
-        self._saved = os.dup(2)
-        os.dup2(self._file.fileno(), 2)
-        self._noise = ""
-        return lambda: self._noise
-
-    def __exit__(self, *exc):
-        os.dup2(self._saved, 2)
-        os.close(self._saved)
-        self._file.seek(0)
-        text = self._file.read().decode("utf-8", "replace")
-        self._file.close()
-        kept = [line for line in text.splitlines() if not _STARTUP_NOISE.search(line)]
-        self._noise = " ".join(line.strip() for line in text.splitlines() if _STARTUP_NOISE.search(line) and line.strip())[:300]
-        if kept:
-            os.write(2, ("\n".join(kept) + "\n").encode())
-        return False

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from ...errors import UsageError
 from .hardware import Hardware
@@ -41,6 +41,9 @@ class Topology:
     slices: int  # slices over DCN (TPU) or nodes over the network (GPU)
     axes: dict  # mesh axis name -> tuple[Span, ...]
     given: bool = False  # from --topology
+    # device id -> (slice, coordinate along each slice axis): where each device of the planned mesh sits
+    # (`placed`), so a collective is timed from the devices its groups span, whatever the axes are named
+    places: dict = field(default_factory=dict, repr=False, compare=False)
 
     def describe(self) -> str:
         """`4x8 ICI slice, no wraparound; 2 slices over DCN; X: ICI axis 1 (8), Y: ICI axis 0 (4)`."""
@@ -237,14 +240,82 @@ def _ring(spans: list[Span], hardware: Hardware) -> tuple[float, int]:
     return bandwidth, hops
 
 
+# --- where each device sits ---------------------------------------------------------------------------
+
+def placed(topology: Topology, mesh) -> Topology:
+    """`topology` with each device of `mesh` at its place. TPU devices (compile-only ones too) say where
+    they are (`slice_index`, `coords`); simulated devices sit where `topology_for` laid their mesh axes:
+    an axis's position read in mixed radix over its spans (the outermost, DCN, most significant), and
+    the mesh axes sharing one physical axis side by side, the first laid (the innermost) fastest."""
+    import numpy as np
+
+    devices = list(mesh.devices.flat)
+    dims = len(topology.slice_shape)
+    if all(getattr(d, "coords", None) is not None for d in devices):
+        places = {int(d.id): (int(getattr(d, "slice_index", 0) or 0), *(int(c) for c in list(d.coords)[:dims]))
+                  for d in devices}
+        return replace(topology, places=places)
+    names = [str(n) for n in mesh.axis_names]
+    if set(names) != set(topology.axes) or not dims:
+        return topology
+    stride = {}  # (axis name, span index) -> (dim, stride along it)
+    filled = [1] * dims
+    for name in reversed(names):  # topology_for lays the innermost axes first
+        for k, span in enumerate(topology.axes[name]):
+            if span.dim != DCN:
+                stride[name, k] = (span.dim, filled[span.dim])
+                filled[span.dim] *= span.extent
+    shape = mesh.devices.shape
+    grid = np.indices(shape).reshape(len(shape), -1)  # each device's position along each mesh axis
+    slice_ = np.zeros(grid.shape[1], dtype=np.int64)
+    where = np.zeros((dims, grid.shape[1]), dtype=np.int64)
+    for axis, name in enumerate(names):
+        index = grid[axis].copy()
+        spans = topology.axes[name]
+        digits = [None] * len(spans)
+        for k in reversed(range(len(spans))):  # the last span is the least significant digit
+            digits[k] = index % spans[k].extent
+            index //= spans[k].extent
+        for k, span in enumerate(spans):
+            if span.dim == DCN:  # slices numbered over the DCN spans, outermost first
+                slice_ = slice_ * span.extent + digits[k]
+            else:
+                dim, step = stride[name, k]
+                where[dim] += digits[k] * step
+    ids = [int(d.id) for d in mesh.devices.flat]
+    places = {i: (int(slice_[n]), *(int(c) for c in where[:, n])) for n, i in enumerate(ids)}
+    return replace(topology, places=places)
+
+
+def group_spans(topology: Topology, group) -> list[Span] | None:
+    """The physical axes one group of devices spans (DCN: the slices it touches), from where they sit;
+    None where the topology has no places for them."""
+    at = [topology.places.get(int(d)) for d in group]
+    if not at or None in at:
+        return None
+    spans = []
+    slices = len({p[0] for p in at})
+    if slices > 1:
+        spans.append(Span(DCN, slices, False))
+    for dim, side in enumerate(topology.slice_shape):
+        extent = len({p[1 + dim] for p in at})
+        if extent > 1:
+            spans.append(Span(dim, extent, topology.wraps[dim] and extent == side))
+    return spans
+
+
 def collective_time(topology: Topology, op: str, axes, result_bytes: float, array_bytes: float,
-                    group_size: int) -> CollectiveTime:
+                    group_size: int, group=None) -> CollectiveTime:
     """One call of collective `op` over mesh `axes` (groups of `group_size`), on one device.
 
     `array_bytes`: the array a ring passes round, in the program's dtypes (an all-gather's result,
-    a reduce-scatter's or all-reduce's operand); `result_bytes` its result on one device."""
+    a reduce-scatter's or all-reduce's operand); `result_bytes` its result on one device. `group`: the
+    device ids of one of its groups; where the topology knows their places (`placed`), the physical
+    axes they span decide, not the mesh axes' names (one program timed alike under any mesh)."""
     hardware = topology.hardware
-    spans = [s for a in axes for s in topology.axes.get(a, ())]
+    spans = group_spans(topology, group) if group else None
+    if spans is None:
+        spans = [s for a in axes for s in topology.axes.get(a, ())]
     far = math.prod(s.extent for s in spans if s.dim == DCN)
     near_spans = [s for s in spans if s.dim != DCN]
     near = math.prod(s.extent for s in near_spans)
