@@ -36,7 +36,7 @@ class Row:
 
     @property
     def collective_bytes(self) -> int:
-        return sum(c.bytes * (c.count or 1) for c in self.plan.collectives if c.group_size > 1)
+        return sum(c.bytes * c.calls for c in self.plan.collectives if c.group_size > 1)
 
     @property
     def estimate_s(self) -> float | None:

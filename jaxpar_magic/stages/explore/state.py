@@ -70,7 +70,7 @@ def plan_summary(plan) -> dict:
         "peak_bytes": int(plan.total_bytes), "capacity_bytes": plan.capacity, "fits": plan.fits,
         "largest": [{"what": largest_words(b), "bytes": int(b.bytes), "line": _where(b.line, b.source)}
                     for b in buffers],
-        "collectives": [{"kind": c.op, "bytes": int(c.bytes * (c.count or 1)), "calls": c.count,
+        "collectives": [{"kind": c.op, "bytes": int(c.bytes * c.calls), "calls": c.count,
                          "what": f"{c.shape} over {', '.join(c.axes) or c.groups_text}"
                                  + (f" at {_where(c.line, c.source)}" if c.line is not None else "")}
                         for c in moving[:COLLECTIVES]],
