@@ -310,7 +310,7 @@ export function draw(state) {
     const rep = h("div", { class: "jpm-report" });
     const item = (/** @type {string} */ k, /** @type {string} */ v) => h("span", { class: "jpm-chip" }, `${k} `, h("b", { text: v }));
     if (r.compile_ms !== null && r.compile_ms !== undefined) rep.append(item("compile", formatMs(r.compile_ms)));
-    if (r.run_ms !== null && r.run_ms !== undefined) rep.append(item("run", formatMs(r.run_ms)));
+    if (r.run_ms !== null && r.run_ms !== undefined) rep.append(item("run (waited for its result)", formatMs(r.run_ms)));  // views/results.py RUN_LABEL
     if (r.flops !== null && r.flops !== undefined) rep.append(item("FLOPs per device", formatSI(r.flops)));
     if (r.bytes_accessed !== null && r.bytes_accessed !== undefined) rep.append(item("bytes accessed per device", formatBytes(r.bytes_accessed)));
     root.append(h("div", { class: "jpm-section" }, h("div", { class: "jpm-h", text: "Cost" }), rep));

@@ -151,6 +151,7 @@ def iterations_for(kernel: Kernel, seconds: float, magic: str, line: str, arg: s
         f"get_ipython().run_cell_magic({magic!r}, {line!r}, {probe!r})\n"
         "_t = time.perf_counter()\n"
         f"get_ipython().run_cell_magic({magic!r}, {line!r}, {probe!r})\n"
+        "jax.block_until_ready(_probe)\n"  # a re-run returns once its program is dispatched
         "_rate = 1e5 / (time.perf_counter() - _t)\n"
         "del _probe\n"
     )["status"] == "ok"

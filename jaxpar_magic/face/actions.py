@@ -121,7 +121,7 @@ def pmap(options, source, namespace, defaults) -> Outcome:
         broadcast=options.broadcast, split=options.split, merge=options.merge, in_axes=options.in_axes,
         out_axes=options.out_axes, static_broadcasted_argnums=options.static_broadcasted_argnums,
         donate_argnums=options.donate_argnums, want_facts=show or options.report or defaults.facts, bind=False,
-        collectives=options.collectives,
+        collectives=options.collectives, wait=options.report,
     )
     if isinstance(result, dict):  # function mode
         lines = []
@@ -149,7 +149,7 @@ def pmap(options, source, namespace, defaults) -> Outcome:
                                                       figures)))
     elif options.report and result.facts is not None:
         f = result.facts
-        figures = (f"compile {f.compile_ms:.1f} ms, run {result.run_ms:.2f} ms, flops {f.flops}, bytes "
+        figures = (f"compile {f.compile_ms:.1f} ms, run {result.run_ms:.2f} ms (waited for its result), flops {f.flops}, bytes "
                    f"{f.bytes_accessed}, collectives {[c.op for c in f.collectives]}")
         outcome.text = "\n".join(t for t in (outcome.text, figures) if t)
     if result.collectives is not None:
@@ -168,7 +168,7 @@ def shard(options, source, namespace, defaults) -> Outcome:
     show = defaults.show if options.show is None else options.show
     result = shard_cell(source, namespace, mesh=options.mesh, in_specs=options.in_specs,
                         out_specs=options.out_specs, want_facts=options.report or defaults.facts, bind=False,
-                        outputs=options.outputs, donate=options.donate)
+                        outputs=options.outputs, donate=options.donate, wait=options.report)
     outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, commit=result.commit,
                       facts=result.facts, text=moved_text(result.moved, result.mesh))
     if not (show or options.report):
@@ -202,7 +202,7 @@ def shard_map(options, source, namespace, defaults) -> Outcome:
     result = shard_map_cell(source, namespace, mesh=options.mesh, in_specs=options.in_specs,
                             out_specs=options.out_specs, check_vma=options.check_vma,
                             want_facts=show or options.report or defaults.facts, bind=False,
-                            collectives=options.collectives, outputs=options.outputs)
+                            collectives=options.collectives, outputs=options.outputs, wait=options.report)
     outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, facts=result.facts,
                       text=moved_text(result.moved, result.mesh))
     if not (show or options.report or options.collectives):

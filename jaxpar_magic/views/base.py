@@ -48,6 +48,7 @@ output with both forms.
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import json
 import math
@@ -254,12 +255,19 @@ class ViewBase(anywidget.AnyWidget):
             cls._esm = _LOADER
         super().__init_subclass__(**kwargs)
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> ViewBase:
+        return super().__new__(_synced_class(cls), *args, **kwargs)
+
     def __init__(self, state: dict[str, Any] | None = None, **kwargs: Any) -> None:
         lib = library()
         lib.add(type(self)._bundle)
         kwargs.setdefault("layout", shared_layout())
-        super().__init__(
-            state=dict(state or {}), _jpm_view=type(self)._bundle.view, _jpm_lib=f"IPY_MODEL_{lib.model_id}",
+        _colab_widgets()
+        # ipywidgets' own __init__, not AnyWidget's: that one adds anywidget's traits to every
+        # instance (`add_traits` builds a new class each time, ~0.5 ms a view); _synced_class has
+        # them once per view class, with the same names and values.
+        ipywidgets.DOMWidget.__init__(
+            self, state=dict(state or {}), _jpm_view=type(self)._bundle.view, _jpm_lib=f"IPY_MODEL_{lib.model_id}",
             _jpm_twin=uuid.uuid4().hex[:16], **kwargs
         )
 
@@ -324,6 +332,32 @@ class ViewBase(anywidget.AnyWidget):
 
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+#: The traits anywidget's front end reads from every model, beside ipywidgets' own: its module
+#: (`_esm`), its stylesheet (`_css`) and the widget class's name (`_anywidget_id`), as
+#: `anywidget.AnyWidget.__init__` adds them (tests/test_views_static.py compares with a real AnyWidget).
+ANYWIDGET_TRAITS = ("_esm", "_css", "_anywidget_id")
+
+
+@functools.cache
+def _synced_class(cls: type) -> type:
+    """`cls` with anywidget's per-model traits as class traits, made once per view class: what every
+    instance of `cls` is (its name and everything else stay `cls`'s)."""
+    if cls.__dict__.get("_jpm_synced"):
+        return cls
+    values = {"_esm": cls._esm, "_css": cls._css, "_anywidget_id": f"{cls.__module__}.{cls.__name__}"}
+    body: dict[str, Any] = {key: traitlets.Unicode(str(values[key])).tag(sync=True) for key in ANYWIDGET_TRAITS}
+    body.update(__module__=cls.__module__, __qualname__=cls.__qualname__, _jpm_synced=True)
+    return type(cls.__name__, (cls,), body)
+
+
+@functools.cache
+def _colab_widgets() -> None:
+    """In Google Colab, its custom widget manager, once (what anywidget does for every widget there)."""
+    import sys
+
+    output = sys.modules.get("google.colab.output")
+    if output is not None:
+        output.enable_custom_widget_manager()
 
 
 def _in_kernel() -> bool:

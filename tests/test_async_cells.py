@@ -1,0 +1,119 @@
+"""A cell returns once its program is dispatched, as `jax.jit` does (issue 39): a `--no-show` re-run of
+a program without collectives comes back while the devices still work, and its values, read later,
+equal plain JAX's. Where the wait stays: a first run (its status line, its compile time), `--report`
+(it times the run), and programs with collectives on XLA:CPU (the 2-core deadlock, tests/test_cpu_hang.py).
+
+The slow program is a loop whose trip count is an input, so one compiled program runs for
+microseconds on the first call and for a good fraction of a second on the re-run.
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from IPython.utils.capture import capture_output
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from shell_helpers import N_DEVICES, shown_widgets
+
+LOOP = "y = lax.fori_loop(0, n, lambda i, a: jnp.sin(a) * 0.5 + 0.25, x)\n"
+
+
+def step(a):
+    return jnp.sin(a) * 0.5 + 0.25
+
+
+def plain_loop(x, n):
+    return lax.fori_loop(0, n, lambda i, a: step(a), x)
+
+
+@pytest.fixture(scope="module")
+def trips():
+    """Loop trips that keep plain `jax.jit` busy for about half a second on this machine now (a
+    program far longer than a dispatch, whatever the load)."""
+    f = jax.jit(plain_loop)
+    x = jnp.arange(64.0)
+    jax.block_until_ready(f(x, jnp.int32(1)))
+    probe = 20_000
+    start = time.perf_counter()
+    jax.block_until_ready(f(x, jnp.int32(probe)))
+    seconds = time.perf_counter() - start
+    return int(min(probe * 0.5 / max(seconds, 1e-4), 5_000_000))
+
+
+def mesh(ip, line: str):
+    with capture_output():
+        ip.run_line_magic("mesh", line + " --no-show")
+
+
+CASES = {
+    # magic: (line, the plain-JAX twin of the cell on the same inputs)
+    "shard": ("--mesh mesh --in x=data --no-show", lambda mesh: jax.jit(plain_loop)),
+    "shard_map": ("--mesh mesh --in x=data --out y=data --no-show",
+                  lambda mesh: jax.jit(jax.shard_map(plain_loop, mesh=mesh, in_specs=(P("data"), P()),
+                                                     out_specs=P("data")))),
+    "pmap": ("--broadcast n --no-show", lambda mesh: jax.pmap(plain_loop, in_axes=(0, None))),
+}
+
+
+@pytest.mark.parametrize("magic", list(CASES))
+def test_a_no_show_rerun_returns_before_its_program_finishes(jx, trips, magic):
+    mesh(jx, "data=8")
+    line, twin = CASES[magic]
+    x = jnp.arange(64.0).reshape(N_DEVICES, 8) / 64 if magic == "pmap" else jnp.arange(64.0) / 64
+    if magic != "pmap":
+        x = jax.device_put(x, NamedSharding(jx.user_ns["mesh"], P("data")))
+    jx.push({"x": x, "n": jnp.int32(1)})
+    jx.run_cell_magic(magic, line, LOOP)  # the first run: compiles, and waits for its result
+    assert jx.user_ns["y"].is_ready()
+    jx.push({"n": jnp.int32(trips)})
+    jx.run_cell_magic(magic, line, LOOP)  # the same program, running for about half a second
+    y = jx.user_ns["y"]
+    assert not y.is_ready(), "the cell waited for its program"
+    expected = twin(jx.user_ns["mesh"])(x, jnp.int32(trips))
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(expected))
+
+
+def test_a_function_bound_by_pmap_returns_before_its_program_finishes(jx, trips):
+    jx.run_cell_magic("pmap", "--in-axes (0,None) --no-show", "def loop(x, n):\n"
+                      "    return lax.fori_loop(0, n, lambda i, a: jnp.sin(a) * 0.5 + 0.25, x)\n")
+    loop = jx.user_ns["loop"]
+    x = jnp.arange(64.0).reshape(N_DEVICES, 8) / 64
+    loop(x, jnp.int32(1))  # the first call compiles and waits
+    y = loop(x, jnp.int32(trips))
+    assert not y.is_ready()
+    expected = jax.pmap(plain_loop, in_axes=(0, None))(x, jnp.int32(trips))
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(expected))
+
+
+def test_programs_with_collectives_on_cpu_still_wait(jx, trips):
+    """The README's "Many small collective programs" guard: on XLA:CPU a program with collectives is
+    waited for, one in flight at a time."""
+    jx.push({"x": jnp.arange(64.0).reshape(N_DEVICES, 8) / 64, "n": jnp.int32(1)})
+    cell = "y = lax.psum(lax.fori_loop(0, n, lambda i, a: jnp.sin(a) * 0.5 + 0.25, x), 'i')\n"
+    jx.run_cell_magic("pmap", "--broadcast n --no-show", cell)
+    jx.push({"n": jnp.int32(trips // 4)})
+    jx.run_cell_magic("pmap", "--broadcast n --no-show", cell)
+    assert jx.user_ns["y"].is_ready()
+    expected = jax.pmap(lambda x, n: lax.psum(plain_loop(x, n), "i"), axis_name="i", in_axes=(0, None))(
+        jx.user_ns["x"], jnp.int32(trips // 4))
+    np.testing.assert_allclose(np.asarray(jx.user_ns["y"]), np.asarray(expected), rtol=1e-6)
+
+
+def test_report_waits_for_the_result_it_times(jx, trips):
+    mesh(jx, "data=8")
+    x = jax.device_put(jnp.arange(64.0) / 64, NamedSharding(jx.user_ns["mesh"], P("data")))
+    jx.push({"x": x, "n": jnp.int32(1)})
+    line = "--mesh mesh --in x=data --no-show"
+    jx.run_cell_magic("shard", line, LOOP)
+    jx.push({"n": jnp.int32(trips)})
+    with capture_output() as captured:
+        jx.run_cell_magic("shard", line + " --report", LOOP)
+    assert jx.user_ns["y"].is_ready()
+    (view,) = [w for w in shown_widgets(captured) if type(w).__name__ == "ResultView"]
+    assert "run (waited for its result)" in view.to_text()
+    np.testing.assert_array_equal(np.asarray(jx.user_ns["y"]), np.asarray(jax.jit(plain_loop)(x, jnp.int32(trips))))
