@@ -435,7 +435,7 @@ def bench_views(jax, sh, n_pmap):
 
     from jaxpar_magic.face.magics import show_mesh, show_sharding
     from jaxpar_magic.engines.shard import make_mesh, place, plan
-    from jaxpar_magic.views.summaries import per_device_summary
+    from jaxpar_magic.views.values import per_device_summary
     from jaxpar_magic.views import ResultView
 
     mesh8 = make_mesh("data=8")
@@ -653,7 +653,7 @@ def profile_pmap_view(jax, sh, calls: int = 300):
     import jaxpar_magic.face.actions as actions
     import jaxpar_magic.face.magics as magics
     import jaxpar_magic.stages.run.program as runner
-    import jaxpar_magic.views.summaries as summaries
+    import jaxpar_magic.views.values as values
     from jaxpar_magic.views.base import ViewBase
 
     engine = engine_module()
@@ -664,8 +664,8 @@ def profile_pmap_view(jax, sh, calls: int = 300):
         (getattr(actions, "_ACTIONS", actions), "pmap", "  jaxpar_magic/face/actions.py:pmap (the run and the view's state)"),
         (engine, "pmap_cell", f"    {eng}:pmap_cell (the run itself, with want_facts)"),
         (runner, "facts_for", "      jaxpar_magic/stages/run/program.py:facts_for (the program's collectives and costs, cached)"),
-        (summaries, "result_state", "    jaxpar_magic/views/summaries.py:result_state"),
-        (summaries, "per_device_summary", "      jaxpar_magic/views/summaries.py:per_device_summary (one jitted call per output, then formatting)"),
+        (values, "result_parts", "    jaxpar_magic/views/values.py:result_parts (dispatches each output's summary)"),
+        (values, "result_state", "    jaxpar_magic/views/values.py:result_state (the same, and waits for the values)"),
         (magics, "view_of", "  jaxpar_magic/face/magics.py:view_of (the widget for a state)"),
         (ViewBase, "__init__", "    jaxpar_magic/views/base.py:ViewBase.__init__ (anywidget/ipywidgets widget)"),
         (magics, "display", "  IPython display() of the view (formats text/html and text/plain)"),

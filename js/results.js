@@ -18,8 +18,8 @@ const GROUP_CELLS_MAX = 64;
 /**
  * @typedef {{name: string, size: number}} Axis
  * @typedef {{devices: number[], coords?: number[] | null, text: string}} Tile
- * @typedef {{name: string, shape: number[], dtype: string, same_on_all: boolean, tiles: Tile[],
- *   omitted?: number, same_text?: string | null}} Output
+ * @typedef {{name: string, shape: number[], dtype: string, same_on_all?: boolean, tiles?: Tile[],
+ *   omitted?: number, same_text?: string | null, global_shape?: number[], pending?: boolean, error?: string}} Output
  * @typedef {{op: string, shape?: string, bytes?: number | null, groups?: number[][], groups_text?: string,
  *   pairs?: number[][], pairs_omitted?: number, source_line?: string | null}} Collective
  */
@@ -67,7 +67,10 @@ function drawOutput(out, axes, procOf = () => null) {
     ),
   );
   const tiles = out.tiles || [];
-  if (out.same_on_all && tiles.length) {
+  if (out.error || out.pending) {
+    // Values on their way from the devices, or unreadable: views/values.py (PENDING_TEXT), views/results.py _waiting.
+    sec.append(h("div", { class: "jpm-note", text: out.error ? `values unavailable: ${out.error}` : "values: waiting for the devices…" }));
+  } else if (out.same_on_all && tiles.length) {
     const tile = tiles[0];
     const strip = h("div", { class: "jpm-same-strip" });
     for (const id of tile.devices.slice(0, GROUP_CELLS_MAX)) {

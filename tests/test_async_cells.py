@@ -33,7 +33,7 @@ def plain_loop(x, n):
 
 @pytest.fixture(scope="module")
 def trips():
-    """Loop trips that keep plain `jax.jit` busy for about half a second on this machine now (a
+    """Loop trips that keep plain `jax.jit` busy for about a quarter of a second on this machine now (a
     program far longer than a dispatch, whatever the load)."""
     f = jax.jit(plain_loop)
     x = jnp.arange(64.0)
@@ -42,7 +42,7 @@ def trips():
     start = time.perf_counter()
     jax.block_until_ready(f(x, jnp.int32(probe)))
     seconds = time.perf_counter() - start
-    return int(min(probe * 0.5 / max(seconds, 1e-4), 5_000_000))
+    return int(min(probe * 0.25 / max(seconds, 1e-4), 5_000_000))
 
 
 def mesh(ip, line: str):
@@ -71,7 +71,7 @@ def test_a_no_show_rerun_returns_before_its_program_finishes(jx, trips, magic):
     jx.run_cell_magic(magic, line, LOOP)  # the first run: compiles, and waits for its result
     assert jx.user_ns["y"].is_ready()
     jx.push({"n": jnp.int32(trips)})
-    jx.run_cell_magic(magic, line, LOOP)  # the same program, running for about half a second
+    jx.run_cell_magic(magic, line, LOOP)  # the same program, running for about a quarter of a second
     y = jx.user_ns["y"]
     assert not y.is_ready(), "the cell waited for its program"
     expected = twin(jx.user_ns["mesh"])(x, jnp.int32(trips))
@@ -117,3 +117,71 @@ def test_report_waits_for_the_result_it_times(jx, trips):
     (view,) = [w for w in shown_widgets(captured) if type(w).__name__ == "ResultView"]
     assert "run (waited for its result)" in view.to_text()
     np.testing.assert_array_equal(np.asarray(jx.user_ns["y"]), np.asarray(jax.jit(plain_loop)(x, jnp.int32(trips))))
+
+
+# --- a shown cell: its view first, its values when they are ready ------------------------------------
+
+def shown(ip, magic: str, line: str, source: str):
+    """Run a shown cell; returns (the displayed static twin's text, the ResultView widget)."""
+    with capture_output() as captured:
+        ip.run_cell_magic(magic, line, source)
+    (view,) = [w for w in shown_widgets(captured) if type(w).__name__ == "ResultView"]
+    (twin,) = [o.data for o in captured.outputs if "jpm-twin-" + view._jpm_twin in o.data.get("text/html", "")]
+    return twin["text/plain"], view
+
+
+def tile_values(view) -> dict:
+    return {o["name"]: [t["text"] for t in o["tiles"]] for o in view.state["outputs"]}
+
+
+@pytest.mark.parametrize("magic, line", [("pmap", "--broadcast n"),
+                                         ("shard_map", "--mesh mesh --in x=data --out y=data")])
+def test_a_shown_cell_returns_before_its_values_and_fills_them_in(jx, trips, magic, line):
+    from jaxpar_magic.views.later import wait_for_fills
+    from jaxpar_magic.views.values import PENDING_TEXT, result_state
+
+    mesh(jx, "data=8")
+    jx.run_line_magic("config", "JaxparMagics.view_values = 'later'")
+    x = jnp.arange(64.0).reshape(N_DEVICES, 8) / 64
+    if magic == "shard_map":
+        x = jax.device_put(jnp.arange(64.0) / 64, NamedSharding(jx.user_ns["mesh"], P("data")))
+    jx.push({"x": x, "n": jnp.int32(1)})
+    shown(jx, magic, line, LOOP)  # compiles the cell and its views' small programs
+    assert wait_for_fills(60)
+    jx.push({"n": jnp.int32(trips)})
+    text, view = shown(jx, magic, line, LOOP)
+    assert not jx.user_ns["y"].is_ready(), "the shown cell waited for its program"
+    assert PENDING_TEXT in text and "dev 0" not in text  # drawn at once, without values
+    assert wait_for_fills(60)
+    twin = jax.pmap(plain_loop, in_axes=(0, None)) if magic == "pmap" else CASES["shard_map"][1](jx.user_ns["mesh"])
+    expected = twin(x, jnp.int32(trips))
+    shown_mesh = jx.user_ns["mesh"] if magic == "shard_map" else jax.make_mesh((N_DEVICES,), ("i",))
+    plain_state = result_state("", shown_mesh, {"y": expected}, blocks=magic == "shard_map")  # from plain JAX
+    assert tile_values(view) == {o["name"]: [t["text"] for t in o["tiles"]] for o in plain_state["outputs"]}
+    assert PENDING_TEXT not in view.to_text() and plain_state["outputs"][0]["tiles"][0]["text"] in view.to_html()
+
+
+def test_a_view_whose_values_cannot_be_read_says_so(jx):
+    """The values' arrays gone before they were read (an error the program raised on the devices ends
+    the same way): the view says why, and shows no value."""
+    from jaxpar_magic.views.later import fill
+    from jaxpar_magic.views.results import ResultView
+    from jaxpar_magic.views.values import result_parts
+
+    state, pending = result_parts("t", jax.make_mesh((N_DEVICES,), ("i",)), {"y": jnp.ones((N_DEVICES, 3))})
+    for _, arrays, _ in pending.parts:
+        for array in arrays:
+            array.delete()
+    view = ResultView(state=state)
+    fill(view, pending, static=False)
+    (output,) = view.state["outputs"]
+    assert output["error"].startswith("RuntimeError") and "deleted" in output["error"]
+    assert "values unavailable: RuntimeError" in view.to_text() and not output.get("tiles")
+
+
+def test_in_a_terminal_the_view_waits_for_its_values(jx, trips):
+    """view_values 'auto' outside a kernel: the printed text is all a terminal gets, so it holds the values."""
+    jx.push({"x": jnp.arange(64.0).reshape(N_DEVICES, 8) / 64, "n": jnp.int32(trips // 4)})
+    text, view = shown(jx, "pmap", "--broadcast n", LOOP)
+    assert jx.user_ns["y"].is_ready() and "dev 0 (i=0): [" in text
+    assert all(not o.get("pending") for o in view.state["outputs"])

@@ -244,6 +244,9 @@ class ViewBase(anywidget.AnyWidget):
     _jpm_twin = traitlets.Unicode("").tag(sync=True)
     _css = ""  # the stylesheet comes from the library, once per page
     _bundle: ClassVar[Bundle]
+    #: The display id the static twin was shown under, where it is rewritten later (a result view
+    #: whose values come after the cell: views/later.py); None: shown without one.
+    static_display_id: str | None = None
 
     _render_html: ClassVar[Callable[[dict[str, Any]], str]]
     _render_text: ClassVar[Callable[[dict[str, Any]], str]]
@@ -297,9 +300,16 @@ class ViewBase(anywidget.AnyWidget):
         return {WIDGET_MIME: data[WIDGET_MIME]}, metadata
 
     def static_bundle(self) -> dict[str, str]:
-        """The static twin: the picture, marked with this widget's twin class, and the text."""
+        """The static twin: the picture, marked with this widget's twin class, and the text. Drawn
+        once per state (a view shown again, or its text for repr, reuses it)."""
+        state = self.state
+        drawn = self.__dict__.get("_jpm_drawn")
+        if drawn is not None and drawn[0] is state:
+            return drawn[1]
         html = f'<div class="jpm-static jpm-twin-{self._jpm_twin}">{self.to_html()}</div>'
-        return {"text/html": html, "text/plain": self.to_text()}
+        bundle = {"text/html": html, "text/plain": self.to_text()}
+        self.__dict__["_jpm_drawn"] = (state, bundle)
+        return bundle
 
     def display_parts(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """What displaying this view publishes, as ``(data, metadata)`` outputs: in a kernel the
@@ -315,8 +325,18 @@ class ViewBase(anywidget.AnyWidget):
     def _ipython_display_(self, **kwargs: Any) -> None:
         from IPython.display import display
 
-        for data, metadata in self.display_parts():
-            display(data, metadata=metadata, raw=True)
+        for index, (data, metadata) in enumerate(self.display_parts()):
+            if index == 0 and self.static_display_id is not None:
+                display(data, metadata=metadata, raw=True, display_id=self.static_display_id)
+            else:
+                display(data, metadata=metadata, raw=True)
+
+    def update_static(self) -> None:
+        """Rewrite the static twin shown under `static_display_id` with the current state."""
+        from IPython.display import update_display
+
+        if self.static_display_id is not None:
+            update_display(self.static_bundle(), display_id=self.static_display_id, raw=True)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """One bundle with every form (for callers that format a view themselves; IPython's display
@@ -328,7 +348,7 @@ class ViewBase(anywidget.AnyWidget):
         return {**data, **self.static_bundle()}, metadata
 
     def __repr__(self) -> str:
-        return self.to_text()
+        return self.static_bundle()["text/plain"]
 
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_coords, format_ids, format_ms, format_shape, format_si, op_words, swatch_style
+from .values import PENDING_TEXT
 
 GROUPS_MAX = 16
 GROUP_CELLS_MAX = 64
@@ -54,6 +55,14 @@ def _report_items(report: dict[str, Any] | None) -> list[tuple[str, str]]:
     return items
 
 
+def _waiting(output: dict[str, Any]) -> str:
+    """What an output whose values are not shown says instead: they are on their way (views/values.py),
+    or could not be read; "" once they are there. The twin of drawOutput's note in js/results.js."""
+    if output.get("error"):
+        return f"values unavailable: {output['error']}"
+    return PENDING_TEXT if output.get("pending") else ""
+
+
 def _pairs_summary(coll: dict[str, Any], order: list[int]) -> str:
     pairs = [p for p in coll.get("pairs") or [] if len(p) == 2]
     omitted = int(coll.get("pairs_omitted") or 0)
@@ -95,7 +104,10 @@ def to_html(state: dict[str, Any]) -> str:
             + "</div>"
         )
         tiles = o.get("tiles") or []
-        if o.get("same_on_all") and tiles:
+        waiting = _waiting(o)
+        if waiting:
+            out.append(f'<div class="jpm-note">{esc(waiting)}</div>')
+        elif o.get("same_on_all") and tiles:
             t = tiles[0]
             strip = "".join(
                 _swatch(d, f"device {d}" + ("" if proc_of(d) is None else f" (process {proc_of(d)})"), False)
@@ -188,7 +200,9 @@ def to_text(state: dict[str, Any]) -> str:
         whole = f" (blocks of {format_shape(str(o.get('dtype')), o['global_shape'])})" if o.get("global_shape") else ""
         lines.append(f"{o.get('name')}: {format_shape(str(o.get('dtype')), o.get('shape') or [])} per device{whole}")
         tiles = o.get("tiles") or []
-        if o.get("same_on_all") and tiles:
+        if _waiting(o):
+            lines.append(f"  {_waiting(o)}")
+        elif o.get("same_on_all") and tiles:
             label = o.get("same_text") or f"same on all {len(tiles[0]['devices'])} devices"
             prefix = f"  {label}: "
             lines.append(prefix + _indent(tiles[0]["text"], " " * len(prefix)))
