@@ -13,11 +13,15 @@ unavailable" with the error, and reading any of the cell's results raises it, as
 """
 from __future__ import annotations
 
+import atexit
 import contextvars
 import queue
 import sys
 import threading
 
+#: At exit, how long the interpreter waits for views still filling: a daemon thread stopped inside a
+#: JAX call while the runtime shuts down aborts the process ("terminate called ...").
+EXIT_WAIT_S = 60.0
 _jobs: queue.SimpleQueue = queue.SimpleQueue()
 _lock = threading.Lock()
 _unfilled = threading.Condition(_lock)
@@ -34,6 +38,9 @@ def fill_later(view, pending, static: bool) -> None:
         if thread is None or not thread.is_alive():
             thread = _state["thread"] = threading.Thread(target=_work, daemon=True, name="jaxpar-values")
             thread.start()
+            if not _state.get("at_exit"):  # the interpreter must not end while the thread waits on JAX
+                _state["at_exit"] = True
+                atexit.register(wait_for_fills, EXIT_WAIT_S)
     _jobs.put((context, view, pending, static))
 
 

@@ -127,7 +127,8 @@ def _blocks(name: str, value, mesh, on_cpu: bool):
     same = bool(sharding.is_fully_replicated)
     placeholder = {"name": name, "shape": list(sharding.shard_shape(value.shape)), "dtype": str(value.dtype),
                    "global_shape": list(value.shape)}
-    arrays = _dispatched((_block_heads(mesh, sharding.spec)(numbers).addressable_data(0),), on_cpu)
+    heads = _block_heads(mesh, sharding.spec, not numbers.is_fully_addressable)(numbers)
+    arrays = _dispatched((heads if heads.is_fully_addressable else heads.addressable_data(0),), on_cpu)
 
     def finish(heads) -> dict:
         heads = np.asarray(heads).reshape(total, -1)
@@ -156,9 +157,10 @@ def block_summary(name: str, value, mesh) -> dict:
 
 
 @functools.lru_cache(maxsize=64)
-def _block_heads(mesh, spec):
-    """jit(shard_map): every device's first values, gathered onto every device (so each process of
-    a cluster reads them from its own devices)."""
+def _block_heads(mesh, spec, gathered: bool):
+    """jit(shard_map): every device's first values, as one (devices in mesh order, VALUES_PER_TILE)
+    array. In one process each device keeps its own row (no collective: the host reads each);
+    `gathered` (a cluster) gathers them onto every device, so each process reads them from its own."""
     import jax
     import jax.numpy as jnp
     from jax import lax
@@ -169,9 +171,10 @@ def _block_heads(mesh, spec):
     def head(block):
         flat = block.reshape(-1)[:VALUES_PER_TILE]
         flat = jnp.pad(flat, (0, VALUES_PER_TILE - flat.shape[0]))
-        return lax.all_gather(flat, axes)  # (devices in mesh order, VALUES_PER_TILE) everywhere
+        return lax.all_gather(flat, axes) if gathered else flat[None]
 
-    return jax.jit(jax.shard_map(head, mesh=mesh, in_specs=spec, out_specs=P(), check_vma=False))
+    return jax.jit(jax.shard_map(head, mesh=mesh, in_specs=spec, out_specs=P() if gathered else P(axes),
+                                 check_vma=False))
 
 
 def result_parts(title: str, mesh, outputs: dict, facts=None, line_text=lambda n: None,
