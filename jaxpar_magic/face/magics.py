@@ -65,15 +65,21 @@ def view_of(kind: str, state: dict):
             return shown[1]
     if kind == "explorer":  # a live view over its explorer (stages/plan/explore.py), not a state alone
         return views.ExplorerView(explorer=state)
-    classes = {"devices": views.DevicesView, "mesh": views.MeshView, "sharding": views.ShardingView,
-               "results": views.ResultView, "collectives": views.CollectivesView, "plan": views.PlanView,
-               "tree": views.TreeView}
-    view = classes[kind](state=state)
+    view = _view_class(kind)(state=state)
     if kind in _REUSED_KINDS:
         _shown_views[id(state)] = (state, view)
         while len(_shown_views) > 64:
             _shown_views.popitem(last=False)
     return view
+
+
+@functools.cache
+def _view_class(kind: str) -> type:
+    from .. import views
+
+    return {"devices": views.DevicesView, "mesh": views.MeshView, "sharding": views.ShardingView,
+            "results": views.ResultView, "collectives": views.CollectivesView, "plan": views.PlanView,
+            "tree": views.TreeView}[kind]
 
 
 _REUSED_KINDS = ("sharding",)  # view kinds whose states are shared per layout (read-only)

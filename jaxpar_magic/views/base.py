@@ -261,6 +261,11 @@ class ViewBase(anywidget.AnyWidget):
     def __new__(cls, *args: Any, **kwargs: Any) -> ViewBase:
         return super().__new__(_synced_class(cls), *args, **kwargs)
 
+    @traitlets.default("keys")
+    def _default_keys(self) -> list[str]:
+        """The synced traits, read once per class (ipywidgets scans every trait of every instance)."""
+        return list(_synced_keys(type(self)))
+
     def __init__(self, state: dict[str, Any] | None = None, **kwargs: Any) -> None:
         lib = library()
         lib.add(type(self)._bundle)
@@ -368,6 +373,11 @@ def _synced_class(cls: type) -> type:
     body: dict[str, Any] = {key: traitlets.Unicode(str(values[key])).tag(sync=True) for key in ANYWIDGET_TRAITS}
     body.update(__module__=cls.__module__, __qualname__=cls.__qualname__, _jpm_synced=True)
     return type(cls.__name__, (cls,), body)
+
+
+@functools.cache
+def _synced_keys(cls: type) -> tuple[str, ...]:
+    return tuple(cls.class_traits(sync=True))
 
 
 @functools.cache
