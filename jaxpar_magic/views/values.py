@@ -74,6 +74,7 @@ def _per_device(name: str, stacked, k: int, device_ids: list[int], coords: list[
     numbers = numbers_of(stacked)  # a key array's words (one dimension more): what its tiles show
     placeholder = {"name": name, "shape": list(stacked.shape[k:]), "dtype": str(stacked.dtype)}
     arrays = _dispatched(_summariser()(numbers, total), on_cpu)
+    shape, dtype = tuple(numbers.shape[k:]), numbers.dtype  # finish keeps no reference to the output
 
     def finish(head, same) -> dict:
         same = bool(same)
@@ -84,7 +85,7 @@ def _per_device(name: str, stacked, k: int, device_ids: list[int], coords: list[
             tiles.append({
                 "devices": ids[:MAX_TILES],
                 "coords": list(coords[row]),
-                "text": format_values(head[row], tuple(numbers.shape[k:]), numbers.dtype),
+                "text": format_values(head[row], shape, dtype),
             })
         return {**placeholder, "same_on_all": same, "tiles": tiles, "omitted": 0 if same else total - shown,
                 "same_text": f"same on all {total} devices" if same else None}
@@ -129,10 +130,11 @@ def _blocks(name: str, value, mesh, on_cpu: bool):
                    "global_shape": list(value.shape)}
     heads = _block_heads(mesh, sharding.spec, not numbers.is_fully_addressable)(numbers)
     arrays = _dispatched((heads if heads.is_fully_addressable else heads.addressable_data(0),), on_cpu)
+    global_shape, dtype = tuple(value.shape), numbers.dtype  # finish keeps no reference to the output
 
     def finish(heads) -> dict:
         heads = np.asarray(heads).reshape(total, -1)
-        where = sharding.devices_indices_map(tuple(value.shape))
+        where = sharding.devices_indices_map(global_shape)
         by_id = {d.id: d for d in mesh.devices.flat}
         shown = 1 if same else min(total, MAX_TILES)
         tiles = []
@@ -141,9 +143,9 @@ def _blocks(name: str, value, mesh, on_cpu: bool):
             tiles.append({
                 "devices": ids[:MAX_TILES] if same else [ids[row]],
                 "coords": list(coords[row]),
-                "text": format_values(heads[row][:min(size, VALUES_PER_TILE)], numbers_block, numbers.dtype),
+                "text": format_values(heads[row][:min(size, VALUES_PER_TILE)], numbers_block, dtype),
                 "slice": "[" + ", ".join(f"{s.start or 0}:{n if s.stop is None else s.stop}"
-                                         for s, n in zip(index, value.shape)) + "]",
+                                         for s, n in zip(index, global_shape)) + "]",
             })
         return {**placeholder, "same_on_all": same, "tiles": tiles, "omitted": 0 if same else total - shown,
                 "same_text": f"same on all {total} devices" if same else None}
