@@ -797,6 +797,8 @@ def main() -> None:
     parser.add_argument("--cluster-gathers", type=int, default=5, help="section 12: timed gathers of 8 MiB (default 5)")
     parser.add_argument("--async-steps", type=int, default=200, help="section 15: steps a timed loop (default 200)")
     parser.add_argument("--async-rounds", type=int, default=5, help="section 15: interleaved rounds (default 5)")
+    parser.add_argument("--async-devices", type=int, default=0,
+                        help="section 15: the cells' mesh takes this many devices (default: all there are)")
     parser.add_argument("--profile", action="store_true", help="always print where our per-call time goes")
     parser.add_argument("--skip", nargs="*", default=[], metavar="N", choices=SECTIONS,
                         help="sections to skip, e.g. --skip 3 7 (1 skips 1-2, 2 the guard subprocess 2b, 4 or 5 both)")

@@ -12,7 +12,9 @@ and dispatch dominate) and one of about 2 ms (device work dominates; tuned). Cas
   same way: what a shown cell adds over `--no-show`.
 
 It runs on whatever devices the backend has: 8 simulated CPU devices here, one TPU chip on a TPU VM
-(`JAX_PLATFORMS=tpu python bench/run.py --only 15`).
+(`JAX_PLATFORMS=tpu python bench/run.py --only 15`). `--async-devices 1` puts the cells on one device:
+on this CPU that leaves the other simulated devices' threads out, so what remains is mostly Python,
+as on one chip.
 """
 from __future__ import annotations
 
@@ -62,9 +64,9 @@ def bench_async(jax, sh, args) -> dict:
 
     from jaxpar_magic.views.later import wait_for_fills
 
-    n = jax.device_count()
+    n = args.async_devices or jax.device_count()
     with capture_output():
-        sh.run_line_magic("mesh", f"data={n} --name amesh --no-show")
+        sh.run_line_magic("mesh", f"data={n} --devices {n} --name amesh --no-show")
     mesh = sh.user_ns["amesh"]
     platform = jax.devices()[0].platform
     hand = jax.jit(lambda x, w: jnp.tanh(x @ w))
@@ -97,7 +99,7 @@ def bench_async(jax, sh, args) -> dict:
     for label, rows, size in (("tiny", 8 * n, 128), ("~2 ms", width, width)):
         results[label] = _one_step(jax, sh, hand, placed, label, rows, size, steps, rounds, events,
                                    capture_output, wait_for_fills, NamedSharding, P, np)
-    detail(f"15. {platform}: {n} device(s) ({jax.devices()[0].device_kind}); step `x = jnp.tanh(x @ w)`, w "
+    detail(f"15. {platform}: a mesh of {n} device(s) ({jax.devices()[0].device_kind}); step `x = jnp.tanh(x @ w)`, w "
            f"[size, size] replicated, x split over the devices by rows (x=data,None) or replicated (x=P()); "
            f"{steps} steps a loop, {rounds} interleaved rounds, each loop timed until its last result is ready; "
            f"hand-written: `x = jax.jit(step)(x, w)` in a loop that never waits. Shown cells and their "

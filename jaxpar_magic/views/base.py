@@ -298,11 +298,17 @@ class ViewBase(anywidget.AnyWidget):
         return fit_text(type(self)._render_text(self.state), width or text_width())
 
     def _widget_bundle(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """The widget's own output (its model id), made once per view: a view shown again reuses it."""
+        made = self.__dict__.get("_jpm_widget_bundle")
+        if made is not None and made[0] == self.model_id:
+            return made[1]
         bundle = super()._repr_mimebundle_(**kwargs)
         if bundle is None:
             return None
         data, metadata = bundle
-        return {WIDGET_MIME: data[WIDGET_MIME]}, metadata
+        made = ({WIDGET_MIME: data[WIDGET_MIME]}, metadata)
+        self.__dict__["_jpm_widget_bundle"] = (self.model_id, made)
+        return made
 
     def static_bundle(self) -> dict[str, str]:
         """The static twin: the picture, marked with this widget's twin class, and the text. Drawn

@@ -112,7 +112,10 @@ def collective_state(c: Collective, total: int, source_line: str | None) -> dict
     }
 
 
+@functools.lru_cache(maxsize=16)
 def mesh_coords(mesh) -> tuple[list[int], list[tuple]]:
+    """Device ids in mesh order and each one's mesh coordinates (read once per mesh: every shown
+    result view asks; callers must not change the lists)."""
     import numpy as np
 
     ids = [d.id for d in mesh.devices.flat]
@@ -134,7 +137,7 @@ def program_report_state(title: str, mesh, facts, run_ms: float, line_text) -> d
     return {
         "title": title,
         "axes": [{"name": n, "size": int(s)} for n, s in zip(mesh.axis_names, mesh.devices.shape)],
-        "device_ids": ids,
+        "device_ids": list(ids),
         "outputs": [],
         "collectives": colls,
         "report": report_figures(facts, run_ms),

@@ -11,6 +11,7 @@ per output, whatever the array's size.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import threading
 
@@ -60,10 +61,19 @@ def _dispatched(arrays: tuple, on_cpu: bool) -> tuple:
             _in_flight.append(arrays)
             oldest = _in_flight.popleft() if len(_in_flight) > CPU_IN_FLIGHT else None
         if oldest is not None:
-            import jax
-
-            jax.block_until_ready(oldest)
+            _wait_quietly(oldest)
     return arrays
+
+
+def _wait_quietly(arrays: tuple) -> None:
+    """Wait for an older view's summaries to finish. Their failure (the cell's program raised on the
+    devices) is that view's to say, and its fill says it; here only their place in flight matters."""
+    import jax
+
+    for array in arrays:
+        if not array.is_deleted():
+            with contextlib.suppress(jax.errors.JaxRuntimeError):
+                array.block_until_ready()
 
 
 def _per_device(name: str, stacked, k: int, device_ids: list[int], coords: list[tuple], on_cpu: bool):
@@ -205,7 +215,7 @@ def result_parts(title: str, mesh, outputs: dict, facts=None, line_text=lambda n
     state = {
         "title": title,
         "axes": [{"name": n, "size": int(s)} for n, s in zip(mesh.axis_names, mesh.devices.shape)],
-        "device_ids": ids,
+        "device_ids": list(ids),
         "outputs": pending.placeholders(),
         "collectives": program_state(facts, len(ids), line_text),
         "report": report,
