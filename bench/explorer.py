@@ -46,7 +46,7 @@ def main() -> None:
     from jax.sharding import NamedSharding
 
     import jaxpar_magic
-    from jaxpar_magic.stages.plan.explore_controls import partition_spec
+    from jaxpar_magic.stages.explore.controls import partition_spec
 
     mesh = jaxpar_magic.make_mesh(f"data={DEVICES} model=1", axis_types="auto")
     f32 = jnp.float32

@@ -28,7 +28,7 @@ _TWINS = {
     "shard_map_cell": ("stages.run.shard_map", "shard_map_cell"),
     "compile_plan": ("stages.plan.plan_program", "compile_plan"),
     "plan_cell": ("stages.plan.plan_cell", "plan_cell"),
-    "explore_cell": ("stages.plan.explore", "explore_cell"),
+    "explore_cell": ("stages.explore.explorer", "explore_cell"),
     "Cluster": ("cluster.lifecycle", "Cluster"),
     "check": ("face.checks", "check"),
     "attempt": ("face.exercises", "attempt"),

@@ -216,10 +216,11 @@ function planSection(plan) {
   } else chips.append(h("span", { class: "jpm-chip jpm-zero jpm-ex-estimate", text: "no estimate (give --hardware)" }));
   if (plan.compiler) chips.append(h("span", { class: "jpm-chip" }, "from ", h("b", { text: plan.compiler })));
   sec.append(chips);
-  // The source line, where the buffer's description does not already end with it.
-  const largest = (plan.largest || []).map((/** @type {any} */ b) => [String(b.what), formatBytes(b.bytes), b.line && !String(b.what).includes(b.line) ? b.line : ""]);
+  // Bytes first, so a narrow page scrolls the long descriptions, never the figures, out of sight; the
+  // source line, where the buffer's description does not already end with it.
+  const largest = (plan.largest || []).map((/** @type {any} */ b) => [formatBytes(b.bytes), String(b.what), b.line && !String(b.what).includes(b.line) ? b.line : ""]);
   const where = largest.some((r) => r[2]);
-  sec.append(listTable("Largest buffers", "jpm-ex-largest", where ? ["what", "bytes", "where"] : ["what", "bytes"], largest.map((r) => (where ? r : r.slice(0, 2))), "no buffers reported"));
+  sec.append(listTable("Largest buffers", "jpm-ex-largest", where ? ["bytes", "what", "where"] : ["bytes", "what"], largest.map((r) => (where ? r : r.slice(0, 2))), "no buffers reported", 0));
   sec.append(
     listTable(
       "Collectives per step",
@@ -227,6 +228,7 @@ function planSection(plan) {
       ["kind", "bytes / device", "calls", "what"],
       (plan.collectives || []).map((/** @type {any} */ c) => [c.kind, formatBytes(c.bytes), String(c.calls ?? 1), c.what || ""]),
       "none: this layout moves no data between devices",
+      1,
     ),
   );
   return sec;
@@ -239,8 +241,9 @@ function planSection(plan) {
  * @param {string[]} head
  * @param {string[][]} rows
  * @param {string} empty
+ * @param {number} num the column of figures (right-aligned)
  */
-function listTable(title, cls, head, rows, empty) {
+function listTable(title, cls, head, rows, empty, num) {
   const sec = h("div", { class: `jpm-ex-list ${cls}` }, h("div", { class: "jpm-sub", text: `${title} (${rows.length})` }));
   if (!rows.length) {
     sec.append(h("div", { class: "jpm-note", text: empty }));
@@ -248,7 +251,7 @@ function listTable(title, cls, head, rows, empty) {
   }
   const table = h("table", { class: "jpm-table" }, h("thead", {}, h("tr", {}, ...head.map((t) => h("th", { text: t })))));
   const body = h("tbody");
-  for (const r of rows.slice(0, MAX_ROWS)) body.append(h("tr", {}, ...r.map((t, k) => h("td", { class: k === 1 ? "jpm-num" : k === r.length - 1 ? "jpm-mono" : "", text: t }))));
+  for (const r of rows.slice(0, MAX_ROWS)) body.append(h("tr", {}, ...r.map((t, k) => h("td", { class: k === num ? "jpm-num" : k === r.length - 1 ? "jpm-mono" : "", text: t }))));
   table.append(body);
   sec.append(h("div", { class: "jpm-scroll" }, table));
   return sec;
@@ -290,7 +293,8 @@ function triedSection(state, send) {
     sec.append(h("div", { class: "jpm-note", text: "none yet" }));
     return sec;
   }
-  const head = ["#", "line", "peak", "fits", "moved"].concat(timed ? ["estimate"] : [], [""]);
+  // The mesh with its axis types: two layouts that differ only in them look different.
+  const head = ["#", "mesh", "line", "peak", "fits", "moved"].concat(timed ? ["estimate"] : [], [""]);
   const table = h("table", { class: "jpm-table" }, h("thead", {}, h("tr", {}, ...head.map((t) => h("th", { text: t })))));
   const body = h("tbody");
   for (const r of rows) {
@@ -330,6 +334,7 @@ function triedSection(state, send) {
           },
         },
         h("td", { class: "jpm-num", text: r.rank }),
+        h("td", { class: "jpm-mono jpm-ex-rowmesh", text: r.mesh || "" }),
         h("td", { class: "jpm-ex-linecell" }, code),
         h("td", { class: "jpm-num", text: formatBytes(r.peak_bytes) }),
         h("td", { class: r.fits === false ? "jpm-bad" : r.fits === true ? "jpm-ok" : "", text: r.fits === null || r.fits === undefined ? "?" : r.fits ? "yes" : "no" }),
@@ -383,12 +388,43 @@ function focusedKey(el) {
   return active && el.contains(active) ? active.getAttribute("data-focus") : null;
 }
 
+/**
+ * The kernel keeps this view's static twin current (views/explorer.py: the notebook's record of the
+ * tried layouts); a front end draws each update in a new output box, which js/loader.js has not
+ * hidden: hide it too, watching only this cell's outputs.
+ * @param {HTMLElement} el
+ * @param {string} twin
+ * @returns {() => void} stops watching
+ */
+function keepTwinHidden(el, twin) {
+  if (!/^[0-9a-f]+$/.test(twin) || typeof MutationObserver === "undefined") return () => {};
+  let frame = 0;
+  /** @type {MutationObserver | null} */
+  let watch = null;
+  const look = () => {
+    if (!el.isConnected) return void (frame = requestAnimationFrame(look));
+    const area = el.closest(".jp-OutputArea, .output_area, .output");
+    if (!area) return;
+    watch = new MutationObserver(() => {
+      for (const node of area.querySelectorAll(`.jpm-twin-${twin}`)) {
+        const box = node.closest(".jp-OutputArea-child");
+        const hidden = /** @type {HTMLElement} */ (box?.contains(el) ? node : box || node);
+        if (hidden.style.display !== "none") hidden.style.display = "none";
+      }
+    });
+    watch.observe(area, { childList: true, subtree: true });
+  };
+  look();
+  return () => (cancelAnimationFrame(frame), watch?.disconnect());
+}
+
 export default {
   /** @param {{model: any, el: HTMLElement}} ctx */
   render({ model, el }) {
     /** @param {any} msg */
     const send = (msg) => model.send(msg);
-    return mount(model, el, (state) => {
+    const stop = keepTwinHidden(el, String(model.get("_jpm_twin") || ""));
+    const cleanup = mount(model, el, (state) => {
       const key = focusedKey(el);
       const out = draw(state, send);
       if (key) {
@@ -399,5 +435,6 @@ export default {
       }
       return out;
     });
+    return () => (stop(), cleanup());
   },
 };

@@ -3,6 +3,7 @@ on the shell channel) is planned on the explorer's worker thread, and the new st
 end as the widget's update on IOPub, with no traceback."""
 from __future__ import annotations
 
+import html
 import json
 import os
 import queue
@@ -25,10 +26,11 @@ CELL = "%%shard --plan --explore --in x=data,None\ny = x @ w\n"
 WAIT_S = 240  # a deadline for a loaded machine, not a timing
 
 
-def _states(kc, until) -> list[dict]:
-    """The explorer states the kernel sent on IOPub (comm updates), until `until(states)` or the deadline."""
+def _states(kc, until, updates: list) -> list[dict]:
+    """The explorer states the kernel sent on IOPub (comm updates), until `until(states, updates)` or the
+    deadline; `updates` gets the update_display_data messages (the static twin kept current)."""
     states, deadline = [], time.monotonic() + WAIT_S
-    while time.monotonic() < deadline and not until(states):
+    while time.monotonic() < deadline and not until(states, updates):
         try:
             msg = kc.get_iopub_msg(timeout=1)
         except queue.Empty:
@@ -36,6 +38,8 @@ def _states(kc, until) -> list[dict]:
         assert msg["msg_type"] != "error", msg["content"]
         if msg["msg_type"] == "comm_msg" and "state" in msg["content"]["data"].get("state", {}):
             states.append(json.loads(msg["content"]["data"]["state"]["state"]))
+        if msg["msg_type"] == "update_display_data":
+            updates.append(msg["content"])
     return states
 
 
@@ -61,13 +65,24 @@ def test_a_choice_from_the_page_updates_the_view_from_the_worker_thread():
             choice = {"kind": "choose", "name": "w", "spec": [[], ["model"]]}
             kc.shell_channel.send(kc.session.msg("comm_msg", {"comm_id": models[0],
                                                               "data": {"method": "custom", "content": choice}}))
-            states = _states(kc, lambda seen: any(s["generation"] == 2 for s in seen))
+            updates: list = []
+            states = _states(kc, lambda seen, twins: any(s["generation"] == 2 for s in seen) and twins, updates)
             assert [s["generation"] for s in states][-1] == 2
             final = states[-1]
             assert final["status"]["busy"] is False and final["message"] is None
             assert final["inputs"][1] == {"name": "w", "group": "w", "shape": [128, 256], "dtype": "float32",
                                           "spec": [[], ["model"]], "paths": ["w"], "count": 1}
             assert [r["current"] for r in final["tried"]].count(True) == 1 and len(final["tried"]) == 2
+            # The static twin (shown before the widget, with a display id) is the record: updated from the
+            # worker thread, it now lists both tried layouts, so a saved or exported notebook shows them.
+            (twin,) = [m["content"] for m in shown if "text/html" in m["content"].get("data", {})]
+            twin_id = twin["transient"]["display_id"]
+            assert all(u["transient"]["display_id"] == twin_id for u in updates)
+            record = updates[-1]["data"]
+            for row in final["tried"]:
+                assert row["line"] in record["text/plain"].splitlines()
+                assert html.escape(row["line"]) in record["text/html"]
+            assert "Tried layouts (2)" in record["text/html"] and "planning" not in record["text/plain"]
             check = kc.execute_interactive("assert _explorer.generation == 2 and _explorer.plan.axes['model'] == 2",
                                            timeout=WAIT_S)
             assert check["content"]["status"] == "ok"

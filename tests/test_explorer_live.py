@@ -3,9 +3,9 @@
 page's figures become that layout's (peak per device, collectives); a choice made while a compile
 runs is coalesced: of the changes made during it, only the latest is planned.
 
-The compile is held deterministically, not timed: the kernel holds the explorer's planning lock
-(`_explorer._planning`, the lock its worker plans under) while the page makes its choices, then lets
-go. The oracle for the figures is arithmetic on the shapes (float32: 4 bytes an element)."""
+The compile is held deterministically, not timed: the kernel holds the explorer
+(`_explorer.holding()`: the view's changes wait before they are planned) while the page makes its
+choices, then lets go. The oracle for the figures is arithmetic on the shapes (float32: 4 bytes an element)."""
 
 from __future__ import annotations
 
@@ -144,14 +144,14 @@ def explore_live(server: Any, path: str, label: str) -> None:
             assert view.locator(".jpm-ex-tried tbody tr").count() == 4
             screenshot(view, shots / f"{label}-explorer-live.png")
 
-            # Coalescing: the kernel holds the planning lock, so the next layout's compile waits
+            # Coalescing: the kernel holds the explorer, so the next layout's compile waits
             # (the view says "planning"); two more choices made meanwhile leave only the last planned.
-            in_kernel(page, "_explorer._planning.acquire()")
+            in_kernel(page, "_held = _explorer.holding()")
             axis(view, "wb", 0, "data").click()  # A: w's rows over data too
             expect(view.locator(".jpm-ex-busy")).to_have_count(1, timeout=60_000)
             axis(view, "xb", 1, "model").click()  # B: x's columns whole again (on top of A)
             axis(view, "xb", 0, "data").click()  # C: x's rows whole, columns over model (on top of A)
-            in_kernel(page, "_explorer._planning.release()")
+            in_kernel(page, "_held.release()")
             expect(view).to_have_attribute("data-compiles", str(first + 5), timeout=120_000)
             expect(view.locator(".jpm-ex-busy")).to_have_count(0, timeout=60_000)
             assert specs(view) == ["P(None, 'model')", "P('data', 'model')"]  # C, the latest
@@ -163,6 +163,18 @@ def explore_live(server: Any, path: str, label: str) -> None:
             assert "xb=P(None,'model') wb=P('data','model')" in current
             assert compiles(view) == first + 5
             screenshot(view, shots / f"{label}-explorer-coalesced.png")
+
+            # The static twin is the record the notebook keeps: the kernel updates it as layouts are tried
+            # (while the widget, drawn, keeps it hidden), so a saved, reopened or exported notebook shows every
+            # tried layout, not only the first.
+            record = page.evaluate(
+                """() => window.jupyterapp.shell.currentWidget.content.widgets[3].model.outputs.toJSON()
+                         .map((o) => (o.data || {})['text/plain'] || '').join('\\n')""")
+            assert record.count("%%shard --plan --mesh data=4,model=2 --axis-types auto ") == 6, record
+            assert all(line in record.splitlines() for line in lines), record
+            twin = page.locator(".jp-OutputArea", has=view).locator(".jpm-static")
+            expect(twin).to_have_count(1)
+            expect(twin).to_be_hidden()
         except BaseException as failure:
             page.screenshot(path=str(shots / f"{label}-explorer-live-failure.png"))
             failure.add_note(f"screenshot: test-artifacts/{label}-explorer-live-failure.png\nserver log:\n{lab.log_tail()}")

@@ -54,6 +54,13 @@ specs = st.lists(spec_entries, max_size=4).map(",".join).map(lambda s: s if s el
 spec_trees = st.sampled_from(["@xs", "@", "@ xs", "@1x", "@x.y", "@@xs", "@None", "@mesh", "@nope", "@xs,data"])
 spec_forms = specs | specs.map(lambda s: f"P({s})") | specs.map(lambda s: f"PartitionSpec({s})") | spec_trees
 assignments = st.builds(lambda n, s: f"{n}={s}", names | bad_names, spec_forms)
+# `--in "ps['b'][0]=data"`: one leaf (or subtree) of a pytree by its path, as jax.tree_util.keystr writes it
+# (the shell may strip its quotes: `ps[b][0]`); `ps` is a pytree in run_through_shell.
+leaf_paths = st.sampled_from(["['w']", "[w]", "['b']", "['b'][0]", "[b][1]", "[\"b\"][0]", ".w", "['a b']", "[0]",
+                              "[", "['w'", "[]", "..x", "[-1]", "['w']['x']", "[ 'w' ]", "[w]=", f"[{CANARY}()]"])
+leaf_assignments = st.builds(lambda n, p, s: f"{n}{p}={s}", st.sampled_from(["ps", "x", "nope"]), leaf_paths,
+                             spec_forms)
+in_assignments = assignments | leaf_assignments
 literals = st.sampled_from(["0", "1", "None", "(0, None)", "(None, 0)", "[0, 1]", "(2,)", "()", "'a'", "1.5",
                             "(0, (1, None))", f"{CANARY}()", "__import__('os')", "lambda: 1", "(" * 200 + ")" * 200,
                             "-" * 5000 + "1", "{1: 2}", "True"])
@@ -100,14 +107,19 @@ pmap_lines = line_of(
 )
 # --out lists what a cell returns: NAME=SPEC or a bare NAME, mixed (`--out loss grads=data`).
 outputs = st.lists(assignments | names | bad_names, min_size=1, max_size=3).map(" ".join)
+# %mesh's options for an inline --mesh (`--mesh data=4,model=2 --axis-types auto --devices 4 --abstract`)
+inline_mesh = st.one_of(option("--axis-types", st.sampled_from(["auto", "explicit", "manual", "Auto", "x"])),
+                        option("--devices", counts | st.sampled_from(["0 2 4 6", "6 4 2 0", "0,1", "0 0", "x"])),
+                        flag("--abstract"))
 shard_lines = line_of(
-    option("--mesh", meshes | names | bad_names), option("--in", assignments), option("--out", outputs),
-    st.lists(assignments, min_size=2, max_size=3).map(lambda a: "--in " + " ".join(a)),
-    option("--donate", names | bad_names),
+    option("--mesh", meshes | names | bad_names), option("--in", in_assignments), option("--out", outputs),
+    st.lists(in_assignments, min_size=2, max_size=3).map(lambda a: "--in " + " ".join(a)),
+    option("--donate", names | bad_names), inline_mesh,
     flag("--show"), flag("--no-show"), flag("--report"), flag("--bogus"), flag("--as-code"), planning,
 )
 shard_map_lines = line_of(
-    option("--mesh", meshes | names | bad_names), option("--in", assignments), option("--out", outputs),
+    option("--mesh", meshes | names | bad_names), option("--in", in_assignments), option("--out", outputs),
+    inline_mesh,
     flag("--no-check-vma"), flag("--show"), flag("--no-show"), flag("--report"), flag("--check-vma"),
     flag("--collectives"), flag("--as-code"), planning,
 )
@@ -180,7 +192,8 @@ def test_every_line_parses_or_is_a_usage_error_many(magic, data):
 def test_grammar_lines_do_parse_sometimes(magic):
     """The grammar strategies are not all noise: a known-good line of each magic parses."""
     good = {"pmap": "-a 'batch' --mesh 'outer=2, inner=4' --broadcast w --in-axes '(0, None)'",
-            "shard": "--mesh data=4,model=2 --in \"w=P('data', None)\" x=data --out y=None --report",
+            "shard": "--mesh data=4,model=2 --axis-types auto --in \"w=P('data', None)\" x=data \"ps['b'][0]=data\" "
+                     "--out y=None --report",
             "mesh": "'data=4, model=2' --name m --axis-types explicit --devices 8",
             "sharding": "x 'y'", "devices": "--simulate '8'",
             "shard_map": "--mesh 'x=4, y=2' --in \"a=P('x', 'y')\" b=y,None --out c=x,None --no-check-vma"}[magic]
@@ -189,14 +202,15 @@ def test_grammar_lines_do_parse_sometimes(magic):
 
 # --- whole cells through the shell -----------------------------------------------------------
 
-CELL = "y = x + 1"
+CELL = "y = x + ps['w'] + ps['b'][1]"
 
 
 def run_through_shell(ip, magic: str, line: str):
     """Run the magic in the shell; on a UsageError the namespace is exactly as it was."""
     from jax.sharding import PartitionSpec
 
-    ip.push({"x": jnp.arange(float(N_DEVICES)), "xs": PartitionSpec("data")})
+    ip.push({"x": jnp.arange(float(N_DEVICES)), "xs": PartitionSpec("data"),
+             "ps": {"w": jnp.ones(N_DEVICES), "b": [jnp.zeros(N_DEVICES), jnp.arange(float(N_DEVICES))]}})
     before = snapshot(ip.user_ns)
     try:
         with capture_output():
@@ -211,7 +225,8 @@ def run_through_shell(ip, magic: str, line: str):
     if magic == "mesh":
         allowed = {parse_line("mesh", line).name}  # %mesh binds the name it is given
     else:
-        allowed = {"pmap": {"y"}, "shard": {"y", "x"}, "shard_map": {"y"}, "sharding": set(), "devices": set()}[magic]
+        allowed = {"pmap": {"y"}, "shard": {"y", "x", "ps"}, "shard_map": {"y"}, "sharding": set(),
+                   "devices": set()}[magic]
     if "--plan" in line.split():
         allowed = allowed | {"_plan"}  # a plan binds itself as `_plan` (README, "--plan")
     if "--explore" in line.split():

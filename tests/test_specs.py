@@ -95,6 +95,14 @@ def test_spec_syntax_variants(text, expected):
     assert parse_spec(text, "--in w") == expected
 
 
+@pytest.mark.parametrize("text, entry", [("data,,", 2), (",data", 1), ("data,,model", 2), ("P('data',,)", 2),
+                                         ("P('')", 1), ("''", 1), ("data, ,", 2)])
+def test_an_empty_entry_is_refused_not_read_as_none(text, entry):
+    """Issue 40: `data,,` was read as P('data', None) while `(data` was refused; Python refuses both."""
+    with pytest.raises(UsageError, match=rf"^--in w: entry {entry} of .* is empty; write None for a dimension left whole"):
+        parse_spec(text, "--in w")
+
+
 def test_a_trailing_comma_inside_P_adds_no_dimension():
     # In Python P('data',) == P('data'): one entry. Reading it as ('data', None) would make a
     # 1-D array's spec "too long" and the user would get an error for valid Python syntax.

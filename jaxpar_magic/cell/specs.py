@@ -40,6 +40,23 @@ class MeshShape:
         return ",".join(f"{n}={s}" for n, s in zip(self.names, self.sizes))
 
 
+@dataclass(frozen=True)
+class InlineMesh(MeshShape):
+    """`--mesh data=4,model=2` with `%mesh`'s options on the same line (`--axis-types auto`, `--devices 4`,
+    `--abstract`): any mesh `%mesh` builds, spelled so that the line needs nothing bound first."""
+
+    axis_types: str | None = None  # None: what jax.make_mesh gives
+    devices: int | tuple[int, ...] | None = None  # None: all of them
+    abstract: bool = False
+
+    def words(self) -> str:
+        """`data=4,model=2 --axis-types auto`: the shape and its options as they go on a line after --mesh."""
+        devices = self.devices if not isinstance(self.devices, tuple) else " ".join(str(d) for d in self.devices)
+        return " ".join([str(self)] + ([f"--axis-types {self.axis_types}"] if self.axis_types else [])
+                        + ([f"--devices {devices}"] if devices is not None else [])
+                        + (["--abstract"] if self.abstract else []))
+
+
 def parse_mesh_shape(text: str | list[str], option: str = "--mesh") -> MeshShape:
     """`outer=2,inner=4` or `outer=2 inner=4` (as one string or as argparse's list of words)."""
     words = text if isinstance(text, list) else [text]
@@ -124,7 +141,7 @@ def _top_level_split(text: str, sep: str) -> list[str]:
 
 def _spec_entry(item: str, where: str):
     item = item.strip().strip("'\"")
-    if item in ("None", ""):
+    if item == "None":
         return None
     if _is_count(item):
         return int(item)  # "split this dimension over N devices" (PositionalSharding's job)
@@ -173,18 +190,84 @@ def parse_spec(text: str, where: str) -> "tuple | SpecTree":
         return SpecTree(name)
     for prefix in ("P(", "PartitionSpec("):
         if text.startswith(prefix) and text.endswith(")"):
-            text = text[len(prefix):-1]
+            text = text[len(prefix):-1].strip()
             break
     if not text:
         return ()
     items = _top_level_split(text, ",")
     if len(items) > 1 and not items[-1].strip():
         items.pop()  # P('data',) is a one-entry spec, as in Python
+    empty = [n for n, item in enumerate(items, 1) if not item.strip().strip("'\"").strip()]
+    if empty:  # `data,,` is no spec in Python either; reading it as P('data', None) would guess
+        raise UsageError(f"{where}: entry {empty[0]} of {_shortened(text)!r} is empty; write None for a dimension left "
+                         f"whole (`data,None`), or remove the extra comma.")
     return tuple(_spec_entry(item, where) for item in items)
 
 
+# --- leaf paths: `--in params=data "params['w1']=P(None,'model')"` -----------------------------------
+
+_STEP = re.compile(r"""\[\s*(?:'([^']*)'|"([^"]*)"|(-?[0-9]+)|([A-Za-z_][A-Za-z0-9_]*))\s*\]|\.([A-Za-z_][A-Za-z0-9_]*)""")
+
+
+def path_steps(text: str) -> tuple[tuple[str, str], ...] | None:
+    """`['w1'][0].mu` (as jax.tree_util.keystr writes a path) as steps (("[", "w1"), ("[", "0"), (".", "mu")),
+    or None where it is no path. A key's quotes are optional (`[w1]`: the shell removes them from a line),
+    so `[0]` is the sequence index and the key '0' alike."""
+    steps, at = [], 0
+    while at < len(text):
+        found = _STEP.match(text, at)
+        if found is None:
+            return None
+        attr = found.group(5)
+        key = next(g for g in found.groups()[:4] if g is not None) if attr is None else attr
+        steps.append(("." if attr is not None else "[", key))
+        at = found.end()
+    return tuple(steps)
+
+
+@dataclass(frozen=True)
+class LeafSpecs:
+    """One input's specs when --in names leaves of it by path (`params=data "params['w1']=P(None,'model')"`):
+    `base` for every leaf (a spec, `@NAME`, or None: each leaf as it is laid out, as for an input --in does
+    not name), and per path the spec of the leaf or subtree there; the longest path that leads to a leaf wins."""
+
+    name: str
+    base: "tuple | SpecTree | None"
+    paths: tuple  # ((path text, its steps, spec), ...), as written
+
+    def __str__(self) -> str:
+        """What follows `NAME=` in a message: `P(None) params[w1]=P(None,'model')`."""
+        base = _spec_words(self.base) if self.base is not None else "(each leaf as laid out)"
+        return " ".join([base] + [f"{self.name}{text}={_spec_words(spec)}" for text, _, spec in self.paths])
+
+
+def _spec_words(spec) -> str:
+    if isinstance(spec, SpecTree):
+        return str(spec)
+    return "P(" + ",".join("None" if e is None else repr(e) if not isinstance(e, tuple) else
+                           "(" + ",".join(repr(a) for a in e) + ")" for e in spec) + ")"
+
+
+def _split_name(text: str) -> tuple[str, str, str]:
+    """`params['w1']=P(...)` -> ("params['w1']", "=", "P(...)"): the first `=` outside brackets and quotes."""
+    depth, quote = 0, None
+    for at, ch in enumerate(text):
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"" and depth:
+            quote = ch
+        elif ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif ch == "=" and depth == 0:
+            return text[:at], "=", text[at + 1:]
+    return text, "", ""
+
+
 def parse_assignments(words: list[str] | None, option: str) -> dict[str, tuple]:
-    """`--in v1s=data v2s=P('data', None)` -> {'v1s': ('data',), 'v2s': ('data', None)}."""
+    """`--in v1s=data v2s=P('data', None)` -> {'v1s': ('data',), 'v2s': ('data', None)}. With `--in`, a
+    name may carry a leaf path (`params['w1']=...`): that input's entries become one LeafSpecs."""
     if not words:
         return {}
     joined = " ".join(words)
@@ -196,21 +279,38 @@ def parse_assignments(words: list[str] | None, option: str) -> dict[str, tuple]:
             pieces.append(token)
         else:
             pieces[-1] += " " + token  # a space inside P('data', None) split it into two words
-    specs = {}
+    specs: dict = {}  # input -> its spec (None until given: an input named only by paths)
+    given: set = set()
+    paths: dict = {}  # input -> [(path text, steps, spec)]
     for piece in pieces:
-        name, eq, spec = piece.partition("=")
-        name = name.strip()
-        if not eq or not _AXIS.fullmatch(name):
+        target, eq, spec = _split_name(piece)
+        target = target.strip()
+        name = _AXIS.match(target).group(0) if _AXIS.match(target) else ""
+        path = target[len(name):]
+        steps = path_steps(path) if path and option == "--in" else None
+        if not eq or not name or (path and not steps):
+            leaf = " (or one leaf of a pytree by its path: `params['w1']=None,model`)" if option == "--in" else ""
             raise UsageError(
-                f"{option}: cannot read {piece!r}; write NAME=SPEC, e.g. `{option} v1s=data` or "
-                f"`{option} w=P('data', 'model')`."
+                f"{option}: cannot read {_shortened(piece)!r}; write NAME=SPEC, e.g. `{option} v1s=data` or "
+                f"`{option} w=P('data', 'model')`{leaf}."
             )
-        if name in specs:
-            raise UsageError(f"{option}: {name!r} appears twice; give each name one spec.")
+        if (not steps and target in given) or (steps and any(steps == s for _, s, _ in paths.get(name, ()))):
+            raise UsageError(f"{option}: {target!r} appears twice; give each name one spec.")
         if not spec.strip():
             raise UsageError(
-                f"{option} {name}=: the spec is empty. Write `{name}=None` (or `{name}=P()`) to replicate {name!r} on "
-                f"every device, or name the mesh axes its dimensions are split over, e.g. `{name}=data`."
+                f"{option} {target}=: the spec is empty. Write `{target}=None` (or `{target}=P()`) to replicate "
+                f"{target!r} on every device, or name the mesh axes its dimensions are split over, e.g. `{target}=data`."
             )
-        specs[name] = parse_spec(spec, f"{option} {name}")
+        parsed = parse_spec(spec, f"{option} {target}")
+        if steps:
+            if isinstance(parsed, SpecTree):
+                raise UsageError(f"{option} {target}={parsed}: a leaf path takes one spec; give `@{parsed.name}` to the "
+                                 f"whole input (`{name}=@{parsed.name}`), or a spec such as `{target}=None,model`.")
+            paths.setdefault(name, []).append((path, steps, parsed))
+            specs.setdefault(name, None)  # keeps the line's order of inputs
+        else:
+            specs[target] = parsed
+            given.add(target)
+    for name, entries in paths.items():
+        specs[name] = LeafSpecs(name, specs[name], tuple(entries))
     return specs

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..errors import UsageError
 from .fingerprints import Ref
-from .specs import SpecTree
+from .specs import LeafSpecs, SpecTree, path_steps
 
 
 class GivenSpecs:
@@ -41,7 +41,7 @@ def normalize(spec):
     """A spec as the engines take it: our tuple form, a SpecTree (`@NAME`) or GivenSpecs."""
     from jax.sharding import PartitionSpec
 
-    if isinstance(spec, (SpecTree, GivenSpecs)):
+    if isinstance(spec, (SpecTree, GivenSpecs, LeafSpecs)):
         return spec
     if isinstance(spec, PartitionSpec):
         return tuple(spec)
@@ -78,11 +78,15 @@ def spec_tree_of(spec, namespace: dict, name: str, option: str):
     return namespace[spec.name]
 
 
-def leaf_specs(tree, value, spec, namespace: dict, option: str = "--in", *, arrays=None) -> list[tuple]:
+def leaf_specs(tree, value, spec, namespace: dict, option: str = "--in", *, arrays=None) -> list:
     """One spec (our tuple form) per traced leaf of `value` (whose input model is `tree`; `arrays`:
-    its traced leaves, which for an input holding NNX objects come from the cell's joint split)."""
+    its traced leaves, which for an input holding NNX objects come from the cell's joint split). With
+    leaf paths (LeafSpecs), a leaf that neither they nor a spec for the whole input cover is None: as
+    it is laid out, as an input --in does not name."""
     import jax
 
+    if isinstance(spec, LeafSpecs):
+        return _by_path(tree, value, spec, namespace, option, arrays)
     specs = spec_tree_of(spec, namespace, tree.name, option)
     if specs is None:
         return [tuple(spec)] * len(tree.positions)
@@ -111,6 +115,23 @@ def leaf_specs(tree, value, spec, namespace: dict, option: str = "--in", *, arra
     return [per_leaf[i] for i in tree.positions]
 
 
+def _by_path(tree, value, spec: LeafSpecs, namespace: dict, option: str, arrays) -> list:
+    """LeafSpecs per traced leaf: the longest of its paths that leads to the leaf, else the base."""
+    per_leaf = (leaf_specs(tree, value, spec.base, namespace, option, arrays=arrays) if spec.base is not None
+                else [None] * len(tree.positions))
+    leaves = [path_steps(p) or () for p in tree.paths()] if tree.is_tree else [()] * len(tree.positions)
+    for text, steps, given in sorted(spec.paths, key=lambda entry: len(entry[1])):  # longer paths win
+        covered = [i for i, leaf in enumerate(leaves) if leaf[:len(steps)] == steps]
+        if not covered:
+            known = ", ".join(tree.name + p for p in (tree.paths() if tree.is_tree else [])[:6])
+            what = (f"its leaves: {known}{', …' if len(tree.positions) > 6 else ''}" if known else
+                    f"{tree.name!r} is one array, not a pytree; give `{tree.name}=SPEC`")
+            raise UsageError(f"{option} {tree.name}{text}: {tree.name!r} has no array leaf at {text} ({what}).")
+        for index in covered:
+            per_leaf[index] = tuple(given)
+    return per_leaf
+
+
 def as_spec_tuple(entry) -> tuple:
     from jax.sharding import NamedSharding, PartitionSpec
 
@@ -127,4 +148,5 @@ def as_spec_tuple(entry) -> tuple:
 
 def spec_names(specs: dict) -> tuple[str, ...]:
     """The namespace names that `@NAME` specs read (their values are part of a re-run's check)."""
-    return tuple(s.name for s in specs.values() if isinstance(s, SpecTree))
+    bases = [s.base if isinstance(s, LeafSpecs) else s for s in specs.values()]
+    return tuple(s.name for s in bases if isinstance(s, SpecTree))

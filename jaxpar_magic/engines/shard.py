@@ -122,8 +122,10 @@ def resolve_mesh(mesh_arg, namespace: dict, specs: list[dict]):
         if isinstance(mesh_arg, (list, tuple)):
             mesh_arg = " ".join(mesh_arg)
         text = str(mesh_arg)
-        if isinstance(mesh_arg, MeshShape) or "=" in text:
-            mesh = make_mesh(mesh_arg if isinstance(mesh_arg, MeshShape) else parse_mesh_shape(text, "--mesh"))
+        if isinstance(mesh_arg, MeshShape) or "=" in text:  # inline, with %mesh's options (cell/specs.InlineMesh)
+            shape = mesh_arg if isinstance(mesh_arg, MeshShape) else parse_mesh_shape(text, "--mesh")
+            mesh = make_mesh(shape, getattr(shape, "devices", None), getattr(shape, "axis_types", None),
+                             getattr(shape, "abstract", False))
         elif text in namespace and is_mesh(namespace[text]):
             mesh = namespace[text]
         else:
@@ -173,7 +175,9 @@ def fitted(spec: tuple, leaf) -> tuple:
     """A leaf's spec: device counts named by the auto axis; a spec of `None`s only (replicated) fits
     any rank, so `--in opt_state=None` replicates every leaf of a pytree, its scalars too. A spec that
     shards and is longer than the leaf's rank (`a=data,None,None` of a vector) is still the mistake
-    check_spec names."""
+    check_spec names. None (a leaf --in's paths leave alone) stays None: the leaf as it is laid out."""
+    if spec is None:
+        return None
     spec = with_auto_axis(spec)
     ndim = len(getattr(leaf, "shape", ()))
     if len(spec) > ndim and all(e is None for e in spec):
@@ -216,6 +220,9 @@ def place_leaves(tree, arrays, value, mesh, spec, namespace, option: str = "--in
     for index, (leaf, leaf_spec) in enumerate(zip(arrays, leaf_specs(tree, value, spec, namespace, option,
                                                                       arrays=arrays))):
         leaf_spec = fitted(leaf_spec, leaf)
+        if leaf_spec is None:  # a leaf --in's paths leave alone: as it is laid out
+            placed.append(leaf)
+            continue
         check_spec(tree.label(index), tuple(leaf.shape), leaf_spec, mesh, option)
         target = NamedSharding(mesh, P(*leaf_spec))
         placed.append(leaf if isinstance(leaf, jax.Array) and leaf.sharding == target else
@@ -408,10 +415,12 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: 
             continue
         per_leaf = [fitted(spec, leaf) for spec, leaf in zip(leaf_specs(tree, value, in_specs[tree.name], namespace,
                                                                         arrays=arrays), arrays)]
-        if describe:
+        if describe:  # (a leaf whose spec is None, left alone by --in's paths, is described as it is)
             for index, (leaf, spec) in enumerate(zip(arrays, per_leaf)):
-                check_spec(tree.label(index), tuple(leaf.shape), spec, mesh)
-            arrays = [jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, P(*spec)))
+                if spec is not None:
+                    check_spec(tree.label(index), tuple(leaf.shape), spec, mesh)
+            arrays = [leaf if spec is None else
+                      jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=NamedSharding(mesh, P(*spec)))
                       for leaf, spec in zip(arrays, per_leaf)]
         else:
             arrays = place_leaves(tree, arrays, value, mesh, in_specs[tree.name], namespace)

@@ -296,8 +296,9 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: 
         if tree.name not in in_specs:
             per_leaf = ((),) * len(tree.positions)
         else:
-            per_leaf = tuple(fitted(spec, leaf) for spec, leaf in zip(leaf_specs(tree, value, in_specs[tree.name],
-                                                                                 namespace, arrays=arrays), arrays))
+            per_leaf = tuple(fitted(() if spec is None else spec, leaf)  # None: a leaf --in's paths leave whole
+                             for spec, leaf in zip(leaf_specs(tree, value, in_specs[tree.name], namespace,
+                                                              arrays=arrays), arrays))
             for index, (leaf, spec) in enumerate(zip(arrays, per_leaf)):
                 check_spec(tree.label(index), tuple(leaf.shape), spec, mesh, "--in")
         if abstract:

@@ -335,7 +335,8 @@ def _compare(magic: str, options, source, namespace, **engine_options) -> Outcom
 def _explore(options, source, namespace, **engine_options) -> Outcome:
     """--plan --explore: the layout explorer over the cell, bound as `_explorer` (only if that name is new or
     holds an earlier explorer); the view drives it."""
-    from ..stages.plan.explore import Explorer
+    from ..stages.explore.explorer import Explorer
+    from ..stages.explore.state import summary
     from ..views.progress import Progress
 
     with Progress("planning the first layout"):
@@ -346,7 +347,7 @@ def _explore(options, source, namespace, **engine_options) -> Outcome:
     said = "" if bindings else (f"`{EXPLORER_NAME}` holds your own {type(held).__name__}, so the explorer is not bound "
                                 f"under it; drive this one from its view, or `del {EXPLORER_NAME}` and run the cell again.")
     if options.show is False:
-        return Outcome(text="\n".join(t for t in (explorer.plan.summary(), said) if t), bindings=bindings)
+        return Outcome(text="\n".join(t for t in (summary(explorer.plan), said) if t), bindings=bindings)
     return Outcome(views=[("explorer", explorer)], bindings=bindings, text=said)
 
 

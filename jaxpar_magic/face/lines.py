@@ -11,7 +11,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from ..cell.specs import MeshShape, parse_assignments, parse_device_selection, parse_literal, parse_mesh_shape
+from ..cell.specs import InlineMesh, MeshShape, parse_assignments, parse_device_selection, parse_literal, parse_mesh_shape
 from ..errors import UsageError
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -62,13 +62,29 @@ def _literal(text, option: str, default):
     return default if text is None else value
 
 
-def mesh_argument(words, option: str = "--mesh") -> MeshShape | str | None:
-    """`--mesh NAME` (a Mesh in the namespace) or `--mesh data=4,model=2` (built inline)."""
+def mesh_argument(words, option: str = "--mesh", args=None) -> MeshShape | str | None:
+    """`--mesh NAME` (a Mesh in the namespace) or `--mesh data=4,model=2` (built inline, with `%mesh`'s
+    `--axis-types`, `--devices` and `--abstract` from `args` where the magic has them)."""
+    given = {flag: value for flag, value in (("--axis-types", getattr(args, "axis_types", None)),
+                                             ("--devices", getattr(args, "devices", None)),
+                                             ("--abstract", getattr(args, "abstract", False) or None))
+             if value is not None}
+    text = " ".join(words or ())
+    if given and "=" not in text:
+        flag = next(iter(given))
+        example = f"`{option} data=4,model=2 {flag}{'' if flag == '--abstract' else ' ...'}`"
+        which = (f"`{option} {text}` names a mesh built already, with its own axis types and devices" if text else
+                 f"this line has no {option}")
+        raise UsageError(f"{flag}: it builds a mesh given inline, as %mesh does ({example}); {which}.")
     if not words:
         return None
-    text = " ".join(words)
     if "=" in text:
-        return parse_mesh_shape(list(words), option)
+        shape = parse_mesh_shape(list(words), option)
+        if not given:
+            return shape
+        return InlineMesh(shape.names, shape.sizes, axis_types=getattr(args, "axis_types", None),
+                          devices=parse_device_selection(getattr(args, "devices", None)),
+                          abstract=bool(getattr(args, "abstract", False)))
     if _NAME.fullmatch(text):
         return text
     raise UsageError(
@@ -272,10 +288,19 @@ def output_names(words) -> tuple[dict, tuple[str, ...] | None]:
     return specs, tuple(listed)
 
 
+def _cell_mesh(args, magic: str):
+    """--mesh of a %%shard or %%shard_map line; an abstract one only with --plan (it has no devices to run on)."""
+    mesh = mesh_argument(args.mesh, args=args)
+    if getattr(mesh, "abstract", False) and not args.plan:
+        raise UsageError(f"{magic} --abstract: an AbstractMesh has no devices to run the cell on; add --plan to plan it "
+                         f"(with --hardware and --topology, XLA:TPU compiles for the slice), or drop --abstract.")
+    return mesh
+
+
 def shard_line(args) -> ShardLine:
     out_specs, outputs = output_names(list(args.outs or ()))
     return ShardLine(
-        mesh=mesh_argument(args.mesh),
+        mesh=_cell_mesh(args, "%%shard"),
         in_specs=parse_assignments(list(args.ins or ()), "--in"),
         out_specs=out_specs,
         outputs=outputs,
@@ -290,7 +315,7 @@ def shard_line(args) -> ShardLine:
 def shard_map_line(args) -> ShardMapLine:
     out_specs, outputs = output_names(list(args.outs or ()))
     return ShardMapLine(
-        mesh=mesh_argument(args.mesh),
+        mesh=_cell_mesh(args, "%%shard_map"),
         in_specs=parse_assignments(list(args.ins or ()), "--in"),
         out_specs=out_specs,
         outputs=outputs,

@@ -63,7 +63,7 @@ def view_of(kind: str, state: dict):
         if shown is not None and shown[0] is state and shown[1].comm is not None:
             _shown_views.move_to_end(id(state))
             return shown[1]
-    if kind == "explorer":  # a live view over its explorer (stages/plan/explore.py), not a state alone
+    if kind == "explorer":  # a live view over its explorer (stages/explore/explorer.py), not a state alone
         return views.ExplorerView(explorer=state)
     view = _view_class(kind)(state=state)
     if kind in _REUSED_KINDS:
@@ -118,6 +118,14 @@ _code_and_plan_options = _applying(
     argument("--search", metavar="BATCH", nargs="+",
              help="With --plan: propose DP, FSDP, TP and FSDP x TP layouts over the mesh's devices (BATCH: the inputs "
                   "whose first dimension is the batch) and rank them."),
+)
+_inline_mesh_options = _applying(
+    argument("--axis-types", default=None, choices=["auto", "explicit", "manual"],
+             help="With an inline --mesh: its axis types, as %%mesh takes them (default: what jax.make_mesh gives)."),
+    argument("--devices", nargs="+", metavar="N_OR_IDS",
+             help="With an inline --mesh: over the first N devices, or these device ids, as %%mesh takes them."),
+    argument("--abstract", action="store_true",
+             help="With an inline --mesh and --plan: an AbstractMesh, as `%%mesh --abstract` builds."),
 )
 _collectives_option = _applying(
     argument("--collectives", action="store_true",
@@ -324,7 +332,8 @@ class JaxparMagics(Magics, Configurable):
     @magic_arguments()
     @argument("--mesh", nargs="+", metavar="NAME_OR_AXES", help="A Mesh by name (`--mesh mesh`) or inline (`--mesh data=4,model=2`).")
     @argument("--in", dest="ins", nargs="+", metavar="NAME=SPEC",
-              help="Place inputs: `v=data`, `w=data,None`, `w=(data,model),None`, `w=P('data', None)`, or `v=8` (split axis 0 over 8 devices).")
+              help="Place inputs: `v=data`, `w=data,None`, `w=(data,model),None`, `w=P('data', None)`, or `v=8` (split axis 0 over 8 devices); "
+                   "one leaf of a pytree by its path: `\"params['w1']=None,model\"`.")
     @argument("--out", dest="outs", nargs="+", metavar="NAME[=SPEC]",
               help="What the cell returns, like a `return` statement: only these names are bound; the other names "
                    "it assigns are temporaries. NAME=SPEC also lays the output out by SPEC (same syntax as --in); a bare "
@@ -335,6 +344,7 @@ class JaxparMagics(Magics, Configurable):
     @argument("--show", dest="show", action="store_const", const=True, default=None, help="Show the sharding views.")
     @argument("--no-show", dest="show", action="store_const", const=False, help="Do not show the views.")
     @argument("--report", action="store_true", help="Show the compiled program's collectives, compile and run time.")
+    @_inline_mesh_options
     @_code_and_plan_options
     @no_var_expand
     def shard(self, line, cell):
@@ -366,6 +376,7 @@ class JaxparMagics(Magics, Configurable):
     @argument("--show", dest="show", action="store_const", const=True, default=None, help="Show the per-device blocks and the outputs' layouts.")
     @argument("--no-show", dest="show", action="store_const", const=False, help="Do not show the views.")
     @argument("--report", action="store_true", help="Add the compiled program's collectives, compile and run time.")
+    @_inline_mesh_options
     @_collectives_option
     @_code_and_plan_options
     @no_var_expand

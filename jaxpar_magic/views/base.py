@@ -424,7 +424,16 @@ def format_bytes(n: float | None) -> str:
         v /= 1024
         i += 1
     sign = "-" if n < 0 else ""
-    return f"{sign}{int(v)} B" if i == 0 else f"{sign}{v:.1f} {units[i]}"
+    return f"{sign}{int(v)} B" if i == 0 else f"{sign}{to_fixed(v)} {units[i]}"
+
+
+def to_fixed(v: float, digits: int = 1) -> str:
+    """JavaScript's ``v.toFixed(digits)`` for v >= 0: a tie of the exact binary value rounds up (5.25 MiB
+    is ``5.3``, where Python's ``f"{v:.1f}"`` gives ``5.2``), so a size reads the same in the widget,
+    the static HTML and the text."""
+    from decimal import ROUND_HALF_UP, Decimal
+
+    return str(Decimal(v).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
 
 
 def format_si(n: float | None) -> str:

@@ -1,5 +1,5 @@
 """ExplorerView: the layout explorer (``js/explorer.js``), live over an Explorer
-(stages/plan/explore.py), with static HTML and 80-column text forms of the same state: the chosen
+(stages/explore/explorer.py), with static HTML and 80-column text forms of the same state: the chosen
 layout's plan and the table of tried layouts, ranked.
 
 The live view sends the user's changes as messages (EXPLORER_CONTRACT.md: choose, reshape,
@@ -9,6 +9,7 @@ message from any thread through its IOPub thread)."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_seconds
@@ -69,14 +70,22 @@ def to_text(state: dict[str, Any]) -> str:
             lines.append(f"  {c.get('kind')} × {c.get('calls') or '?'}: {format_bytes(c.get('bytes'))} per step, "
                          f"{c.get('what')}")
     tried = state.get("tried") or []
-    lines.append(f"Tried layouts ({len(tried)}), best first; `_explorer.line()` gives the current one's line:")
+    lines.append(f"Tried layouts ({len(tried)}), best first, each with its line (* the current one):")
     for row in tried:
         mark = "*" if row.get("current") else " "
-        facts = [f"peak {format_bytes(row.get('peak_bytes'))}", _fit(row.get("fits")),
+        facts = [row.get("mesh") or "", f"peak {format_bytes(row.get('peak_bytes'))}", _fit(row.get("fits")),
                  f"moves {format_bytes(row.get('collective_bytes'))}", _estimate(row)]
         lines.append(f"{mark}{row.get('rank'):>2}. " + " · ".join(f for f in facts if f))
-        lines.append(f"     {row.get('line')}")
+        lines.append(str(row.get("line")))  # whole, from the first column: copied from a terminal, it runs
     return "\n".join(lines)
+
+
+def fit_keeping_lines(text: str, width: int) -> str:
+    """`text` fitted to `width` columns, except the `%%shard` lines: a magic's line cannot be continued on
+    another line, so each is kept whole (the terminal folds it; copied, it is one line again)."""
+    from .textwidth import fit_text
+
+    return "\n".join(line if line.startswith("%%shard ") else fit_text(line, width) for line in text.split("\n"))
 
 
 def _plan_html(p: dict[str, Any], diff: str | None) -> str:
@@ -125,19 +134,24 @@ def to_html(state: dict[str, Any]) -> str:
     body = "".join(
         ('<tr class="jpm-bad">' if r.get("fits") is False else "<tr>") +
         f'<td class="jpm-num">{"▶ " if r.get("current") else ""}{esc(str(r.get("rank")))}</td>'
+        f'<td class="jpm-mono">{esc(str(r.get("mesh") or ""))}</td>'
         f'<td class="jpm-num">{esc(format_bytes(r.get("peak_bytes")))}</td><td>{esc(_fit(r.get("fits")))}</td>'
         f'<td class="jpm-num">{esc(format_bytes(r.get("collective_bytes")))}</td>'
         f'<td class="jpm-num">{esc(_estimate(r))}</td><td class="jpm-mono">{esc(str(r.get("line")))}</td></tr>'
         for r in tried)
     out.append(f'<div class="jpm-section"><div class="jpm-h">Tried layouts ({len(tried)}), best first</div>'
-               '<div class="jpm-scroll"><table class="jpm-table jpm-plan-table"><thead><tr><th>rank</th><th>peak</th>'
-               '<th>fit</th><th>collectives move</th><th>estimate</th><th>line</th></tr></thead>'
+               '<div class="jpm-scroll"><table class="jpm-table jpm-plan-table"><thead><tr><th>rank</th><th>mesh</th>'
+               '<th>peak</th><th>fit</th><th>collectives move</th><th>estimate</th><th>line</th></tr></thead>'
                f"<tbody>{body}</tbody></table></div></div></div>")
     return "".join(out)
 
 
 class ExplorerView(ViewBase):
-    """``ExplorerView(state=explorer.state(), explorer=explorer)``: drawn live, driving `explorer`."""
+    """``ExplorerView(state=explorer.state(), explorer=explorer)``: drawn live, driving `explorer`.
+
+    In a kernel its static twin (the text/html and text/plain output beside the widget) is kept as the
+    explorer's record: each new layout, refusal or tried row updates it by its display id, so a notebook
+    saved, reopened without a kernel or exported shows the tried layouts, not only the first one."""
 
     _esm = bundle_esm("explorer.js")
     _render_html = staticmethod(to_html)
@@ -146,12 +160,48 @@ class ExplorerView(ViewBase):
     def __init__(self, state: dict[str, Any] | None = None, explorer=None, **kwargs: Any) -> None:
         super().__init__(state=state if state is not None or explorer is None else explorer.state(), **kwargs)
         self.explorer = explorer
+        self._twin_id: str | None = None  # the static twin's display id, once shown in a kernel
+        self._twin_sent: dict[str, str] | None = None
         if explorer is not None:
             explorer.observe(self._show)
             self.on_msg(self._message)
 
+    def to_text(self, width: int | None = None) -> str:
+        from .textwidth import text_width
+
+        return fit_keeping_lines(type(self)._render_text(self.state), width or text_width())
+
+    def static_bundle(self) -> dict[str, str]:
+        """The record (base.py's static twin): the state without the status line of a compile under way,
+        which is stale once saved."""
+        from .inline import inline_styles
+        from .textwidth import text_width
+
+        state = {**self.state, "status": {"busy": False, "text": ""}}
+        return {"text/html": f'<div class="jpm-static jpm-twin-{self._jpm_twin}">{inline_styles(to_html(state))}</div>',
+                "text/plain": fit_keeping_lines(to_text(state), text_width())}
+
+    def _ipython_display_(self, **kwargs: Any) -> None:
+        from IPython.display import display
+
+        parts = self.display_parts()
+        if len(parts) != 2:  # not in a kernel: one output, nothing to keep current
+            return super()._ipython_display_(**kwargs)
+        (twin, twin_meta), (widget, widget_meta) = parts
+        self._twin_id, self._twin_sent = uuid.uuid4().hex, twin
+        display(twin, metadata=twin_meta, raw=True, display_id=self._twin_id)
+        display(widget, metadata=widget_meta, raw=True)
+
     def _show(self, state: dict[str, Any]) -> None:
         self.state = state
+        if self._twin_id is None:
+            return
+        twin = self.static_bundle()
+        if twin != self._twin_sent:  # a new layout, message or row (not the status line's seconds)
+            from IPython.display import update_display
+
+            self._twin_sent = twin
+            update_display(twin, display_id=self._twin_id, raw=True)
 
     def _message(self, _widget, content: Any, _buffers=None) -> None:
         """A change from the page: planned on the explorer's worker; anything else is ignored."""

@@ -92,8 +92,8 @@ class ViewPage:
         self.artifacts = artifacts
 
     def mount(self, view: str, state: dict[str, Any], *, mode: str = "bundle", theme: str = "light",
-              lib: str | None = None, twin: str | None = None, attach: str = "before") -> Any:
-        options = {"mode": mode, "theme": theme, "lib": lib, "twin": twin, "attach": attach}
+              lib: str | None = None, twin: str | None = None, attach: str = "before", area: bool = False) -> Any:
+        options = {"mode": mode, "theme": theme, "lib": lib, "twin": twin, "attach": attach, "area": area}
         index = self.page.evaluate("([v, s, o]) => window.jpm.mount(v, s, o)", [view, state, options])
         return self.page.locator(f'.jpm-host[data-index="{index}"]')
 

@@ -43,8 +43,10 @@ def explorer_state(*, name: str = "params['w1']", busy: bool = False, message: s
         },
         "diff": "peak −1.0 GiB, +2 all-gathers, estimate +0.4 ms",
         "tried": [
-            {"rank": 1, "line": line1, "peak_bytes": 3 * GIB, "fits": True, "collective_bytes": 32 * MIB + 4096, "estimate_s": 0.00125, "current": True},
-            {"rank": 2, "line": line2, "peak_bytes": 20 * GIB, "fits": False, "collective_bytes": 0, "estimate_s": 0.004, "current": False},
+            {"rank": 1, "line": line1, "peak_bytes": 3 * GIB, "fits": True, "collective_bytes": 32 * MIB + 4096, "estimate_s": 0.00125,
+             "current": True, "mesh": "data=4,model=2 Explicit"},
+            {"rank": 2, "line": line2, "peak_bytes": 20 * GIB, "fits": False, "collective_bytes": 0, "estimate_s": 0.004,
+             "current": False, "mesh": "data=4,model=2 Explicit"},
         ],
         "generation": 3,
         "compiles": 2,
@@ -93,7 +95,7 @@ def test_draws_the_state(view_page: Any, artifacts: Any) -> None:
     assert host.locator(".jpm-ex-types").input_value() == "Explicit"
     assert host.locator(".jpm-ex-hardware").input_value() == "tpu-v5e"
     assert host.locator(".jpm-ex-topology").count() == 0  # no topology given, none offered
-    assert host.locator(".jpm-ex-largest thead th").all_inner_texts() == ["what", "bytes", "where"]
+    assert host.locator(".jpm-ex-largest thead th").all_inner_texts() == ["bytes", "what", "where"]
     # The plan's figures.
     assert host.locator(".jpm-ex-fit").inner_text() == "fits: peak 3.0 GiB per device of 16.0 GiB (19%)"
     assert host.locator(".jpm-ex-peak b").inner_text() == "3.0 GiB"
@@ -111,7 +113,8 @@ def test_draws_the_state(view_page: Any, artifacts: Any) -> None:
     tried = host.locator(".jpm-ex-tried tbody tr")
     assert tried.count() == 2
     assert tried.nth(0).get_attribute("aria-current") == "true" and tried.nth(1).get_attribute("aria-current") is None
-    assert tried.nth(1).locator("td").nth(3).inner_text() == "no"
+    assert tried.nth(1).locator("td").nth(4).inner_text() == "no"
+    assert tried.nth(1).locator(".jpm-ex-rowmesh").inner_text() == "data=4,model=2 Explicit"
     assert tried.nth(1).locator(".jpm-ex-line").inner_text().startswith("%%shard --plan --mesh data=4,model=2 --in params=P(None, 'model')")
     view_page.shot(host, "explorer_light")
     dark = view_page.mount("explorer", explorer_state(message="model is used twice in params['w1']: P('model', 'model')"), mode="native", theme="dark")
@@ -156,7 +159,7 @@ def test_a_target_without_topology_offers_none(view_page: Any) -> None:
     topology.select_option("2x2")
     assert sent(view_page, host) == [{"kind": "retarget", "hardware": "tpu-v5e", "topology": "2x2"}]
     # The buffer's description already names its line: no "where" column repeating it.
-    assert host.locator(".jpm-ex-largest thead th").all_inner_texts() == ["what", "bytes"]
+    assert host.locator(".jpm-ex-largest thead th").all_inner_texts() == ["bytes", "what"]
 
 
 def test_the_pickers_send_reshape_and_retarget(view_page: Any) -> None:
@@ -262,3 +265,51 @@ def test_names_stay_text(view_page: Any) -> None:
         {"kind": "choose", "name": HOSTILE, "spec": [[HOSTILE, "model"], []]},
         {"kind": "restore", "line": HOSTILE},
     ]
+
+
+def test_at_900_px_the_figures_stay_in_sight_and_axis_types_tell_rows_apart(view_page: Any) -> None:
+    """Issue 42: at 900 px the largest buffers' bytes scrolled out of sight behind their descriptions; two
+    tried layouts that differed only in axis types looked the same."""
+    view_page.page.set_viewport_size({"width": 900, "height": 900})
+    state = explorer_state()
+    long = ("temporary from dot_general, line 7: logits = jnp.einsum('bsd,dv->bsv', hidden_states, embedding_table, "
+            "preferred_element_type=jnp.float32)")
+    state["plan"]["largest"] = [{"what": long, "bytes": 96 * MIB, "line": "line 7: logits = jnp.einsum(...)"},
+                                {"what": "argument params['transformer']['layers'][11]['mlp']['w_out']",
+                                 "bytes": 48 * MIB, "line": None}]
+    auto = state["tried"][0]["line"].replace("data=4,model=2", "data=4,model=2 --axis-types auto")
+    state["tried"].append({**state["tried"][0], "rank": 3, "line": auto, "current": False,
+                           "mesh": "data=4,model=2 Auto"})
+    host = view_page.mount("explorer", state, mode="native")
+    # JupyterLab's output area in a 900 px window (a prompt column and the side bar's tabs beside it).
+    host.evaluate("el => { el.style.maxWidth = '780px'; }")
+    table = host.locator(".jpm-ex-largest .jpm-scroll")
+    shown = table.bounding_box()
+    assert shown["width"] <= 780
+    for cell in host.locator(".jpm-ex-largest tbody td.jpm-num").all():
+        box = cell.bounding_box()
+        assert shown["x"] <= box["x"] and box["x"] + box["width"] <= shown["x"] + shown["width"] + 0.5, (box, shown)
+    assert host.locator(".jpm-ex-largest tbody td.jpm-num").all_inner_texts() == ["96.0 MiB", "48.0 MiB"]
+    rows = host.locator(".jpm-ex-tried tbody tr")
+    assert rows.nth(0).locator(".jpm-ex-rowmesh").inner_text() != rows.nth(2).locator(".jpm-ex-rowmesh").inner_text()
+    assert rows.nth(0).locator(".jpm-ex-line").inner_text() != rows.nth(2).locator(".jpm-ex-line").inner_text()
+    view_page.shot(host, "explorer_900px")
+
+
+def test_a_twin_the_kernel_updates_is_hidden_again(view_page: Any) -> None:
+    """The kernel keeps the explorer's static twin current (update_display_data, the notebook's record of the
+    tried layouts): JupyterLab draws the update in a new output box, which the drawn explorer hides too. The
+    view is mounted as a kernel shows it: through js/loader.js, in one output area with its twin."""
+    page = view_page.page
+    view_page.mount("explorer", explorer_state(), mode="loader", twin="0a1b2c", attach="after", area=True)
+    page.locator(".jpm-twin-0a1b2c").wait_for(state="hidden", timeout=5_000)  # js/loader.js: the first twin
+    page.evaluate("""twin => {
+        const old = document.querySelector(`.jpm-twin-${twin}`).closest('.jp-OutputArea-child');
+        const box = document.createElement('div');
+        box.className = 'jp-OutputArea-child';
+        box.innerHTML = `<div class="jpm-static jpm-twin-${twin}">updated twin ${twin}</div>`;
+        old.replaceWith(box);
+    }""", "0a1b2c")
+    page.locator(".jpm-twin-0a1b2c").wait_for(state="hidden", timeout=5_000)
+    assert page.locator(".jpm-twin-0a1b2c").text_content() == "updated twin 0a1b2c"
+    assert page.locator(".jpm-explorer").is_visible()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from jaxpar_magic.views.base import format_seconds, to_precision
+from jaxpar_magic.views.base import format_bytes, format_seconds, to_precision
 
 
 def test_to_precision_and_format_seconds_match_the_browser(view_page: Any) -> None:
@@ -25,3 +25,22 @@ def test_to_precision_and_format_seconds_match_the_browser(view_page: Any) -> No
                   if [to_precision(v), format_seconds(v)] != j]
     assert not mismatched, mismatched[:10]
     assert format_seconds(2.92e-12) == "0.00292 ns"  # was "0.00 ns" in the HTML and the text
+
+
+def test_format_bytes_matches_the_browser_on_ties(view_page: Any) -> None:
+    """Issue 42: one view said 5.2 MiB (Python's round-half-even) beside 5.3 MiB (JavaScript's toFixed) for the
+    same 5.25 MiB. Exact ties, and random sizes from bytes to TiB, format alike."""
+    rng = random.Random(42)
+    values = [0, 1, 1023, 1024, int(5.25 * 2**20), int(0.25 * 2**20) + 2**20, 2**30 + 2**30 // 4, 3 * 2**40 // 4 * 3,
+              int(1023.95 * 1024), -int(5.25 * 2**20)]
+    values += [rng.randrange(1, 2**44) for _ in range(300)] + [rng.randrange(1, 80) * 2**14 for _ in range(100)]
+    js = view_page.page.evaluate(
+        """async (values) => {
+            const { formatBytes } = await import('/js/format.js');
+            return values.map((v) => formatBytes(v));
+        }""",
+        values,
+    )
+    mismatched = [(v, j, format_bytes(v)) for v, j in zip(values, js, strict=True) if format_bytes(v) != j]
+    assert not mismatched, mismatched[:10]
+    assert format_bytes(int(5.25 * 2**20)) == "5.3 MiB"

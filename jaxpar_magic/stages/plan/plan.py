@@ -204,7 +204,7 @@ class Plan:
         largest = self.peak.largest if self.peak is not None else None
         big = f" · largest buffer {format_bytes(largest.bytes)}" if largest is not None else ""
         return (f"planned by {self.compiler}: {format_bytes(self.total_bytes)} per device{fit}{big} · {moving} "
-                f"collectives{estimate}")
+                f"collective{'' if moving == 1 else 's'}{estimate}")
 
     def state(self, title: str, outputs: dict | None = None) -> dict:
         """The plan view's state. `outputs`: names -> ShapeDtypeStructs (pytrees allowed) to list;

@@ -3,7 +3,7 @@ leaf the cell reads (its input, path, shape, dtype and current spec), the mesh's
 devices, and a layout (mesh shape, axis types, one spec per leaf, target) as a hashable key with the
 `%%shard --plan` line that reproduces it.
 
-No planning here (stages/plan/explore.py plans a layout through plan_cell); no IPython.
+No planning here (stages/explore/explorer.py plans a layout through plan_cell); no IPython.
 """
 from __future__ import annotations
 
@@ -155,8 +155,9 @@ def cell_leaves(source: str, namespace: dict, in_specs: dict, mesh) -> tuple[lis
         if tree is None or tree.graphdef is not None:
             continue
         arrays = tree.arrays(value)
-        given = (leaf_specs(tree, value, in_specs[name], namespace) if name in in_specs
-                 else [_own_spec(a, axes) for a in arrays])
+        own = [_own_spec(a, axes) for a in arrays]
+        given = ([o if s is None else s for s, o in zip(leaf_specs(tree, value, in_specs[name], namespace), own)]
+                 if name in in_specs else own)
         for index, (array, spec) in enumerate(zip(arrays, given)):
             leaf = Leaf(name, tree.paths()[index] if tree.is_tree else "", tuple(int(s) for s in array.shape),
                         str(jax.numpy.dtype(array.dtype)))
@@ -226,6 +227,105 @@ def read_shape(text, devices: int, option: str = "reshape") -> MeshShape:
 
 def axis_type_names(mesh) -> tuple[str, ...]:
     return tuple(t.name.lower() for t in mesh.axis_types)
+
+
+def types_text(types: tuple[str, ...]) -> str:
+    """`Auto`, or `Explicit/Auto` for axes of different types: the mesh's axis types in a view."""
+    return "/".join(dict.fromkeys(t.capitalize() for t in types))
+
+
+def all_device_ids() -> list[int]:
+    import jax
+
+    return sorted(d.id for d in jax.devices())
+
+
+def refusal_words(err: UsageError) -> str:
+    """What the view says of a layout the engine refused. JAX refusing a layout on Explicit axes is
+    said in one line, without the cell's paragraph of fixes (out_sharding=..., jax.reshard): in the
+    explorer the fix is another layout, or Auto axes."""
+    said = str(err)
+    cause = err.__context__
+    if type(cause).__name__ != "ShardingTypeError" or ": the mesh has Explicit axes" not in said:  # jax._src.core's
+        return said
+    where = said.split(": the mesh has Explicit axes", 1)[0].replace("`", "")
+    detail = (str(cause).strip().splitlines() or [""])[0].rstrip(".")
+    return f"on Explicit axes JAX refuses {where}: {detail}. Try Auto axis types or another layout."
+
+
+# --- a layout as the words of a line ------------------------------------------------------------
+
+def mesh_words(layout: Layout, mesh) -> tuple[list[str], dict]:
+    """The words after `--mesh` that build `mesh` (the layout's) inline, as `%mesh` would: its shape, and
+    `--axis-types`, `--devices` or `--abstract` where needed; checked by building it. A mesh whose axes
+    are of different types has no such words: then a name, and the mesh to bind under it by hand."""
+    import jax
+
+    from ...cell.meshes import default_axis_type
+    from ...cell.specs import InlineMesh
+    from ...engines.shard import make_mesh
+
+    shape = layout.shape
+    if len(set(layout.types)) == 1:
+        types = None if layout.types[0] == default_axis_type() else layout.types[0]
+        if isinstance(mesh, jax.sharding.AbstractMesh):
+            return InlineMesh(shape.names, shape.sizes, axis_types=types, abstract=True).words().split(), {}
+        ids = tuple(d.id for d in mesh.devices.flat)
+        for devices in (None, len(ids), ids):  # all devices; the first N; these, in the mesh's order
+            spelled = InlineMesh(shape.names, shape.sizes, axis_types=types, devices=devices)
+            try:
+                made = make_mesh(spelled, devices, types)
+            except UsageError:
+                continue
+            if tuple(d.id for d in made.devices.flat) == ids and made.axis_types == mesh.axis_types:
+                return spelled.words().split(), {}
+    name = "mesh_" + "x".join(str(s) for s in shape.sizes) + "_" + "_".join(layout.types)
+    return [name], {name: mesh}
+
+
+def memory_words(size: int) -> str:
+    """`48MiB`, `1.5GiB`: a --device-memory size in the largest unit that says it exactly (else bytes)."""
+    for unit, factor in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        amount = size / factor
+        if amount >= 1 and round(amount, 2) * factor == size:
+            return f"{amount:g}{unit}"
+    return str(int(size))
+
+
+def input_words(name: str, leaves: list[Leaf], specs: list[Spec]) -> list[str] | None:
+    """`params=P(None,None) params['w1']=P(None,'model')`: an input's --in words, one spec for every leaf
+    (the most common one) and each leaf laid out otherwise by its path, quoted where a shell would
+    split it (each word checked by reading it back as the line will); None where a path has no
+    spelling (a dict key that is neither a string nor a number)."""
+    import shlex
+    from collections import Counter
+
+    from ...cell.specs import parse_assignments
+
+    counts = Counter(specs)
+    base = max(counts, key=lambda spec: (counts[spec], not any(spec)))  # most common; a tie: whole leaves
+    words = [f"{name}={format_spec(base)}"]
+    for leaf, spec in zip(leaves, specs):
+        if spec == base:
+            continue
+        word = f"{leaf.label}={format_spec(spec)}"
+        for candidate in (word, f'"{word}"', shlex.quote(word)):
+            try:
+                read = parse_assignments(shlex.split(candidate), "--in")[name].paths[0]
+            except (UsageError, ValueError, KeyError, AttributeError, IndexError):
+                continue
+            if read[1] == _steps(leaf.path) and canonical(read[2], len(spec), "--in") == spec:
+                words.append(candidate)
+                break
+        else:
+            return None
+    return words
+
+
+def _steps(path: str):
+    from ...cell.specs import path_steps
+
+    return path_steps(path)
 
 
 def topology_options(hardware, devices: int) -> list[str]:

@@ -4,7 +4,7 @@ layout is one `plan_cell`), kept by layout so a layout tried before comes back a
 
 The synchronous API (choose, reshape, retarget) plans on the caller's thread and raises a
 UsageError for a wrong choice; `submit` (what the view sends) plans on a worker thread
-(stages/plan/explore_worker.py), coalescing changes made while a compile runs. Either way a refused
+(stages/explore/worker.py), coalescing changes made while a compile runs. Either way a refused
 layout leaves the current plan as it was and says why in `message`. The explorer reads a snapshot of
 the namespace taken when it was made and never writes to it.
 """
@@ -14,8 +14,8 @@ import threading
 from dataclasses import dataclass, replace
 
 from ...errors import UsageError
-from . import explore_controls as controls
-from .explore_controls import Layout, format_spec
+from . import controls
+from .controls import Layout, format_spec
 
 
 @dataclass
@@ -49,6 +49,25 @@ class Row:
         return (0 if self.fits is not False else 1, estimate if estimate is not None else float(self.peak_bytes))
 
 
+class Hold:
+    """`Explorer.holding()`: the worker's plans wait until `release()` (or the end of a `with` block)."""
+
+    def __init__(self, worker):
+        self._worker, self._held = worker, True
+        worker.hold()
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._worker.release()
+
+    def __enter__(self) -> "Hold":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
 class Explorer:
     """Plans of one %%shard cell under the layouts you try. See the module docstring and README."""
 
@@ -57,20 +76,15 @@ class Explorer:
         import jax
 
         from ...engines.shard import is_mesh, resolve_mesh
-        from .hardware import Hardware, parse_hardware, parse_memory_size
-        from .plan_cell import engine_spec
+        from ..plan.hardware import Hardware, parse_hardware, parse_memory_size
+        from ..plan.plan_cell import engine_spec
 
         self.source = source
         self._namespace = dict(namespace)  # a snapshot: later cells do not move the explorer, nor it them
         in_specs = {n: engine_spec(s) for n, s in (in_specs or {}).items()}
         self._out_specs = {n: engine_spec(s) for n, s in (out_specs or {}).items()}
-        self._mesh_name = mesh if isinstance(mesh, str) and mesh in namespace else None
-        if mesh is None and is_mesh(namespace.get("mesh")):
-            self._mesh_name = "mesh"
         self.mesh = mesh if is_mesh(mesh) else resolve_mesh(mesh, namespace, [in_specs, self._out_specs])
-        if isinstance(self.mesh, jax.sharding.AbstractMesh):
-            raise UsageError("--explore plans layouts over the mesh's devices; this mesh is an AbstractMesh. Build a "
-                             "Mesh over simulated devices (`%devices --simulate 64`, then `%mesh data=8 model=8`).")
+        self.abstract = isinstance(self.mesh, jax.sharding.AbstractMesh)  # planned for a --topology by XLA:TPU
         self.leaves, specs = controls.cell_leaves(source, self._namespace, in_specs, self.mesh)
         if isinstance(hardware, str):
             hardware = parse_hardware(hardware)
@@ -82,7 +96,8 @@ class Explorer:
         self.donate, self.compiler = tuple(donate), compiler
         self.outputs = tuple(outputs) if outputs is not None else None  # --out's names: what the cell returns
         shape = controls.MeshShape(tuple(str(n) for n in self.mesh.axis_names),
-                                   tuple(int(s) for s in self.mesh.devices.shape))
+                                   tuple(int(self.mesh.shape[n]) for n in self.mesh.axis_names))
+        self.devices = shape.size  # every layout's mesh has these devices (or, abstract, this many)
         self._first = Layout(shape, controls.axis_type_names(self.mesh), tuple(specs),
                              hardware.name if hardware is not None else None, topology)
         self._cache: dict[Layout, Row] = {}
@@ -92,14 +107,13 @@ class Explorer:
         self._planning = threading.Lock()  # one plan at a time (the kept compiles are not shared across threads)
         self._listeners: list = []
         self._notifying = threading.Lock()
-        self._gate = None  # tests: called on the planning thread just before a compile
         self.compiles = 0
         self.generation = 0
         self.message: str | None = None
         self.previous: Row | None = None
         self.current: Row | None = None
         self.intended = self._first  # the layout the last change asked for (the worker plans towards it)
-        from .explore_worker import Worker
+        from .worker import Worker
 
         self._worker = Worker(self)
         self._make_current(self._plan(self._first))
@@ -163,14 +177,22 @@ class Explorer:
         """Until no submitted change is pending or planning (True), or `timeout` seconds (False)."""
         return self._worker.idle.wait(timeout)
 
+    def holding(self) -> "Hold":
+        """Hold the view's changes before they are planned, until let go (`with _explorer.holding(): ...`, or
+        `held = _explorer.holding()` ... `held.release()`): the view says "planning ..." and the changes
+        made meanwhile coalesce as during a long compile. For demonstrations and tests; the synchronous
+        API (choose, reshape, ...) is not held."""
+        return Hold(self._worker)
+
     def state(self) -> dict:
-        from .explore_state import explorer_state
+        from .state import explorer_state
 
         with self._lock:
             return explorer_state(self)
 
     def __repr__(self) -> str:
-        return (f"<Explorer: {len(self._order)} layouts tried; current: {self.current.line if self.current else '-'}"
+        tried = len(self._order)
+        return (f"<Explorer: {tried} layout{'s' if tried != 1 else ''} tried; current: {self.current.line if self.current else '-'}"
                 f"{'; refused: ' + self.message if self.message else ''}>")
 
     # --- changes as layouts ------------------------------------------------------------------------
@@ -182,7 +204,7 @@ class Explorer:
         return layout
 
     def reshaping(self, layout: Layout, shape, axis_types=None) -> Layout:
-        shape = controls.read_shape(shape, int(self.mesh.devices.size))
+        shape = controls.read_shape(shape, self.devices)
         if isinstance(axis_types, (list, tuple)):
             types = tuple(str(t).lower() for t in axis_types)
         elif axis_types is not None:
@@ -204,7 +226,7 @@ class Explorer:
             raise UsageError("retarget: this explorer's cell gave no target; start it with --hardware (and --topology) "
                              "on the line, e.g. `%%shard --plan --explore --hardware tpu-v5e`.")
         if hardware is not None:
-            from .hardware import parse_hardware
+            from ..plan.hardware import parse_hardware
 
             self._profiles.setdefault(hardware, replace(parse_hardware(hardware), topology=None))
         return replace(layout, hardware=hardware or layout.hardware,
@@ -250,12 +272,10 @@ class Explorer:
                 raise UsageError(self._refused[layout])
         self.check(layout)
         mesh = self._mesh_of(layout)
-        if self._gate is not None:
-            self._gate()
         try:
             plan = self._plan_cell(layout, mesh)
         except UsageError as err:
-            raise self._refuse(layout, f"{self.describe(layout)}: {err}") from None
+            raise self._refuse(layout, f"{self.describe(layout)}: {controls.refusal_words(err)}") from None
         except Exception as exc:  # a layout XLA refuses is the explorer's message, never a traceback
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
             raise self._refuse(layout, f"{self.describe(layout)}: the compiler refused this layout ({type(exc).__name__}: "
@@ -280,7 +300,7 @@ class Explorer:
         return UsageError(message)
 
     def _plan_cell(self, layout: Layout, mesh):
-        from .plan_cell import plan_cell
+        from ..plan.plan_cell import plan_cell
 
         hardware = self._profiles[layout.hardware] if layout.hardware is not None else None
         return plan_cell(self.source, self._namespace, magic="shard", mesh=mesh, in_specs=self._in_specs(layout),
@@ -288,7 +308,9 @@ class Explorer:
                          device_memory=self.device_memory, bind=False, status=False, compiler=self.compiler,
                          donate=self.donate, outputs=self.outputs)
 
-    def _make_current(self, row: Row) -> None:
+    def _make_current(self, row: Row, aim: bool = True) -> None:
+        """`row` is the current layout; `aim`: and the one the next change starts from (the synchronous
+        API; the worker keeps `intended`, the latest change asked for, which may be newer than `row`)."""
         with self._lock:
             if row is self.current:
                 self.message = None
@@ -296,7 +318,8 @@ class Explorer:
                 self.previous, self.current = self.current, row
                 self.generation += 1
                 self.message = None
-            self.intended = row.layout
+            if aim:
+                self.intended = row.layout
         self._notify()
 
     def _say(self, message: str, back: bool = False) -> None:
@@ -309,18 +332,31 @@ class Explorer:
 
     def _notify(self) -> None:
         """Each listener gets the state; one at a time, so the last state delivered is the last made (the
-        status ticker and the worker both notify)."""
+        status ticker and the worker both notify). A listener that raises is said in `message` (the
+        view shows it) and the others are told again; nothing here raises, so the worker goes on."""
         if not self._listeners:
             return
         with self._notifying:
-            state = self.state()
-            for callback in list(self._listeners):
+            failed = self._deliver(self.state())
+            if failed:
+                with self._lock:
+                    self.message = failed
+                self._deliver(self.state())  # once: a listener that fails again is not reported twice
+
+    def _deliver(self, state: dict) -> str | None:
+        said = None
+        for callback in list(self._listeners):
+            try:
                 callback(state)
+            except Exception as exc:  # a user's observe(callback): reported, never the worker's end
+                reason = (str(exc).strip().splitlines() or [""])[0][:200]
+                name = getattr(callback, "__qualname__", type(callback).__name__)
+                said = said or (f"observe: the callback {name} raised {type(exc).__name__}"
+                                f"{': ' + reason if reason else ''}; the explorer goes on (fix or replace that callback).")
+        return said
 
     # --- layouts as meshes, specs and lines -------------------------------------------------------
     def _mesh_of(self, layout: Layout):
-        import jax
-
         from ...engines.shard import make_mesh
 
         if layout.shape == self._first.shape and layout.types == self._first.types:
@@ -328,9 +364,11 @@ class Explorer:
         if len(set(layout.types)) != 1:
             raise UsageError(f"reshape: axes of different types {layout.types} on a new mesh shape; give one type "
                              f"for all axes (reshape(..., axis_types=\"auto\")).")
+        if self.abstract:
+            return make_mesh(layout.shape, axis_types=layout.types[0], abstract=True)
         ids = tuple(d.id for d in self.mesh.devices.flat)
-        devices = None if len(ids) == len(jax.devices()) else tuple(sorted(ids))
-        return make_mesh(layout.shape, devices, layout.types[0])
+        return make_mesh(layout.shape, None if sorted(ids) == controls.all_device_ids() else tuple(sorted(ids)),
+                         layout.types[0])
 
     def _per_input(self, layout: Layout) -> dict:
         found: dict = {}
@@ -348,39 +386,28 @@ class Explorer:
         return specs
 
     def _line(self, layout: Layout) -> tuple[str, dict]:
-        import jax
-
-        from ...cell.meshes import default_axis_type
-
-        names: dict = {}
-        words = ["%%shard", "--plan"]
-        if layout.shape == self._first.shape and layout.types == self._first.types and self._mesh_name:
-            words += ["--mesh", self._mesh_name]
-        elif set(layout.types) == {default_axis_type()} and self.mesh.devices.size == len(jax.devices()):
-            words += ["--mesh", str(layout.shape)]
-        else:
-            kinds = set(layout.types)
-            name = "mesh_" + "x".join(str(s) for s in layout.shape.sizes) + (
-                "" if kinds == {"auto"} else "_" + "_".join(layout.types))
-            names[name] = self._mesh_of(layout)
-            words += ["--mesh", name]
+        """The line, self-contained: the mesh by its shape, axis types and devices (never a variable, which
+        `%mesh` may rebind), a leaf by its path; and what it names that no line can spell (a mesh whose
+        axes are of different types), to bind by hand."""
+        mesh_words, names = controls.mesh_words(layout, self._mesh_of(layout))
+        words = ["%%shard", "--plan", "--mesh", *mesh_words]
         if layout.hardware is not None:
             words += ["--hardware", layout.hardware] + (["--topology", layout.topology] if layout.topology else [])
         if self.device_memory is not None:
-            words += ["--device-memory", str(int(self.device_memory))]
+            words += ["--device-memory", controls.memory_words(self.device_memory)]
         ins = []
-        with self._lock:  # the layout's number among those tried (the next one's, for a layout not tried yet)
-            number = self._order.index(layout) + 1 if layout in self._order else len(self._order) + 1
         for name, per_leaf in self._per_input(layout).items():
-            if len(set(per_leaf)) == 1:
-                ins.append(f"{name}={format_spec(per_leaf[0])}")
-            else:  # one tree of specs per layout, so that every tried layout's line is its own
-                tree = f"{name}_specs_{number}"
-                names[tree] = controls.spec_tree(self.leaves, list(layout.specs), name, self._namespace[name])
-                ins.append(f"{name}=@{tree}")
+            spelled = controls.input_words(name, [leaf for leaf in self.leaves if leaf.input == name], per_leaf)
+            if spelled is None:  # a leaf no path spells: a tree of specs, one per tried layout, bound by hand
+                with self._lock:
+                    number = self._order.index(layout) + 1 if layout in self._order else len(self._order) + 1
+                names[f"{name}_specs_{number}"] = controls.spec_tree(self.leaves, list(layout.specs), name,
+                                                                     self._namespace[name])
+                spelled = [f"{name}=@{name}_specs_{number}"]
+            ins += spelled
         words += ["--in"] + ins
-        outs = [f"{n}={format_spec(controls.canonical(s, len(s), '--out'))}"
-                for n, s in self._out_specs.items() if isinstance(s, tuple)]
+        outs = [f"{n}={format_spec(controls.canonical(s, len(s), '--out'))}" if isinstance(s, tuple) else f"{n}={s}"
+                for n, s in self._out_specs.items()]
         outs += [n for n in self.outputs or () if n not in self._out_specs]  # bare --out names: only these return
         if outs:
             words += ["--out"] + outs
@@ -394,7 +421,8 @@ class Explorer:
                    zip(self.leaves, layout.specs, self._first.specs) if spec != first]
         target = ([layout.hardware] if layout.hardware != self._first.hardware else []) + \
             ([layout.topology] if layout.topology != self._first.topology and layout.topology else [])
-        return " ".join([str(layout.shape)] + changed + target)
+        types = [f"({controls.types_text(layout.types)})"] if layout.types != self._first.types else []
+        return " ".join([str(layout.shape)] + types + changed + target)
 
 
 def explore_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None, hardware=None,

@@ -4,7 +4,13 @@ so the kernel keeps answering (widget messages, other cells) while XLA compiles.
 Coalescing: each submitted change is applied at once to the layout the previous change asked for
 (`Explorer.intended`), so the changes add up; only the resulting layout waits. While one compile runs,
 a newer submit replaces the waiting layout: when the compile ends, only the latest is planned. A
-layout tried before is taken from the explorer's cache at once, even from the caller's thread.
+compile that ends never moves `intended` back to its own layout: a change made while the next one
+compiles still adds to the latest asked for (issue 40: w's cut was lost). A layout tried before is
+taken from the explorer's cache at once, even from the caller's thread.
+
+`Explorer.holding()` holds the worker before each plan (tests and demonstrations of coalescing: what
+is submitted meanwhile waits, the view says "planning ..."). An observer that raises is reported in
+the view (explorer.py's `_notify`); nothing a plan or an observer does ends this thread early.
 
 Planning from this thread is what `plan_cell` does on the main thread (it already compiles in a
 worker thread of its own, compiled_plans.in_worker): the cell's mesh is entered inside the traced
@@ -32,6 +38,16 @@ class Worker:
         self.started = 0.0
         self.idle = threading.Event()
         self.idle.set()
+        self._holds = 0  # Explorer.holding(): plans wait while this is above 0
+
+    def hold(self) -> None:
+        with self._cond:
+            self._holds += 1
+
+    def release(self) -> None:
+        with self._cond:  # each Hold releases once
+            self._holds -= 1
+            self._cond.notify_all()
 
     def submit(self, change: dict) -> None:
         ex = self._explorer
@@ -64,25 +80,34 @@ class Worker:
 
     def _loop(self) -> None:
         ex = self._explorer
-        while True:
+        try:
+            while True:
+                with self._cond:
+                    layout, self._pending = self._pending, None
+                    if layout is None:  # done, in the same hold of the lock as a submit's check of _thread
+                        self._thread, self.busy = None, None
+                        self.idle.set()
+                        return
+                    self.busy, self.started = ex.describe(layout), time.monotonic()
+                done = threading.Event()
+                ticker = threading.Thread(target=self._tick, args=(done,), name="jaxpar-explorer-status", daemon=True)
+                ticker.start()
+                try:
+                    self._plan(layout)
+                finally:
+                    done.set()
+                    ticker.join()
+        except BaseException:  # nothing should get here; if it does, the next submit starts a thread again
             with self._cond:
-                layout, self._pending = self._pending, None
-                if layout is None:
-                    self._thread, self.busy = None, None
-                    self.idle.set()
-                    return
-                self.busy, self.started = ex.describe(layout), time.monotonic()
-            done = threading.Event()
-            ticker = threading.Thread(target=self._tick, args=(done,), name="jaxpar-explorer-status", daemon=True)
-            ticker.start()
-            try:
-                self._plan(layout)
-            finally:
-                done.set()
-                ticker.join()
+                self._thread, self.busy, self._pending = None, None, None
+                self.idle.set()
+            raise
 
     def _plan(self, layout) -> None:
         ex = self._explorer
+        with self._cond:
+            while self._holds:  # Explorer.holding(): the status line ticks meanwhile
+                self._cond.wait()
         try:
             with ex._planning:
                 row = ex._plan(layout)
@@ -98,7 +123,7 @@ class Worker:
         with self._cond:
             if self._pending is None:
                 self.busy = None
-        ex._make_current(row)
+        ex._make_current(row, aim=False)  # `intended` is the latest change's, planned next if newer
 
     def _tick(self, done: threading.Event) -> None:
         ex = self._explorer

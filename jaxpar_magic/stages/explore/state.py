@@ -3,8 +3,8 @@ EXPLORER_CONTRACT.md): the controls, the current plan's figures, the difference 
 layout, and the tried layouts ranked. Built from the Plans, never from arrays."""
 from __future__ import annotations
 
-from .explore_controls import groups, mesh_shapes, topology_options
-from .plan import format_bytes
+from ...views.base import format_bytes, format_seconds
+from .controls import groups, mesh_shapes, topology_options, types_text
 
 LARGEST = 5  # buffers at the peak the view lists
 COLLECTIVES = 32  # collectives the view lists (the plan keeps them all)
@@ -12,7 +12,7 @@ BOUNDS = {"compute": "compute", "memory": "HBM", "ici": "ICI", "dcn": "DCN", "la
 
 
 def explorer_state(ex) -> dict:
-    from .hardware import PROFILES
+    from ..plan.hardware import PROFILES
 
     layout = ex.current.layout
     specs = list(layout.specs)
@@ -22,7 +22,7 @@ def explorer_state(ex) -> dict:
         inputs.append({"name": first.label, "group": first.input, "shape": list(first.shape), "dtype": first.dtype,
                        "spec": [list(axes) for axes in specs[members[0]]],
                        "paths": [ex.leaves[i].label for i in members], "count": len(members)})
-    devices = int(ex.mesh.devices.size)
+    devices = ex.devices
     target = None
     if layout.hardware is not None:
         hardware = ex._profiles.get(layout.hardware)
@@ -40,7 +40,8 @@ def explorer_state(ex) -> dict:
         "diff": diff_text(ex.previous.plan, ex.current.plan) if ex.previous is not None else None,
         "tried": [{"rank": rank, "line": row.line, "peak_bytes": row.peak_bytes, "fits": row.fits,
                    "collective_bytes": row.collective_bytes, "estimate_s": row.estimate_s,
-                   "bound": _bound(row.plan), "current": row is ex.current}
+                   "bound": _bound(row.plan), "current": row is ex.current,
+                   "mesh": f"{row.layout.shape} {types_text(row.layout.types)}"}
                   for rank, row in enumerate(ex.tried, 1)],
         "line": ex.current.line,
         "generation": ex.generation,
@@ -60,7 +61,7 @@ def _where(line, source) -> str | None:
 
 
 def plan_summary(plan) -> dict:
-    from .plan_program import largest_words
+    from ..plan.plan_program import largest_words
 
     buffers = plan.peak.buffers[:LARGEST] if plan.peak is not None else []
     moving = [c for c in plan.collectives if c.group_size > 1]
@@ -77,8 +78,29 @@ def plan_summary(plan) -> dict:
         "estimate_s": r.estimate_s if r is not None else None,
         "bound": _bound(plan),
         "compiler": plan.compiler,
-        "summary": plan.summary(),
+        "summary": summary(plan),
     }
+
+
+def plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def summary(plan) -> str:
+    """The plan in one line, its figures in the units the rest of the view gives them (views/base.py's
+    formatters, the twins of the page's): `planned by XLA:CPU: 5.3 MiB per device (fits in 16.0 GiB) ·
+    largest buffer 4.0 MiB · 1 collective · estimate 571 µs, bound by memory`."""
+    if plan.refused:
+        return plan.summary()
+    fit = "" if plan.capacity is None else (f" (fits in {format_bytes(plan.capacity)})" if plan.fits else
+                                            f" (DOES NOT FIT in {format_bytes(plan.capacity)})")
+    largest = plan.peak.largest if plan.peak is not None else None
+    big = f" · largest buffer {format_bytes(largest.bytes)}" if largest is not None else ""
+    r = plan.roofline
+    estimate = f" · estimate {format_seconds(r.estimate_s)}, bound by {r.bound_text}" if r is not None else ""
+    moving = sum(1 for c in plan.collectives if c.group_size > 1)
+    return (f"planned by {plan.compiler}: {format_bytes(plan.total_bytes)} per device{fit}{big} · "
+            f"{plural(moving, 'collective')}{estimate}")
 
 
 def _counts(plan) -> dict:
@@ -91,8 +113,6 @@ def _counts(plan) -> dict:
 
 def diff_text(before, after) -> str:
     """`peak −3.2 GiB, +2 all-gathers, estimate +0.4 ms`: what changed from the previous layout's plan."""
-    from ...views.base import format_seconds
-
     parts = []
     change = int(after.total_bytes) - int(before.total_bytes)
     parts.append("peak unchanged" if change == 0 else
@@ -101,7 +121,7 @@ def diff_text(before, after) -> str:
     for op in sorted(set(old) | set(new)):
         more = new.get(op, 0) - old.get(op, 0)
         if more:
-            parts.append(f"{'+' if more > 0 else '−'}{abs(more)} {op}{'s' if abs(more) != 1 else ''}")
+            parts.append(f"{'+' if more > 0 else '−'}{plural(abs(more), op)}")
     a, b = before.roofline, after.roofline
     if a is not None and b is not None:
         delta = b.estimate_s - a.estimate_s
