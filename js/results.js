@@ -7,7 +7,7 @@
  * collective-permute an SVG ring of who sent to whom (summarised past 64 devices).
  */
 import { deviceColor } from "./palette.js";
-import { h, svg, formatBytes, formatSI, formatMs, formatShape, formatIds, formatCoords, detailLine, mount } from "./format.js";
+import { h, svg, formatBytes, formatSI, formatMs, formatShape, formatIds, formatCoords, detailLine, mount, keepTwinHidden } from "./format.js";
 
 /** The ring is drawn up to this many distinct devices; past it, a summary. */
 const RING_MAX = 64;
@@ -326,6 +326,9 @@ export function draw(state) {
 export default {
   /** @param {{model: any, el: HTMLElement}} ctx */
   render({ model, el }) {
-    return mount(model, el, draw);
+    // Its values may come after the cell (views/later.py), with its static twin drawn again.
+    const stop = keepTwinHidden(el, String(model.get("_jpm_twin") || ""));
+    const cleanup = mount(model, el, draw);
+    return () => (stop(), cleanup());
   },
 };
