@@ -4,7 +4,8 @@
 the JAX backend, so `%devices --simulate 8` still works afterwards. Every magic has a plain-Python
 twin, importable from here: `pmap`, `pmap_cell`, `simulate`, `show_devices`, `make_mesh`,
 `show_mesh`, `show_sharding`, `shard_cell`, `place`, `plan`, `split`, `shard_map_cell`,
-`compile_plan`, `plan_cell`, `explore_cell` (the layout explorer), and `Cluster` (the multi-process cluster behind `%cluster`);
+`compile_plan`, `plan_cell`, `explore_cell` (the layout explorer), `profile` (a function's measured
+timeline, as `--profile` measures a cell), and `Cluster` (the multi-process cluster behind `%cluster`);
 `check` is the exercises' one-line answer check, and `attempt(NAME)` the latest run of the
 `%%exercise NAME` cell it reads (face/exercises.py documents the contract).
 """
@@ -29,6 +30,7 @@ _TWINS = {
     "compile_plan": ("stages.plan.plan_program", "compile_plan"),
     "plan_cell": ("stages.plan.plan_cell", "plan_cell"),
     "explore_cell": ("stages.explore.explorer", "explore_cell"),
+    "profile": ("stages.profile.profile_cell", "profile"),
     "Cluster": ("cluster.lifecycle", "Cluster"),
     "check": ("face.checks", "check"),
     "attempt": ("face.exercises", "attempt"),

@@ -12,8 +12,7 @@
  * (`model.send`); the kernel answers with a new state. Data only ever goes in through
  * `textContent` and attributes (format.js's `h`).
  */
-import { h, formatBytes, formatShape, formatSpec, detailLine, mount, keepTwinHidden } from "./format.js";
-import { formatSeconds } from "./plan.js";
+import { h, formatBytes, formatSeconds, formatShape, formatSpec, detailLine, mount, keepTwinHidden } from "./format.js";
 
 /** Rows of each list drawn (the kernel sends at most this many). */
 const MAX_ROWS = 64;

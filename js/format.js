@@ -109,6 +109,20 @@ export function formatMs(ms) {
 }
 
 /**
+ * Seconds with a unit, 3 significant digits: `850 µs`, `1.33 ms`, `2.50 s`.
+ * @param {number | null | undefined} s
+ */
+export function formatSeconds(s) {
+  if (s === null || s === undefined || !Number.isFinite(s)) return "?";
+  const a = Math.abs(s);
+  if (a === 0) return "0 s";
+  if (a < 1e-6) return `${(s * 1e9).toPrecision(3)} ns`;
+  if (a < 1e-3) return `${(s * 1e6).toPrecision(3)} µs`;
+  if (a < 1) return `${(s * 1e3).toPrecision(3)} ms`;
+  return `${s.toPrecision(3)} s`;
+}
+
+/**
  * `float32[500, 10000]`; a scalar is `float32[]`.
  * @param {string} dtype
  * @param {number[]} shape

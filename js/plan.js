@@ -8,25 +8,11 @@
  * the compiler inserted; the outputs with their specs; and the caveats (folded when long): the
  * figures come from XLA's CPU compiler, not from the target's.
  */
-import { h, formatBytes, formatSI, formatMs, formatShape, formatSpec, detailLine, mount } from "./format.js";
+import { h, formatBytes, formatSI, formatMs, formatSeconds, formatShape, formatSpec, detailLine, mount } from "./format.js";
 import { memorySection, whatText } from "./memory.js";
 
 /** Collectives listed (the engines send at most this many). */
 const MAX_COLLECTIVES = 256;
-
-/**
- * Seconds with a unit, 3 significant digits: `850 µs`, `1.33 ms`, `2.50 s`.
- * @param {number | null | undefined} s
- */
-export function formatSeconds(s) {
-  if (s === null || s === undefined || !Number.isFinite(s)) return "?";
-  const a = Math.abs(s);
-  if (a === 0) return "0 s";
-  if (a < 1e-6) return `${(s * 1e9).toPrecision(3)} ns`;
-  if (a < 1e-3) return `${(s * 1e6).toPrecision(3)} µs`;
-  if (a < 1) return `${(s * 1e3).toPrecision(3)} ms`;
-  return `${s.toPrecision(3)} s`;
-}
 
 const COMPILE_WORDS = { compiled: "compiled in", reused: "reused an earlier plan's compile; lowered in", refused: "the compiler refused it after" };
 

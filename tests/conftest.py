@@ -3,15 +3,22 @@
 The device count is fixed here, before anything touches the JAX backend: the whole pytest process
 shares one backend, so every in-process test sees 8 CPU devices. Whatever needs a fresh backend
 (asking for another count, checking that `%load_ext` starts nothing) runs in a subprocess.
+
+The device tier (tests/device/, marked `device`) is the exception: with JPM_DEVICE=1 the backend is
+left as JAX finds it (a TPU or GPU where one is attached), only `device` tests run, and every other
+test is skipped; without it the device tests are skipped with the command that runs them.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import jax
 
-jax.config.update("jax_platforms", "cpu")  # a GPU machine must not change what these tests see
-jax.config.update("jax_num_cpu_devices", 8)
+DEVICE_TIER = os.environ.get("JPM_DEVICE") == "1"  # bench/device_check.sh sets it
+if not DEVICE_TIER:
+    jax.config.update("jax_platforms", "cpu")  # a GPU machine must not change what these tests see
+    jax.config.update("jax_num_cpu_devices", 8)
 
 import pytest  # noqa: E402
 from IPython.core.interactiveshell import InteractiveShell  # noqa: E402
@@ -191,6 +198,7 @@ def pytest_collection_modifyitems(config, items):
     kernel (`chapter`) and tests that start a real cluster (`cluster`). On an xdist worker, tell the
     controller which tests share a set-up (tests/xdist_groups.py)."""
     for item in items:
+        _device_tier(item)
         names = _names_used(item)
         if names & CHAPTER_NAMES:
             item.add_marker(pytest.mark.chapter)
@@ -201,6 +209,15 @@ def pytest_collection_modifyitems(config, items):
         from xdist_groups import write_groups
 
         write_groups(Path(workerinput["jpm_run_folder"]), workerinput["workerid"], items)
+
+
+def _device_tier(item) -> None:
+    """Skip a `device` test outside the device tier, and every other test inside it."""
+    if DEVICE_TIER and item.get_closest_marker("device") is None:
+        item.add_marker(pytest.mark.skip(reason="JPM_DEVICE=1 runs only the device tier (tests/device/)"))
+    elif not DEVICE_TIER and item.get_closest_marker("device") is not None:
+        item.add_marker(pytest.mark.skip(reason="the device tier runs on a machine with an accelerator, alone: "
+                                                "JPM_DEVICE=1 python -m pytest tests/device (bench/device_check.sh)"))
 
 
 KINDS = ("browser", "cluster", "chapter", "slow")

@@ -299,6 +299,8 @@ def _cell_magic_views(magic: str, first: str, body: str) -> tuple[list[str], lis
             kinds.append("results")
     if "--collectives" in flags:
         kinds.append("collectives")
+    if "--profile" in flags:
+        kinds.append("profile")
     return kinds, []
 
 
@@ -320,6 +322,7 @@ def expected_views(nb: nbformat.NotebookNode) -> list[tuple[int, str]]:
       `--no-show`; in function mode (`%%pmap --collectives` over `def`s) the cell shows nothing,
       and the first later plain cell that calls such a function shows a ``collectives`` view
       (after the cell's line-magic views);
+    * `--profile` then adds a ``profile`` view, even with `--no-show`;
     * `--plan` shows only a ``plan`` view (none with `--no-show`), `--plan --explore` an ``explorer``
       view instead; `--as-code` shows no view;
     * a plain cell whose last line is ``[jaxpar_magic.]show_<kind>(...)`` shows that view, and one

@@ -317,3 +317,79 @@ def plan_state(*, fits: bool = True, hardware: bool = True, collectives: int = 2
         "caveats": ["Figures come from XLA's CPU compiler: XLA:TPU and XLA:GPU may fuse or schedule differently.",
                     "The CPU backend's memory figures ignore the accelerators' layout padding."],
     }
+
+
+# A compiled program's text as XLA prints it: the frame tables (lines 1 and 2 of the cell "<cell-1>"),
+# a reduction, then an entry computation (profile_sample's program, and TPU_HLO's with async ops).
+_HLO_HEAD = """HloModule jit_step, is_scheduled=true
+
+FileNames
+1 "<cell-1>"
+
+FunctionNames
+1 "<module>"
+
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=LINE1 end_line=LINE1 column=0 end_column=0}
+2 {file_name_id=1 function_name_id=1 line=LINE2 end_line=LINE2 column=0 end_column=0}
+
+StackFrames
+1 {file_location_id=1 parent_frame_id=1}
+2 {file_location_id=2 parent_frame_id=1}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %sum = f32[] add(%a, %b)
+}
+"""
+
+PROFILE_HLO = _HLO_HEAD.replace("LINE1", "1").replace("LINE2", "2") + """
+ENTRY %main (x: f32[64]) -> f32[64] {
+  %x = f32[64]{0} parameter(0), metadata={op_name="x"}
+  %copy.1 = f32[64]{0} copy(%x)
+  %fusion.3 = f32[64]{0} fusion(%copy.1), kind=kLoop, calls=%add, metadata={op_name="jit(step)/dot_general" stack_frame_id=1}
+  %psum.7 = f32[64]{0} all-reduce(%fusion.3), replica_groups={{0,1,2,3}}, to_apply=%add, metadata={op_name="jit(step)/psum" stack_frame_id=2}
+  %all-gather.2 = f32[256]{0} all-gather(%psum.7), replica_groups={{0,1,2,3}}, dimensions={0}, metadata={op_name="jit(step)/all_gather" stack_frame_id=2}
+  ROOT %out = f32[64]{0} slice(%all-gather.2), slice={[0:64]}
+}
+"""
+# XLA:TPU's kind of program: an async copy and an async all-reduce that a fusion overlaps (lines 3 and 4).
+TPU_HLO = _HLO_HEAD.replace("LINE1", "3").replace("LINE2", "4") + """
+ENTRY %main.2 (x.1: f32[1024], w.1: f32[1024]) -> f32[1024] {
+  %x.1 = f32[1024]{0} parameter(0), metadata={op_name="x"}
+  %w.1 = f32[1024]{0} parameter(1), metadata={op_name="w"}
+  %copy-start.8 = (f32[1024]{0}, f32[1024]{0}, u32[]) copy-start(%w.1)
+  %fusion.101 = f32[1024]{0} fusion(%x.1, %x.1), kind=kOutput, calls=%add, metadata={op_name="jit(step)/dot_general" stack_frame_id=1}
+  %all-reduce-start = f32[1024]{0} all-reduce-start(%fusion.101), replica_groups={{0,1}}, to_apply=%add, metadata={op_name="jit(step)/psum" stack_frame_id=2}
+  %copy-done.8 = f32[1024]{0} copy-done(%copy-start.8)
+  %fusion.28 = f32[1024]{0} fusion(%copy-done.8, %x.1), kind=kOutput, calls=%add, metadata={op_name="jit(step)/mul" stack_frame_id=1}
+  %all-reduce-done = f32[1024]{0} all-reduce-done(%all-reduce-start), metadata={op_name="jit(step)/psum" stack_frame_id=2}
+  ROOT %out = f32[1024]{0} add(%all-reduce-done, %fusion.28)
+}
+"""
+
+
+def profile_sample(lanes: int = 4, steps: int = 3, title: str = "%%pmap --profile over 4 devices: 3 profiled runs"):
+    """A measured profile of PROFILE_HLO's program, made by the profile stage itself from a trace built
+    here (times in ns): per device and step a copy, a matmul fusion, an all-reduce whose rendezvous
+    waits for the later devices, an all-gather; each device starts 40 µs after the one before."""
+    from jaxpar_magic.stages.profile.ops import ProgramOps
+    from jaxpar_magic.stages.profile.summary import summarise
+    from jaxpar_magic.stages.profile.xplane import Trace, TracedLane, TracedOp
+
+    traced, runs = [], {}
+    for device in range(lanes):
+        ops = []
+        for step in range(steps):
+            t = step * 1_000_000 + device * 40_000
+            ops += [TracedOp("copy.1", t, 5_000, step), TracedOp("fusion.3", t + 5_000, 300_000, step)]
+            reduce = TracedOp("psum.7", t + 305_000, 200_000 + (lanes - device) * 40_000, step)
+            reduce.waits = [(t + 310_000, 150_000 + (lanes - device) * 40_000)]
+            ops += [reduce, TracedOp("all-gather.2", t + 505_000 + (lanes - device) * 40_000, 60_000, step)]
+        traced.append(TracedLane(device, None, ops))
+    for step in range(steps):
+        runs[step] = (step * 1_000_000, step * 1_000_000 + 605_000 + lanes * 40_000 + step * 10_000)
+    profile = summarise(Trace("cpu", traced, runs, True), [1e-3 + 1e-4 * s for s in range(steps)],
+                        ProgramOps(PROFILE_HLO, "<cell-1>"), cores=2)
+    return profile, profile.state(title)

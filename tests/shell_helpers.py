@@ -58,11 +58,13 @@ def shown_state(ip, line: str, source: str) -> tuple[object, dict]:
     return value, views[0].state
 
 
-def run_python(code: str, timeout: float = 120, platforms: str | None = "cpu") -> subprocess.CompletedProcess:
+def run_python(code: str, timeout: float = 120, platforms: str | None = "cpu",
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run `code` in a fresh interpreter (a fresh JAX backend) with this Python, importing the
     installed package (the working directory is a temporary one, not the checkout). `platforms`:
-    JAX_PLATFORMS for it; None leaves it unset, as a user's kernel has it."""
-    env = dict(os.environ)
+    JAX_PLATFORMS for it; None leaves it unset, as a user's kernel has it. `env`: variables to set
+    besides (PYTHONPATH, PYTHONUSERBASE...)."""
+    env = {**os.environ, **(env or {})}
     env.pop("JAX_PLATFORMS", None)
     if platforms is not None:
         env["JAX_PLATFORMS"] = platforms
@@ -89,9 +91,9 @@ ip.push({"jax": jax, "jnp": jnp})
 """
 
 
-def in_a_fresh_shell(body: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def in_a_fresh_shell(body: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run `body` in a fresh interpreter's shell (`ip`, on 8 simulated CPU devices, the extension loaded;
     `jax`, `jnp` and `UsageError` imported), through `run_python`. Nothing has compiled yet: the body
     may still set JAX's options that are read at the first compile."""
-    return run_python(FRESH_SHELL + textwrap.dedent(body), timeout=timeout)
+    return run_python(FRESH_SHELL + textwrap.dedent(body), timeout=timeout, env=env)
 

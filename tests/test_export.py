@@ -54,6 +54,7 @@ SAYS = {
         "pshuffle", "axis_index",  # a card for every supported collective
         "f32[8] → f32[8,8]", "f32[8] → f32[64]",  # all_gather, plain and tiled
         "2 groups of 4", "RAN 3×", "collectives of share_of_total()",  # badges are drawn in capitals
+        "%%pmap --profile over 8 devices", "WHERE THE STEP WENT",  # the profile's static picture
     ],
     "ecosystem_chapter.ipynb": [
         "64 cpu devices",  # the device view

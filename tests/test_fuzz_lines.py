@@ -96,6 +96,9 @@ memory_sizes = st.sampled_from(["16GiB", "16 GiB", "16GB", "1.5TiB", "1717986918
                                 "1e400GiB", "nanGiB", f"{CANARY}()"])
 planning = st.one_of(flag("--plan"), option("--hardware", hardware), option("--device-memory", memory_sizes),
                      flag("--explore"))
+# --profile runs the program again under the profiler: a profile of one step keeps a fuzzed cell quick.
+profiling = st.one_of(flag("--profile --profile-steps 1"),
+                      option("--profile-steps", st.sampled_from(["1", "0", "-2", "x", "101", "2.5", f"{CANARY}()"])))
 pmap_lines = line_of(
     option("-a", names | bad_names), option("--axis-name", names | bad_names),
     option("--devices", counts | st.sampled_from(["0 2 4 6", "0,1", "0 0", "x"])),
@@ -103,7 +106,7 @@ pmap_lines = line_of(
     option("--merge", names | bad_names), option("--in-axes", literals), option("--out-axes", literals),
     option("--static-broadcasted-argnums", literals), option("--donate-argnums", literals),
     flag("--show"), flag("--no-show"), flag("--report"), flag("--nope"), flag("-"), flag("--"),
-    flag("--collectives"), flag("--as-code"), planning,
+    flag("--collectives"), flag("--as-code"), planning, profiling,
 )
 # --out lists what a cell returns: NAME=SPEC or a bare NAME, mixed (`--out loss grads=data`).
 outputs = st.lists(assignments | names | bad_names, min_size=1, max_size=3).map(" ".join)
@@ -115,13 +118,13 @@ shard_lines = line_of(
     option("--mesh", meshes | names | bad_names), option("--in", in_assignments), option("--out", outputs),
     st.lists(in_assignments, min_size=2, max_size=3).map(lambda a: "--in " + " ".join(a)),
     option("--donate", names | bad_names), inline_mesh,
-    flag("--show"), flag("--no-show"), flag("--report"), flag("--bogus"), flag("--as-code"), planning,
+    flag("--show"), flag("--no-show"), flag("--report"), flag("--bogus"), flag("--as-code"), planning, profiling,
 )
 shard_map_lines = line_of(
     option("--mesh", meshes | names | bad_names), option("--in", in_assignments), option("--out", outputs),
     inline_mesh,
     flag("--no-check-vma"), flag("--show"), flag("--no-show"), flag("--report"), flag("--check-vma"),
-    flag("--collectives"), flag("--as-code"), planning,
+    flag("--collectives"), flag("--as-code"), planning, profiling,
 )
 mesh_lines = line_of(
     meshes, axis_sizes, names, option("--name", names | bad_names), option("--axis-types", st.sampled_from(
@@ -229,6 +232,8 @@ def run_through_shell(ip, magic: str, line: str):
                    "devices": set()}[magic]
     if "--plan" in line.split():
         allowed = allowed | {"_plan"}  # a plan binds itself as `_plan` (README, "--plan")
+    if "--profile" in line.split():
+        allowed = allowed | {"_profile"}  # a profile binds itself as `_profile` (README, "--profile")
     if "--explore" in line.split():
         allowed = allowed | {"_explorer"}  # the layout explorer binds itself as `_explorer`
     assert changed <= allowed | {"_", "__", "___"}, changed

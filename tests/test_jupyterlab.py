@@ -354,6 +354,14 @@ def check_collectives_chapter(page, shots: Path) -> None:
     assert live_view(page, "collectives", "(row, col)").count() == 2
     assert output_with(page, "✗ not yet:").count() == 1, "the unsolved exercise's check does not say 'not yet'"
     shoot_view(page, views.first, shots.with_name(shots.name + ".png"))
+    # --profile: one lane per device, devices waiting at the psum, and a step selector that redraws.
+    profile = live_view(page, "profile")
+    expect(profile).to_have_count(1)
+    expect(profile.locator(".jpm-pf-track")).to_have_count(8)
+    assert profile.locator(".jpm-pf-bar.jpm-pf-wait").count() >= 5
+    profile.locator("select.jpm-pf-step").select_option("1")
+    expect(profile.locator(".jpm-pf-axis")).to_contain_text("step 2 of 2")
+    shoot_view(page, profile, shots.with_name(shots.name + "-profile.png"))
 
 
 def check_planning_chapter(page, shots: Path) -> None:

@@ -511,6 +511,15 @@ def test_collectives_chapter_cards_show_what_jax_computes():
     loop = texts["lax.fori_loop("]
     assert "ran 3×" in loop and "first iteration" in loop and "last iteration" in loop
 
+    # --profile: every device waits at the psum for the last one to arrive, and the view says so.
+    profiled = plain(cell_with("--profile"))
+    assert re.search(r"psum\.\d+ \(all-reduce, line 5\): .* of it waiting", profiled), profiled
+    lanes = re.findall(r"^device (\d)\s+\|(.*)\|$", profiled, re.M)
+    assert [int(d) for d, _ in lanes] == list(devices), profiled
+    waits = [track.count(".") for _, track in lanes]  # the devices that came early wait for device 7
+    assert sum(w > 10 for w in waits[:7]) >= 5 and waits[7] < max(waits[:7]), profiled
+    assert "CPU threads are not devices" in flat(profiled)
+
     # Function mode: the first call shows the cards.
     assert "first call" in stdout(cell_with("def share_of_total"))
     first_call = plain(cell_with("shares = share_of_total(x)"))
@@ -572,6 +581,10 @@ def test_planning_chapter_plans_what_it_says():
     assert 0 < tp_gib - more_gib < 0.2 and more_moved > tp_moved, explored
     assert tp_gib - wide_gib > 1.5 and wide_ms < tp_ms, explored
     assert "best so far: %%shard --plan --mesh mesh_64x4" in explored, explored
+    # A plan beside a measured step: the v5e estimate and the CPU measurement, said to be two machines.
+    profiled = flat(stdout(cell_with("profile=3, hardware=\"tpu-v5e\"")))
+    assert "plan (tpu-v5e): estimate" in profiled and "the all-reduce at line 1:" in profiled, profiled
+    assert "two different machines" in profiled and "8 simulated CPU devices" in profiled, profiled
 
 
 @pytest.mark.slow

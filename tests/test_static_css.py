@@ -9,11 +9,11 @@ import re
 
 import pytest
 from html_tags import parse
-from sample_states import collective_card, collectives_state, plan_state, sharding_state
+from sample_states import collective_card, collectives_state, plan_state, profile_sample, sharding_state
 from sanitizer_rules import ALLOWED_TAGS, GLOBAL_ATTRS, TAG_ATTRS, rejected_declarations
 from test_views_static import devices_state, mesh_state, result_state
 
-from jaxpar_magic.views import CollectivesView, DevicesView, MeshView, PlanView, ResultView, ShardingView
+from jaxpar_magic.views import CollectivesView, DevicesView, MeshView, PlanView, ProfileView, ResultView, ShardingView
 from jaxpar_magic.views.base import read_asset
 from jaxpar_magic.views.inline import inline_styles, parse_rules
 
@@ -29,6 +29,7 @@ SAMPLES = {
     "collectives": lambda: CollectivesView(state=collectives_state(
         [collective_card(op, 8, index=k, shape=(8,)) for k, op in enumerate(["psum", "all_gather", "psum_scatter", "all_to_all", "ppermute"])], 8)),
     "plan": lambda: PlanView(state=plan_state()),
+    "profile": lambda: ProfileView(state=profile_sample()[1]),
 }
 
 

@@ -8,7 +8,8 @@ re-running a cell after changing a variable is what notebooks are for. So a cons
   and `1.0` differ: JAX gives them different dtypes); a float by its bits, so `-0.0` is not `0.0`
   and NaNs differ by payload, as the compiled program would;
 - its content, for small NumPy arrays and NumPy scalars (a NumPy array can be changed in place);
-- for a function written by the user, its own identity plus the fingerprints of the globals its
+- for a function written by the user, its own identity and its code's (a module reloaded by
+  `%autoreload` swaps the code of the very same function) plus the fingerprints of the globals its
   code names, its closure cells and its defaults, followed through the helpers it calls (at most
   MAX_DEPTH deep, MAX_VALUES values in all);
 - for a wrapper, what it wraps: `__wrapped__` (jax.grad, jax.vmap, jax.value_and_grad, jax.jit,
@@ -20,8 +21,9 @@ re-running a cell after changing a variable is what notebooks are for. So a cons
   are immutable, and large NumPy arrays: an in-place change to those is not seen, which the README
   says).
 
-Library code (the standard library, installed packages, this package) is never walked through its
-globals: its module state is not the user's to change, and walking it would spend the budget.
+Library code (the standard library, this package, and installed distributions wherever they were
+installed: cell/origins.py) is never walked through its globals: its module state is not the user's
+to change, and walking it would spend the budget.
 
 Identities are held weakly wherever Python allows it, so a cache key never keeps alive an array,
 a function or a module the user dropped; a key whose object died compares unequal to everything.
@@ -29,11 +31,12 @@ a function or a module the user dropped; a key whose object died compares unequa
 from __future__ import annotations
 
 import functools
-import os
 import struct
 import sys
 import types
 import weakref
+
+from .origins import is_library_file
 
 MAX_DEPTH = 4  # helper -> helper -> helper -> helper: deeper calls are keyed by identity only
 MAX_VALUES = 512  # values fingerprinted for one constant, whatever its shape
@@ -234,13 +237,13 @@ class _Walk:
             return ("function", Ref(fn))
         self.open.add(key)
         try:
-            if _library_file(fn.__code__.co_filename):
+            if is_library_file(fn.__code__.co_filename):
                 wrapped = _wrapped(fn)  # jax.grad(f) and the like: f is what can change
                 if wrapped is not None:
                     self._collect(fn)
                     return ("function", Ref(fn), self.fingerprint(wrapped, depth))
                 cells = tuple(self.fingerprint(_cell(c), depth + 1) for c in fn.__closure__ or ())
-                return ("function", Ref(fn), cells)  # the values a library factory closed over
+                return ("function", Ref(fn), Ref(fn.__code__), cells)  # the values a library factory closed over
             glob = fn.__globals__
             reads = tuple(
                 (name, self.fingerprint(glob[name], depth + 1))
@@ -254,7 +257,7 @@ class _Walk:
             self.open.discard(key)
         if self.callables is not None:
             self.callables.append(fn)
-        return ("function", Ref(fn), reads, cells, defaults, kwdefaults)
+        return ("function", Ref(fn), Ref(fn.__code__), reads, cells, defaults, kwdefaults)
 
     def _collect(self, wrapper) -> None:
         """A wrapper whose trace JAX may keep (jax.jit(f) is keyed by f, jax.jit(jax.grad(f)) by
@@ -337,7 +340,7 @@ def _user_callable(value) -> bool:
             value = value.func
         elif isinstance(value, types.MethodType):
             value = value.__func__
-        elif isinstance(value, types.FunctionType) and not _library_file(value.__code__.co_filename):
+        elif isinstance(value, types.FunctionType) and not is_library_file(value.__code__.co_filename):
             return True
         elif _user_class(type(value)):
             return True
@@ -357,27 +360,7 @@ def _user_class(cls: type) -> bool:
         return False
     found = sys.modules.get(module)
     filename = getattr(found, "__file__", None)
-    return filename is not None and not _library_file(filename)
-
-
-@functools.lru_cache(maxsize=4096)
-def _library_file(filename: str) -> bool:
-    """Whether code from `filename` is library code: the standard library, an installed package,
-    or this package. A notebook cell, a script or the user's own module is not."""
-    if filename.startswith("<"):  # <ipython-input-…>, <string> (dataclass methods) are the user's
-        return filename.startswith("<frozen")
-    path = os.path.realpath(filename)
-    return any(path.startswith(root) for root in _library_roots())
-
-
-@functools.lru_cache(maxsize=1)
-def _library_roots() -> tuple[str, ...]:
-    import sysconfig
-
-    paths = sysconfig.get_paths()
-    roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
-    roots.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # jaxpar_magic itself
-    return tuple(os.path.join(os.path.realpath(r), "") for r in roots)
+    return filename is not None and not is_library_file(filename)
 
 
 def _numpy_fingerprint(value):

@@ -16,6 +16,7 @@ from ..errors import UsageError
 
 ARRAY_VIEWS = ("results", "sharding", "collectives")  # views whose devices may span processes
 PLAN_NAME = "_plan"  # where a planning magic leaves its Plan
+PROFILE_NAME = "_profile"  # where --profile leaves its Profile
 EXPLORER_NAME = "_explorer"  # where --explore leaves its Explorer
 
 
@@ -125,7 +126,7 @@ def pmap(options, source, namespace, defaults) -> Outcome:
         broadcast=options.broadcast, split=options.split, merge=options.merge, in_axes=options.in_axes,
         out_axes=options.out_axes, static_broadcasted_argnums=options.static_broadcasted_argnums,
         donate_argnums=options.donate_argnums, want_facts=show or options.report or defaults.facts, bind=False,
-        collectives=options.collectives, wait=options.report,
+        collectives=options.collectives, wait=options.report, **_profile_arguments(options),
     )
     if isinstance(result, dict):  # function mode
         lines = []
@@ -157,7 +158,7 @@ def pmap(options, source, namespace, defaults) -> Outcome:
         outcome.text = "\n".join(t for t in (outcome.text, figures) if t)
     if result.collectives is not None:
         outcome.views.append(("collectives", result.collectives))
-    return outcome
+    return _profiled(outcome, result, namespace, "%%pmap")
 
 
 def shard(options, source, namespace, defaults) -> Outcome:
@@ -171,7 +172,8 @@ def shard(options, source, namespace, defaults) -> Outcome:
     show = defaults.show if options.show is None else options.show
     result = shard_cell(source, namespace, mesh=options.mesh, in_specs=options.in_specs,
                         out_specs=options.out_specs, want_facts=options.report or defaults.facts, bind=False,
-                        outputs=options.outputs, donate=options.donate, wait=options.report)
+                        outputs=options.outputs, donate=options.donate, wait=options.report,
+                        **_profile_arguments(options))
     outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, commit=result.commit,
                       facts=result.facts, text=moved_text(result.moved, result.mesh))
     if not (show or options.report):
@@ -189,7 +191,7 @@ def shard(options, source, namespace, defaults) -> Outcome:
         outcome.views += [v for name, value in shown.items() for v in sharding_views(name, value)]
     if options.report and result.facts is not None:
         outcome.views.append(_program_report("%%shard program", result))
-    return outcome
+    return _profiled(outcome, result, namespace, "%%shard")
 
 
 def shard_map(options, source, namespace, defaults) -> Outcome:
@@ -205,7 +207,8 @@ def shard_map(options, source, namespace, defaults) -> Outcome:
     result = shard_map_cell(source, namespace, mesh=options.mesh, in_specs=options.in_specs,
                             out_specs=options.out_specs, check_vma=options.check_vma,
                             want_facts=show or options.report or defaults.facts, bind=False,
-                            collectives=options.collectives, outputs=options.outputs, wait=options.report)
+                            collectives=options.collectives, outputs=options.outputs, wait=options.report,
+                            **_profile_arguments(options))
     outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, facts=result.facts,
                       text=moved_text(result.moved, result.mesh))
     if not (show or options.report or options.collectives):
@@ -229,7 +232,7 @@ def shard_map(options, source, namespace, defaults) -> Outcome:
         outcome.views.append(_program_report("%%shard_map program", result))
     if result.collectives is not None:
         outcome.views.append(("collectives", result.collectives))
-    return outcome
+    return _profiled(outcome, result, namespace, "%%shard_map")
 
 
 _ACTIONS = {"devices": devices, "mesh": mesh, "sharding": sharding, "pmap": pmap, "shard": shard,
@@ -275,6 +278,32 @@ def _result_view(outcome: Outcome, defaults: Defaults, title: str, mesh, outputs
     else:
         state["outputs"] = pending.outputs()
     outcome.views.append(("results", state))
+
+
+def _profile_arguments(options) -> dict:
+    """A twin's `profile` and `hardware` from a line's --profile record (none without --profile)."""
+    if options.profile is None:
+        return {}
+    return {"profile": options.profile.steps, "hardware": options.profile.hardware}
+
+
+def _profiled(outcome: Outcome, result, namespace, magic: str) -> Outcome:
+    """--profile: the profile's view (shown with --no-show too, as --collectives' cards are), bound as
+    `_profile` (only if that name is new or holds an earlier profile); a profiled cell is never replayed
+    without its profile."""
+    profile = getattr(result, "profile", None)
+    if profile is None:
+        return outcome
+    outcome.replay = None
+    if isinstance(namespace.get(PROFILE_NAME, profile), type(profile)):
+        outcome.bindings = {**outcome.bindings, PROFILE_NAME: profile}
+    else:
+        profile.notes.append(f"`{PROFILE_NAME}` holds your own {type(namespace[PROFILE_NAME]).__name__}, so the "
+                             f"profile is not bound under it.")
+    devices = result.mesh.devices.size
+    title = f"{magic} --profile over {devices} device{'s' if devices != 1 else ''}: {profile.steps} profiled runs"
+    outcome.views.append(("profile", profile.state(title)))
+    return outcome
 
 
 def _program_report(title: str, result) -> tuple:

@@ -116,6 +116,8 @@ def plan_options(args, magic: str) -> PlanOptions | None:
     extras = [f for f, v in (("--hardware", args.hardware), ("--device-memory", args.device_memory),
                              ("--topology", topology), ("--compare", compare), ("--search", search)) if v is not None]
     if not args.plan:
+        if getattr(args, "profile", False):  # --profile --hardware: the plan beside the measurement
+            extras = [f for f in extras if f != "--hardware"]
         if explore:
             raise UsageError(f"{magic} --explore: the explorer re-plans the cell under the layouts you choose; add "
                              f"--plan (`%%shard --plan --explore ...`).")
@@ -151,6 +153,35 @@ def plan_options(args, magic: str) -> PlanOptions | None:
     memory = parse_memory_size(args.device_memory) if args.device_memory is not None else None
     return PlanOptions(hardware, memory, python_names([compare], "--compare")[0] if compare is not None else None,
                        python_names(search, "--search") if search is not None else (), explore)
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    """--profile [--profile-steps N] [--hardware NAME]: run the cell, then its program N more times under
+    the profiler (stages/profile/)."""
+
+    steps: int
+    hardware: object = None  # hardware.Hardware or None: the profile the plan beside the measurement prices
+
+
+def profile_options(args, magic: str) -> ProfileOptions | None:
+    """The --profile record of a line, or None; --profile-steps without --profile is a mistake."""
+    steps = getattr(args, "profile_steps", None)
+    if not getattr(args, "profile", False):
+        if steps is not None:
+            raise UsageError(f"{magic} --profile-steps {steps}: the steps are those of a profile; add --profile "
+                             f"(`{magic} --profile --profile-steps {steps} ...`).")
+        return None
+    for flag, clash in (("--plan", args.plan), ("--as-code", args.as_code)):
+        if clash:
+            raise UsageError(f"{magic} --profile {flag}: --profile measures the cell's run, and {flag} runs nothing; "
+                             f"use one of them (with --profile, --hardware puts the plan beside the measurement).")
+    from ..stages.plan.hardware import parse_hardware
+    from ..stages.profile.profile_cell import DEFAULT_STEPS, check_profile
+
+    steps = check_profile(DEFAULT_STEPS if steps is None else steps, magic, donate=tuple(getattr(args, "donate", ())),
+                          collectives=bool(getattr(args, "collectives", False)))
+    return ProfileOptions(steps, parse_hardware(args.hardware) if args.hardware is not None else None)
 
 
 @dataclass(frozen=True)
@@ -191,6 +222,7 @@ class PmapLine:
     as_code: bool = False
     collectives: bool = False
     plan: PlanOptions | None = None
+    profile: ProfileOptions | None = None  # --profile: the measured run (stages/profile/)
 
 
 @dataclass(frozen=True)
@@ -204,6 +236,7 @@ class ShardLine:
     plan: PlanOptions | None = None
     outputs: tuple[str, ...] | None = None  # with --out: the only names the cell returns (None: all it assigns)
     donate: tuple[str, ...] = ()  # inputs whose buffers the program may reuse (jax.jit's donate_argnums)
+    profile: ProfileOptions | None = None  # --profile: the measured run (stages/profile/)
 
 
 @dataclass(frozen=True)
@@ -218,6 +251,7 @@ class ShardMapLine:
     collectives: bool = False
     plan: PlanOptions | None = None
     outputs: tuple[str, ...] | None = None  # with --out: the only names the cell returns (None: all it assigns)
+    profile: ProfileOptions | None = None  # --profile: the measured run (stages/profile/)
 
 
 def devices_line(args) -> DevicesLine:
@@ -263,6 +297,7 @@ def pmap_line(args) -> PmapLine:
         as_code=args.as_code,
         collectives=args.collectives,
         plan=plan_options(args, "%%pmap"),
+        profile=profile_options(args, "%%pmap"),
     )
 
 
@@ -309,6 +344,7 @@ def shard_line(args) -> ShardLine:
         report=args.report,
         as_code=args.as_code,
         plan=plan_options(args, "%%shard"),
+        profile=profile_options(args, "%%shard"),
     )
 
 
@@ -325,6 +361,7 @@ def shard_map_line(args) -> ShardMapLine:
         as_code=args.as_code,
         collectives=args.collectives,
         plan=plan_options(args, "%%shard_map"),
+        profile=profile_options(args, "%%shard_map"),
     )
 
 

@@ -79,7 +79,7 @@ def _view_class(kind: str) -> type:
 
     return {"devices": views.DevicesView, "mesh": views.MeshView, "sharding": views.ShardingView,
             "results": views.ResultView, "collectives": views.CollectivesView, "plan": views.PlanView,
-            "tree": views.TreeView}[kind]
+            "tree": views.TreeView, "profile": views.ProfileView}[kind]
 
 
 _REUSED_KINDS = ("sharding",)  # view kinds whose states are shared per layout (read-only)
@@ -102,7 +102,7 @@ _code_and_plan_options = _applying(
              help="Compile for the mesh without running: per-device memory, collectives, FLOPs; names are bound as "
                   "jax.ShapeDtypeStructs. Inputs may be abstract (jaxpar_magic.plan(...))."),
     argument("--hardware", metavar="NAME",
-             help="With --plan: a device profile for the fit and a modelled step time: tpu-v4, tpu-v5e, tpu-v5p, "
+             help="With --plan (or --profile: the plan beside the measurement): a device profile for the fit and a modelled step time: tpu-v4, tpu-v5e, tpu-v5p, "
                   "tpu-v6e, h100, a100, b200, or custom:flops=...,hbm=...,bw=...,memory=..."),
     argument("--device-memory", metavar="SIZE",
              help="With --plan: the device's memory, e.g. 16GiB (overrides the profile's)."),
@@ -118,6 +118,13 @@ _code_and_plan_options = _applying(
     argument("--search", metavar="BATCH", nargs="+",
              help="With --plan: propose DP, FSDP, TP and FSDP x TP layouts over the mesh's devices (BATCH: the inputs "
                   "whose first dimension is the batch) and rank them."),
+)
+_profile_option = _applying(
+    argument("--profile", action="store_true",
+             help="Run the cell, then its compiled program --profile-steps more times under JAX's profiler: a timeline "
+                  "of every device (compute, collectives, copies, waits), the top ops with their lines, and the plan's "
+                  "estimate beside it where the devices (or --hardware) give it a time; bound as `_profile`."),
+    argument("--profile-steps", type=int, metavar="N", help="With --profile: how many profiled runs (default 5)."),
 )
 _inline_mesh_options = _applying(
     argument("--axis-types", default=None, choices=["auto", "explicit", "manual"],
@@ -195,6 +202,10 @@ class JaxparMagics(Magics, Configurable):
                                      "running, where %%shard runs on every process. Explore before `%cluster start` "
                                      "(or after `%cluster stop`), over simulated devices of the same count.")
 
+                if getattr(options, "profile", None) is not None:
+                    raise UsageError(f"%%{magic} --profile: a cluster is running, where the cell runs on every process "
+                                     f"and each process could trace only its own devices. Profile before `%cluster "
+                                     f"start` (or after `%cluster stop`), over simulated devices of the same count.")
                 outcome = on_cluster(cluster, magic, line, source, defaults, self.cluster_timeout, namespace)
             else:
                 outcome = actions.run(magic, options, source, namespace, defaults)
@@ -289,6 +300,7 @@ class JaxparMagics(Magics, Configurable):
     @argument("--no-show", dest="show", action="store_const", const=False, help="Do not show the result view.")
     @argument("--report", action="store_true", help="Add compile time, run time, flops and bytes to the view.")
     @_collectives_option
+    @_profile_option
     @_code_and_plan_options
     @no_var_expand
     def pmap(self, line, cell):
@@ -345,6 +357,7 @@ class JaxparMagics(Magics, Configurable):
     @argument("--no-show", dest="show", action="store_const", const=False, help="Do not show the views.")
     @argument("--report", action="store_true", help="Show the compiled program's collectives, compile and run time.")
     @_inline_mesh_options
+    @_profile_option
     @_code_and_plan_options
     @no_var_expand
     def shard(self, line, cell):
@@ -378,6 +391,7 @@ class JaxparMagics(Magics, Configurable):
     @argument("--report", action="store_true", help="Add the compiled program's collectives, compile and run time.")
     @_inline_mesh_options
     @_collectives_option
+    @_profile_option
     @_code_and_plan_options
     @no_var_expand
     def shard_map(self, line, cell):

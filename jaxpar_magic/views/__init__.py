@@ -16,6 +16,7 @@ _VIEWS = {
     "MemoryView": "memory",
     "MeshView": "mesh",
     "PlanView": "plan",
+    "ProfileView": "profile",
     "ResultView": "results",
     "ShardingView": "sharding",
     "TreeView": "tree",

@@ -464,7 +464,7 @@ def to_precision(v: float, digits: int = 3) -> str:
 
 
 def format_seconds(s: float | None) -> str:
-    """``850 µs``, ``1.33 ms``, ``2.50 s``, ``0.00292 ns``; the twin of ``formatSeconds`` in js/plan.js."""
+    """``850 µs``, ``1.33 ms``, ``2.50 s``, ``0.00292 ns``; the twin of ``formatSeconds`` in js/format.js."""
     if s is None or s != s or s in (float("inf"), float("-inf")):
         return "?"
     a = abs(s)

@@ -23,13 +23,13 @@ HARNESS = Path(__file__).with_name("harness.html")
 
 
 def _view_classes() -> dict[str, Any]:
-    from jaxpar_magic.views import (CollectivesView, DevicesView, MemoryView, MeshView, PlanView, ResultView, ShardingView,
-                                    TreeView)
+    from jaxpar_magic.views import (CollectivesView, DevicesView, MemoryView, MeshView, PlanView, ProfileView, ResultView,
+                                    ShardingView, TreeView)
     from jaxpar_magic.views.explorer import ExplorerView
 
     return {"devices": DevicesView, "results": ResultView, "mesh": MeshView, "sharding": ShardingView,
             "collectives": CollectivesView, "plan": PlanView, "tree": TreeView, "memory": MemoryView,
-            "explorer": ExplorerView}
+            "explorer": ExplorerView, "profile": ProfileView}
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """One number formatter for the widget, the static HTML and the text: Python's twins of
-JavaScript's toPrecision and js/plan.js's formatSeconds give the same strings."""
+JavaScript's toPrecision and js/format.js's formatSeconds give the same strings."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def test_to_precision_and_format_seconds_match_the_browser(view_page: Any) -> No
     values += [rng.uniform(1, 10) * 10 ** rng.randint(-13, 5) * rng.choice([1, -1]) for _ in range(400)]
     js = view_page.page.evaluate(
         """async (values) => {
-            const { formatSeconds } = await import('/js/plan.js');
+            const { formatSeconds } = await import('/js/format.js');
             return values.map((v) => [v.toPrecision(3), formatSeconds(v)]);
         }""",
         values,

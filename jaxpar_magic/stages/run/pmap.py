@@ -139,16 +139,23 @@ def bind_functions(cell: cells.Cell, namespace: dict, mesh, **options) -> dict:
 def pmap_cell(source: str, namespace: dict, *, axis_name: str = "i", devices=None, mesh=None,
               broadcast=(), split=(), merge=(), in_axes=0, out_axes=0, static_broadcasted_argnums=(),
               donate_argnums=(), want_facts: bool = False, bind: bool = True, collectives: bool = False,
-              wait: bool = False):
+              wait: bool = False, profile: int = 0, hardware=None):
     """Run `source` as `%%pmap` would: per-device code (block mode) or pmapped definitions.
 
     Returns a BlockResult (block mode) or the dict of bound functions (function mode). With
     `bind`, outputs go into `namespace` only after the whole cell succeeded. A block-mode re-run
     returns once its program is dispatched, as `jax.jit` does; `wait` waits for the result (its
-    run_ms is then the run's, as --report shows it).
+    run_ms is then the run's, as --report shows it). `profile` (a line's --profile-steps, block
+    mode): run the compiled program that many more times under the profiler, the result's `profile`
+    (with the plan on `hardware` beside it, where it has a time).
     """
     cell = analyse_cached(source, "pmap-cell")
+    shape = mesh
     mesh = mesh_for(axis_name, devices, mesh)
+    if profile:
+        from ..profile.profile_cell import check_profile
+
+        check_profile(profile, "%%pmap", collectives=collectives, function=cell.mode == "function")
     if cell.mode == "function":
         bound = bind_functions(cell, namespace, mesh, in_axes=in_axes, out_axes=out_axes,
                                static_broadcasted_argnums=static_broadcasted_argnums,
@@ -159,6 +166,12 @@ def pmap_cell(source: str, namespace: dict, *, axis_name: str = "i", devices=Non
     check_block_options(in_axes, out_axes, static_broadcasted_argnums, donate_argnums)
     result = run_block(cell, namespace, mesh, broadcast=tuple(broadcast), split=tuple(split),
                        merge=tuple(merge), want_facts=want_facts, collectives=collectives, wait=wait)
+    if profile:
+        from ..profile.profile_cell import profile_cell
+
+        result.profile = profile_cell(result, profile, "pmap", source, namespace, hardware, axis_name=axis_name,
+                                      devices=devices, mesh=shape, broadcast=tuple(broadcast), split=tuple(split),
+                                      merge=tuple(merge))
     if bind:
         bind_results(namespace, result.bindings)
     return result

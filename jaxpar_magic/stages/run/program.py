@@ -43,6 +43,9 @@ class RunResult:
     run_ms: float
     cell: object  # cell.analysis.Cell
 
+    ran = None  # (the CellProgram, its arguments): what the run called, for --profile to call again
+    profile = None  # with --profile (a twin's `profile=N`): the measured profile (stages/profile/)
+
     @property
     def bindings(self) -> dict:
         """What a successful cell binds in the user's namespace."""
@@ -316,6 +319,7 @@ def complete(result: RunResult, program: CellProgram, signature, args, mesh, cel
     """Add to a run's result, when asked for (want_facts) or needed (`recorded`: what --collectives
     recorded, as (the trace's recorded sites, the run's records)), the compiled program's facts and
     the collectives' cards (titled `title`)."""
+    result.ran = (program, args)
     if want_facts or recorded is not None:
         facts = facts_for(program, signature, args, mesh, cell)
         result.facts = facts if want_facts else None

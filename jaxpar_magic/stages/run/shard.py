@@ -145,7 +145,8 @@ def _full_path(cell, namespace, mesh, in_specs, out_specs, outputs=None, donate=
 
 
 def shard_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None,
-               want_facts: bool = False, bind: bool = True, outputs=None, donate=(), wait: bool = False) -> ShardResult:
+               want_facts: bool = False, bind: bool = True, outputs=None, donate=(), wait: bool = False,
+               profile: int = 0, hardware=None) -> ShardResult:
     """Plain-Python twin of `%%shard`: specs as dicts of tuples or PartitionSpecs, e.g.
     in_specs={'v1s': ('data',)}; a pytree input takes one spec for every leaf, or a pytree of specs.
     `outputs` (a line's --out names, e.g. ('loss',)): the only names the cell returns, the others are
@@ -157,8 +158,14 @@ def shard_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_sp
 
     With `bind`, the placed inputs and the outputs go into `namespace` only after the cell succeeded
     (placed inputs are rebound like the seed's `v1sp = jax.device_put(v1s, sharding)`, so a re-run
-    moves no data), and Flax NNX objects the cell changed get their new state.
+    moves no data), and Flax NNX objects the cell changed get their new state. `profile` (a line's
+    --profile-steps): run the compiled program that many more times under the profiler, the result's
+    `profile` (with the plan on `hardware` beside it, where it has a time; stages/profile/).
     """
+    if profile:
+        from ..profile.profile_cell import check_profile
+
+        check_profile(profile, "%%shard", donate=tuple(donate))
     in_specs = {n: normalize(s) for n, s in (in_specs or {}).items()}
     out_specs = {n: normalize(s) for n, s in (out_specs or {}).items()}
     cell = analyse_cached(source, "shard-cell")
@@ -167,6 +174,11 @@ def shard_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_sp
         mesh = resolve_mesh(mesh, namespace, [in_specs, out_specs])
     outputs = outputs_of(outputs, out_specs)
     result = run_shard(cell, namespace, mesh, in_specs, out_specs, want_facts, outputs, tuple(donate), wait)
+    if profile:
+        from ..profile.profile_cell import profile_cell
+
+        result.profile = profile_cell(result, profile, "shard", source, namespace, hardware, mesh=mesh,
+                                      in_specs=in_specs, out_specs=out_specs, outputs=outputs)
     if bind:
         result.bind(namespace)
     return result

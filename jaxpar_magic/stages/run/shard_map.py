@@ -109,13 +109,19 @@ def replayer(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, check_vma:
 
 def shard_map_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None, check_vma: bool = True,
                    want_facts: bool = False, bind: bool = True, collectives: bool = False,
-                   outputs=None, wait: bool = False) -> ShardMapResult:
+                   outputs=None, wait: bool = False, profile: int = 0, hardware=None) -> ShardMapResult:
     """Plain-Python twin of `%%shard_map`: specs as dicts of tuples, e.g.
     `shard_map_cell("c = lax.psum(a @ b, 'y')", ns, mesh=mesh, in_specs={'a': ('x', 'y'), 'b': ('y', None)},
     out_specs={'c': ('x', None)})`. With `bind`, the outputs go into `namespace` once the cell succeeded.
     `outputs` (a line's --out names): the only names the cell returns (those without a spec are proven
-    the same on every device); None (the default) returns every name it assigns. A re-run returns once its
-    program is dispatched, as `jax.jit` does; `wait` waits for the result (its run_ms is then the run's)."""
+    the same on every device); None (the default) returns every name it assigns. `profile` (a line's
+    --profile-steps): run the compiled program that many more times under the profiler, the result's
+    `profile` (with the plan on `hardware` beside it, where it has a time; stages/profile/). A re-run returns
+    once its program is dispatched, as `jax.jit` does; `wait` waits for the result (its run_ms is then the run's)."""
+    if profile:
+        from ..profile.profile_cell import check_profile
+
+        check_profile(profile, "%%shard_map", collectives=collectives)
     in_specs = {n: normalize(s) for n, s in (in_specs or {}).items()}
     out_specs = {n: normalize(s) for n, s in (out_specs or {}).items()}
     cell = analyse_cached(source, "shard_map-cell")
@@ -125,6 +131,11 @@ def shard_map_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, ou
     outputs = outputs_of(outputs, out_specs)
     result = run_shard_map(cell, namespace, mesh, in_specs, out_specs, check_vma, want_facts, collectives, outputs,
                            wait)
+    if profile:
+        from ..profile.profile_cell import profile_cell
+
+        result.profile = profile_cell(result, profile, "shard_map", source, namespace, hardware, mesh=mesh,
+                                      in_specs=in_specs, out_specs=out_specs, check_vma=check_vma, outputs=outputs)
     if bind:
         bind_results(namespace, result.bindings)  # one step: an interrupt leaves all or nothing
     return result
