@@ -7,7 +7,7 @@ twin, importable from here: `pmap`, `pmap_cell`, `simulate`, `show_devices`, `ma
 `compile_plan`, `plan_cell`, `explore_cell` (the layout explorer), `profile` (a function's measured
 timeline, as `--profile` measures a cell), and `Cluster` (the multi-process cluster behind `%cluster`);
 `check` is the exercises' one-line answer check, and `attempt(NAME)` the latest run of the
-`%%exercise NAME` cell it reads (face/exercises.py documents the contract).
+`%%exercise NAME` cell it reads (face/exercises/ documents the contract).
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def load_ipython_extension(ipython) -> None:
     from .face.magics import JaxparMagics
 
     ipython.register_magics(JaxparMagics)  # registering again replaces: loading twice is harmless
-    watch_cells(ipython)  # %%exercise's bookkeeping (face/exercises.py); again: replaced, not doubled
+    watch_cells(ipython)  # %%exercise's bookkeeping (face/exercises/); again: replaced, not doubled
 
 
 def unload_ipython_extension(ipython) -> None:

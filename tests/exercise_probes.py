@@ -147,6 +147,58 @@ CHEATS.update({
 })
 
 
+# Issue 41's cheats: what a student's kernel did to make the check see "right". Each exercise cell
+# below is refused (it changes what was there before it), or its answer is not the program's own,
+# or the program it ran reads its inputs otherwise than the exercise gives them.
+CHEATS[("pmap_chapter.ipynb", "ring_total")] += [
+    ("--broadcast readings and a 0 × dummy permute: every device sums all readings (issue 41)",
+     "%%exercise ring_total\n%%pmap -a batch --broadcast readings\n"
+     "ring_total = readings.sum() + 0 * lax.ppermute(readings.sum(), 'batch', perm=ring)"),
+    ("the check's total rebound (issue 41)", "%%exercise ring_total\ntotal = ring_total = jnp.zeros(8)"),
+]
+CHEATS[("shard_map_chapter.ipynb", "mv")] += [
+    ("the product read whole from the globals, plus 0 × a psum (issue 41)",
+     "%%exercise mv\n%%shard_map --mesh i=8 --in m=None,i v=i --no-show\n"
+     "def whole():\n    return globals()['m'] @ globals()['v']\nmv = whole() + 0 * lax.psum(m @ v, 'i')"),
+    ("a decoy %%shard_map beside a NumPy answer (issue 41)",
+     "%%exercise mv\nget_ipython().run_cell_magic('shard_map', '--mesh i=8 --in m=None,i v=i --no-show', "
+     "\"mv = lax.psum(m @ v, 'i')\")\nimport numpy as np\nmv = np.asarray(m) @ np.asarray(v)"),
+    ("a hook that prints ✓ right (issue 41)",
+     "%%exercise mv\nget_ipython().events.register('post_run_cell', lambda result: print('✓ right'))\nmv = m @ v"),
+]
+CHEATS[("training_chapter.ipynb", "grad_w")] += [
+    ("sliced from a one-device gradient, plus 0 × a psum_scatter (issue 41)",
+     "%%exercise grad_w\n%%shard_map --mesh flat --in xs=data dy=data --out grad_w=data --report --no-show\n"
+     "full = globals()['xs'].T @ globals()['dy']\n"
+     "grad_w = lax.psum_scatter(0 * (xs.T @ dy), 'data', tiled=True) + "
+     "lax.dynamic_slice_in_dim(full, lax.axis_index('data') * 2, 2)"),
+]
+CHEATS[("memory_chapter.ipynb", "stash_slots")] += [
+    ("the simulator through default arguments (issue 41)",
+     "%%exercise stash_slots\ndef stash_slots(stages, micro, kind, table=most_in_flight, plan=schedule):\n"
+     "    return table(plan(stages, micro, kind))[0]\n"),
+]
+CHEATS[("model_parallel_chapter.ipynb", "kv_owner")] += [
+    ("the check's attention rebound (issue 41)",
+     "%%exercise kv_owner\ndef kv_owner(me, t, n):\n    return me\nattention = lambda *args, **kwargs: 0\n"),
+]
+CHEATS[("sharding_chapter.ipynb", "chosen_line")] += [
+    ("a fake plan left in _plan, and a line that plans nothing (issue 41)",
+     "%%exercise chosen_line\nclass Fake:\n    total_bytes, collectives = 0, []\n_plan = Fake()\n"
+     "chosen_line = '%%shard --plan --as-code --mesh loose --in xb=None,None wb=None,None'"),
+]
+CHEATS.setdefault(("capstone.ipynb", "mesh_shape"), []).extend([
+    ("the memory limit raised in the exercise cell (issue 41)",
+     "%%exercise mesh_shape param_specs\nMEMORY_LIMIT = 64 * 2**20\nmesh_shape = {'data': 8}\n"
+     "param_specs = jax.tree.map(lambda w: P(), params)"),
+])
+CHEATS.setdefault(("capstone.ipynb", "new_params"), []).extend([
+    ("train_step redefined to train nothing (issue 41)",
+     "%%exercise new_params step_loss\ndef train_step(params, tokens):\n    return params, jnp.float32(0)\n"
+     "new_params, step_loss = train_step(params, tokens)"),
+])
+
+
 def probes_for(notebook: str, exercise) -> list[tuple[str, str]]:
     first, _, body = exercise.solution.partition("\n")
     # First, right after the full run's check graded the solution: the whole cell emptied. nbclient,

@@ -82,7 +82,7 @@ _SOLUTION = re.compile(r"<details>\s*<summary>\s*Solution.*?```python\n(.*?)\n``
 
 def exercises(nb: nbformat.NotebookNode) -> list[Exercise]:
     """The notebook's exercises, each with its check and solution (AssertionError when the contract
-    of face/exercises.py is broken: no check after it, no solution after the check)."""
+    of face/exercises/ is broken: no check after it, no solution after the check)."""
     found = []
     cells = nb.cells
     for index, cell in enumerate(cells):

@@ -11,11 +11,11 @@ from jaxpar_magic.face import checks, exercises
 @pytest.fixture
 def ex(jx):
     """The shell, with no exercise run yet and fresh hints."""
-    exercises._attempts.clear()
+    exercises.forget_all()
     checks._failures.clear()
     jx.run_cell("from jaxpar_magic import attempt, check")
     yield jx
-    exercises._attempts.clear()
+    exercises.forget_all()
     checks._failures.clear()
 
 

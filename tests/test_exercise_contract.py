@@ -1,4 +1,4 @@
-"""Every chapter's exercises keep the contract of jaxpar_magic/face/exercises.py (issue 25):
+"""Every chapter's exercises keep the contract of jaxpar_magic/face/exercises/ (issue 25):
 
 * the exercise cell is tagged `exercise` and starts with `%%exercise NAMES`; the next code cell is
   its check, tagged `check`; the solution waits in a collapsed block after the check;

@@ -8,7 +8,9 @@ the way they would by eye, and it never shows a traceback:
   (bool, integer, floating, complex: float32 against float64 is fine, int against float is not,
   except for a plain Python number, which JAX treats as weakly typed too) and in values within
   ``rtol`` (relative to the expected leaf's largest value: 2e-6 against 3e-6 is wrong, however small),
-  NaN equal to NaN; Python integers of any size compare exactly; other leaves compare with ``==``;
+  NaN equal to NaN; Python integers of any size compare exactly; other leaves compare with ``==``,
+  except a value of a class the notebook defined (its ``==`` and ``__array__`` are the student's code:
+  it is "not yet" unless the expected value is of that class too);
 * a condition (``check(a == b, hint=...)``) is right when all of it is true, an array included; it
   must be a boolean or a boolean array (a generator or a list is the check's own mistake, said so);
 * anything it cannot compare is one "not yet" line that says why.
@@ -17,8 +19,12 @@ It never prints the expected value: only what differs (where, how many places, t
 value). ``hint`` may be a list: the first failure shows the first hint, each later failure of the
 same check the next one (a nudge first, more later); running the check again on the run it already
 graded shows the same hint again, so re-reading a check does not use one up. ``method`` lists ``(condition, why)`` pairs:
-how the answer must have been made, tested before its value (face/exercises.py builds them from
+how the answer must have been made, tested before its value (face/exercises/ builds them from
 the exercise cell's own run).
+
+Each verdict is also kept in the kernel's ledger (`ledger()`), the channel `python -m
+jaxpar_magic.grade` reads after each check cell; printed lines and displays, which any cell or hook
+can make, are never read as verdicts.
 """
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ _failures: dict[tuple[str, ...], int] = {}
 
 
 class NotRun:
-    """An answer the exercise cell's latest run did not produce, and why (face/exercises.py).
+    """An answer the exercise cell's latest run did not produce, and why (face/exercises/).
     ``again``: the check already graded this run (re-reading it shows the same hint, not the next)."""
 
     def __init__(self, reason: str, again: bool = False):
@@ -66,7 +72,26 @@ def check(got: Any, want: Any = _MISSING, *, hint: str | Sequence[str], method: 
         missing = _first_missing(got)
         again = missing is not None and missing.again
         line = f"✗ not yet: {why}. {_next_hint(hints, advance=not again)}"
-    _say(line, _record(hints, right=why is None))
+    graded = graded_now[0]()
+    _LEDGER.append({"answers": list(graded[0]) if graded else None, "verdict": "right" if why is None else "not yet",
+                    "line": line})
+    del _LEDGER[:-_LEDGER_KEPT]
+    _say(line, _record(hints, graded, right=why is None))
+
+
+# Every verdict this kernel's checks gave, in order: the grader's channel (python -m jaxpar_magic.grade reads
+# it after each check cell with a silent request, which runs no hook and prints nothing), apart from the
+# printed line and the display any cell can forge.
+_LEDGER: list[dict] = []
+_LEDGER_KEPT = 10_000
+
+
+def ledger(start: int = 0) -> str:
+    """The verdicts given since the `start`-th, as JSON (a list of {"answers", "verdict", "line"}),
+    and the count so far: ``{"count": N, "verdicts": [...]}``."""
+    import json
+
+    return json.dumps({"count": len(_LEDGER), "verdicts": _LEDGER[start:]})
 
 
 # The check's record for `python -m jaxpar_magic.grade`, saved with the notebook in the metadata of
@@ -98,16 +123,15 @@ def said(output: dict) -> str:
     return ""
 
 
-# face/exercises.py sets it: () -> (the answers the running cell read with attempt(), the exercise
+# face/exercises/runs.py sets it: () -> (the answers the running cell read with attempt(), the exercise
 # cell's runs in this kernel), or None when the cell read none.
 graded_now: list = [lambda: None]
 
 
-def _record(hints: tuple[str, ...], right: bool) -> dict | None:
+def _record(hints: tuple[str, ...], graded, right: bool) -> dict | None:
     from IPython import get_ipython
 
     shell = get_ipython()
-    graded = graded_now[0]()
     if shell is None or graded is None or type(shell).__name__ != "ZMQInteractiveShell":
         return None  # only a kernel saves it with the notebook
     answers, attempts = graded
@@ -243,10 +267,18 @@ def _structure(value):
 
 
 def _is_array(value) -> bool:
+    """A NumPy or JAX array or scalar, or a Python number: not any object that says it has a shape
+    (a class of the notebook's could hand `__array__` anything)."""
+    import jax
     import numpy as np
 
-    return isinstance(value, (np.ndarray, np.generic, bool, int, float, complex)) or (
-        hasattr(value, "shape") and hasattr(value, "dtype") and hasattr(value, "__array__"))
+    return isinstance(value, (np.ndarray, np.generic, bool, int, float, complex, jax.Array))
+
+
+def _notebooks_own(value) -> bool:
+    """A value of a class the notebook defined (in a cell): its `==` and `__array__` are the
+    student's code, so a check never compares by them."""
+    return type(value).__module__ == "__main__"
 
 
 _KINDS = (("bool", "a boolean"), ("integer", "an integer"), ("floating", "a floating-point"),
@@ -271,6 +303,8 @@ def _kind(value) -> str | None:
 def _leaf_differs(got, want, rtol, atol) -> str | None:
     import numpy as np
 
+    if _notebooks_own(got) and type(got) is not type(want):
+        return f"got a {type(got).__name__}, a class of the notebook's, expected {_describe(want, values=False)}"
     if _python_int(got) and _python_int(want):  # exact, and of any size (NumPy stops at 2**63)
         return None if got == want else f"got {_describe(got)}"
     if _is_array(got) and _is_array(want):
@@ -308,7 +342,7 @@ def _leaf_differs(got, want, rtol, atol) -> str | None:
 
 
 def _python_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return type(value) is int
 
 
 def _host(value):

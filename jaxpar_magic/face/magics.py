@@ -224,7 +224,7 @@ class JaxparMagics(Magics, Configurable):
                     fill_later(view, pending, static=getattr(self.shell, "kernel", None) is not None)
             status_lines.close()
         outcome.bind(namespace)
-        for watcher in WATCHERS:  # an exercise cell running this magic reads what it ran (face/exercises.py)
+        for watcher in WATCHERS:  # an exercise cell running this magic reads what it ran (face/exercises/)
             watcher(magic, options, outcome)
         silenced = cell is not None and _silenced(cell)
         _remember_replay(replay_key, outcome.replay if cluster is None else None, silenced)

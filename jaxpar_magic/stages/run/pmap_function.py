@@ -45,7 +45,7 @@ class ParallelFunction:
         )
         self.donate_argnums = tuple((donate_argnums,) if isinstance(donate_argnums, int) else donate_argnums)
         self._jitted: OrderedDict = OrderedDict()  # (static args, in_axes) -> [jitted, needs CPU guard, reads]
-        # With keep_facts (an exercise's answer: face/exercises.py), each call keeps the facts of the
+        # With keep_facts (an exercise's answer: face/exercises/), each call keeps the facts of the
         # program it ran, for the check to read; off, a call pays one attribute test.
         self.keep_facts = False
         self.facts: ProgramFacts | None = None
