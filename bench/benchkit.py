@@ -119,10 +119,12 @@ def print_table(out=sys.stdout) -> None:
 # --- the process under test ----------------------------------------------------------------------
 
 def start_jax():
+    """JAX with 8 simulated CPU devices; on an accelerator (JAX_PLATFORMS=tpu), the devices there are
+    (only the sections that say so run there: 15)."""
     import jax
 
     jax.config.update("jax_num_cpu_devices", DEVICES)  # before the backend starts
-    assert jax.device_count() == DEVICES, jax.devices()
+    assert jax.device_count() == DEVICES or jax.default_backend() != "cpu", jax.devices()
     return jax
 
 

@@ -7,7 +7,7 @@
 #   bash bench/device_check.sh                       # writes under $OUT (default ./device-out)
 #
 # On the device machine through `run`: command `bash bench/device_check.sh`, carry [".whl-tpu"].
-# Each part has its own timeout (7.5 minutes in all at most) and a log, $OUT/<part>.log:
+# Each part has its own timeout (8.5 minutes in all at most) and a log, $OUT/<part>.log:
 #
 #   1. install (120 s) the carried wheels with `pip install --target $SITE` (IPython, the widgets,
 #      ipyparallel, psutil, Equinox and their dependencies, and this package's wheel), Flax and optax
@@ -19,10 +19,10 @@
 #   3. tests   (210 s) the device tier in one process: JPM_DEVICE=1 python -m pytest tests/device
 #      (every magic against its plain-JAX twin, plans against the chip's compile, %devices, the NNX
 #      compile count with Flax installed --target-style)
-#   4. bench   (90 s) the bench/run.py sections for re-run overhead that exist: $BENCH_CPU on 8
+#   4. bench   (150 s) the bench/run.py sections for re-run overhead that exist: $BENCH_CPU on 8
 #      simulated CPU devices (default "9 14"), $BENCH_DEVICE on the chip (JAX_PLATFORMS left empty;
-#      none by default: name the sections that time cells on the device); sections bench/run.py does
-#      not have yet are listed and left out
+#      default "15": cell loops against asynchronous jax.jit loops, issue 39's overhead targets);
+#      sections bench/run.py does not have yet are listed and left out
 #   5. summary (15 s) $OUT/summary.md (bench/device_summary.py): pass/fail counts and failures, the
 #      plan-vs-chip figures, the NNX compile counts, %devices' text, the bench ratios
 #
@@ -36,8 +36,8 @@ SITE=$SCRATCH/site   # the carried wheels
 LIBS=$SCRATCH/libs   # Flax and optax, as the host's index gives them
 INDEX=${INDEX:-file:///opt/pypi/simple}
 BENCH_CPU=${BENCH_CPU:-"9 14"}
-BENCH_DEVICE=${BENCH_DEVICE:-}
-BENCH_ARGS=${BENCH_ARGS:-"--reps 10"}
+BENCH_DEVICE=${BENCH_DEVICE:-15}
+BENCH_ARGS=${BENCH_ARGS:-"--reps 10 --async-steps 100 --async-rounds 3"}
 mkdir -p "$OUT" "$SCRATCH"
 : > "$OUT/parts.txt"
 export PYTHONUNBUFFERED=1 OUT PY SITE LIBS INDEX BENCH_CPU BENCH_DEVICE BENCH_ARGS
@@ -146,6 +146,6 @@ export -f install info tests bench summary
 part install 120
 part info 45
 part tests 210
-part bench 90
+part bench 150
 part summary 15
 echo "everything is under $OUT"

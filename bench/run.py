@@ -50,6 +50,11 @@ Sections (numbers match the table):
      temporary, vs `nnx.jit` (14b: the cell without --out, binding the gradients too); 14c the same
      MLP in Equinox vs `eqx.filter_jit`, 14d as a params dict with an optax state vs `jax.jit`
      (sections_flax.py)
+ 15. loops of cached cells vs loops of asynchronous `jax.jit` calls that never wait, a tiny step and
+     a ~2 ms one, each loop timed until its last result is ready: `%%shard --no-show` (15), with
+     `--in x=P()` (15b), and shown cells, `%%shard` with its sharding view and `%%shard_map` with its
+     result view (15c: what showing adds over --no-show) (sections_async.py). On a TPU VM:
+     `JAX_PLATFORMS=tpu python bench/run.py --only 15` uses the chips there are.
 When a ratio misses its target (and always with --profile), the run ends with where our time per
 call goes, step by step, measured in place. `--skip 2 3 7` leaves out the slowest subprocess and
 browser sections; `--only 9 10` runs just those. Shared helpers (timing, the table, children,
@@ -85,7 +90,8 @@ from pathlib import Path
 # otherwise probe for a TPU first and print libtpu's start-up warnings (children inherit this).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import sections_cluster  # noqa: E402
+import sections_async  # noqa: E402
+import sections_cluster
 import sections_engines
 import sections_flax
 import sections_memory
@@ -435,7 +441,7 @@ def bench_views(jax, sh, n_pmap):
 
     from jaxpar_magic.face.magics import show_mesh, show_sharding
     from jaxpar_magic.engines.shard import make_mesh, place, plan
-    from jaxpar_magic.views.summaries import per_device_summary
+    from jaxpar_magic.views.values import per_device_summary
     from jaxpar_magic.views import ResultView
 
     mesh8 = make_mesh("data=8")
@@ -653,7 +659,7 @@ def profile_pmap_view(jax, sh, calls: int = 300):
     import jaxpar_magic.face.actions as actions
     import jaxpar_magic.face.magics as magics
     import jaxpar_magic.stages.run.program as runner
-    import jaxpar_magic.views.summaries as summaries
+    import jaxpar_magic.views.values as values
     from jaxpar_magic.views.base import ViewBase
 
     engine = engine_module()
@@ -664,8 +670,8 @@ def profile_pmap_view(jax, sh, calls: int = 300):
         (getattr(actions, "_ACTIONS", actions), "pmap", "  jaxpar_magic/face/actions.py:pmap (the run and the view's state)"),
         (engine, "pmap_cell", f"    {eng}:pmap_cell (the run itself, with want_facts)"),
         (runner, "facts_for", "      jaxpar_magic/stages/run/program.py:facts_for (the program's collectives and costs, cached)"),
-        (summaries, "result_state", "    jaxpar_magic/views/summaries.py:result_state"),
-        (summaries, "per_device_summary", "      jaxpar_magic/views/summaries.py:per_device_summary (one jitted call per output, then formatting)"),
+        (values, "result_parts", "    jaxpar_magic/views/values.py:result_parts (dispatches each output's summary)"),
+        (values, "result_state", "    jaxpar_magic/views/values.py:result_state (the same, and waits for the values)"),
         (magics, "view_of", "  jaxpar_magic/face/magics.py:view_of (the widget for a state)"),
         (ViewBase, "__init__", "    jaxpar_magic/views/base.py:ViewBase.__init__ (anywidget/ipywidgets widget)"),
         (magics, "display", "  IPython display() of the view (formats text/html and text/plain)"),
@@ -766,7 +772,7 @@ CHILD_MODES = {
     "plan": lambda mode: sections_plan.child_plan(mode),
     "cluster": lambda n, reps, gathers: sections_cluster.child_cluster(int(n), int(reps), int(gathers)),
 }
-SECTIONS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "11d", "12", "13", "14")
+SECTIONS = ("1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "11d", "12", "13", "14", "15")
 DEFAULT_N = 160  # the %%pmap workload when section 1 (which tunes it) is skipped
 
 
@@ -789,6 +795,10 @@ def main() -> None:
     parser.add_argument("--memory-runs", type=int, default=3, help="section 8: fresh processes per side (default 3)")
     parser.add_argument("--plan-runs", type=int, default=5, help="section 11: fresh processes per side (default 5)")
     parser.add_argument("--cluster-gathers", type=int, default=5, help="section 12: timed gathers of 8 MiB (default 5)")
+    parser.add_argument("--async-steps", type=int, default=200, help="section 15: steps a timed loop (default 200)")
+    parser.add_argument("--async-rounds", type=int, default=5, help="section 15: interleaved rounds (default 5)")
+    parser.add_argument("--async-devices", type=int, default=0,
+                        help="section 15: the cells' mesh takes this many devices (default: all there are)")
     parser.add_argument("--profile", action="store_true", help="always print where our per-call time goes")
     parser.add_argument("--skip", nargs="*", default=[], metavar="N", choices=SECTIONS,
                         help="sections to skip, e.g. --skip 3 7 (1 skips 1-2, 2 the guard subprocess 2b, 4 or 5 both)")
@@ -853,13 +863,18 @@ def main() -> None:
         ratios.update(sections_pytrees.bench_pytrees(jax, sh, args))
     if wanted("14"):
         ratios.update(sections_flax.bench_flax(jax, sh, args))
+    if wanted("15"):
+        log("15: cell loops vs asynchronous jax.jit loops")
+        ratios.update(sections_async.bench_async(jax, sh, args))
 
     cpu = platform.processor() or platform.machine()
     print(f"# jaxpar_magic benchmark — {datetime.date.today().isoformat()}")
     python = os.path.relpath(sys.executable)
     python = sys.executable if python.startswith("..") else python
     print(f"command: {python} bench/run.py {' '.join(sys.argv[1:])}".rstrip())
-    print(f"machine: {os.cpu_count()} cores ({cpu}), CPU only, {jax.device_count()} simulated CPU devices; "
+    devices = (f"CPU only, {jax.device_count()} simulated CPU devices" if jax.default_backend() == "cpu" else
+               f"{jax.device_count()} {jax.devices()[0].device_kind} device(s)")
+    print(f"machine: {os.cpu_count()} cores ({cpu}), {devices}; "
           f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, Python {platform.python_version()}")
     print(f"package: {package_provenance()}")
     print(f"timing: medians per call over {args.reps} interleaved repetitions of 20 calls (min and the median of "

@@ -12,7 +12,7 @@
  * (`model.send`); the kernel answers with a new state. Data only ever goes in through
  * `textContent` and attributes (format.js's `h`).
  */
-import { h, formatBytes, formatSeconds, formatShape, formatSpec, detailLine, mount } from "./format.js";
+import { h, formatBytes, formatSeconds, formatShape, formatSpec, detailLine, mount, keepTwinHidden } from "./format.js";
 
 /** Rows of each list drawn (the kernel sends at most this many). */
 const MAX_ROWS = 64;
@@ -385,36 +385,6 @@ export function draw(state, send = () => {}) {
 function focusedKey(el) {
   const active = document.activeElement;
   return active && el.contains(active) ? active.getAttribute("data-focus") : null;
-}
-
-/**
- * The kernel keeps this view's static twin current (views/explorer.py: the notebook's record of the
- * tried layouts); a front end draws each update in a new output box, which js/loader.js has not
- * hidden: hide it too, watching only this cell's outputs.
- * @param {HTMLElement} el
- * @param {string} twin
- * @returns {() => void} stops watching
- */
-function keepTwinHidden(el, twin) {
-  if (!/^[0-9a-f]+$/.test(twin) || typeof MutationObserver === "undefined") return () => {};
-  let frame = 0;
-  /** @type {MutationObserver | null} */
-  let watch = null;
-  const look = () => {
-    if (!el.isConnected) return void (frame = requestAnimationFrame(look));
-    const area = el.closest(".jp-OutputArea, .output_area, .output");
-    if (!area) return;
-    watch = new MutationObserver(() => {
-      for (const node of area.querySelectorAll(`.jpm-twin-${twin}`)) {
-        const box = node.closest(".jp-OutputArea-child");
-        const hidden = /** @type {HTMLElement} */ (box?.contains(el) ? node : box || node);
-        if (hidden.style.display !== "none") hidden.style.display = "none";
-      }
-    });
-    watch.observe(area, { childList: true, subtree: true });
-  };
-  look();
-  return () => (cancelAnimationFrame(frame), watch?.disconnect());
 }
 
 export default {

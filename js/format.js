@@ -282,3 +282,34 @@ export function mount(model, el, draw) {
     el.replaceChildren();
   };
 }
+
+/**
+ * Keep hiding a view's static twin when the kernel redraws it: views whose twin is updated after the
+ * cell (views/explorer.py: the tried layouts; views/later.py: a result view's values) have it drawn
+ * anew in a new output box, which js/loader.js, which hid the first one, has not seen. Watches only
+ * this cell's outputs.
+ * @param {HTMLElement} el
+ * @param {string} twin
+ * @returns {() => void} stops watching
+ */
+export function keepTwinHidden(el, twin) {
+  if (!/^[0-9a-f]+$/.test(twin) || typeof MutationObserver === "undefined") return () => {};
+  let frame = 0;
+  /** @type {MutationObserver | null} */
+  let watch = null;
+  const look = () => {
+    if (!el.isConnected) return void (frame = requestAnimationFrame(look));
+    const area = el.closest(".jp-OutputArea, .output_area, .output");
+    if (!area) return;
+    watch = new MutationObserver(() => {
+      for (const node of area.querySelectorAll(`.jpm-twin-${twin}`)) {
+        const box = node.closest(".jp-OutputArea-child");
+        const hidden = /** @type {HTMLElement} */ (box?.contains(el) ? node : box || node);
+        if (hidden.style.display !== "none") hidden.style.display = "none";
+      }
+    });
+    watch.observe(area, { childList: true, subtree: true });
+  };
+  look();
+  return () => (cancelAnimationFrame(frame), watch?.disconnect());
+}

@@ -7,7 +7,7 @@
  * collective-permute an SVG ring of who sent to whom (summarised past 64 devices).
  */
 import { deviceColor } from "./palette.js";
-import { h, svg, formatBytes, formatSI, formatMs, formatShape, formatIds, formatCoords, detailLine, mount } from "./format.js";
+import { h, svg, formatBytes, formatSI, formatMs, formatShape, formatIds, formatCoords, detailLine, mount, keepTwinHidden } from "./format.js";
 
 /** The ring is drawn up to this many distinct devices; past it, a summary. */
 const RING_MAX = 64;
@@ -18,8 +18,8 @@ const GROUP_CELLS_MAX = 64;
 /**
  * @typedef {{name: string, size: number}} Axis
  * @typedef {{devices: number[], coords?: number[] | null, text: string}} Tile
- * @typedef {{name: string, shape: number[], dtype: string, same_on_all: boolean, tiles: Tile[],
- *   omitted?: number, same_text?: string | null}} Output
+ * @typedef {{name: string, shape: number[], dtype: string, same_on_all?: boolean, tiles?: Tile[],
+ *   omitted?: number, same_text?: string | null, global_shape?: number[], pending?: boolean, error?: string}} Output
  * @typedef {{op: string, shape?: string, bytes?: number | null, groups?: number[][], groups_text?: string,
  *   pairs?: number[][], pairs_omitted?: number, source_line?: string | null}} Collective
  */
@@ -67,7 +67,10 @@ function drawOutput(out, axes, procOf = () => null) {
     ),
   );
   const tiles = out.tiles || [];
-  if (out.same_on_all && tiles.length) {
+  if (out.error || out.pending) {
+    // Values on their way from the devices, or unreadable: views/values.py (PENDING_TEXT), views/results.py _waiting.
+    sec.append(h("div", { class: "jpm-note", text: out.error ? `values unavailable: ${out.error}` : "values: waiting for the devices…" }));
+  } else if (out.same_on_all && tiles.length) {
     const tile = tiles[0];
     const strip = h("div", { class: "jpm-same-strip" });
     for (const id of tile.devices.slice(0, GROUP_CELLS_MAX)) {
@@ -310,7 +313,7 @@ export function draw(state) {
     const rep = h("div", { class: "jpm-report" });
     const item = (/** @type {string} */ k, /** @type {string} */ v) => h("span", { class: "jpm-chip" }, `${k} `, h("b", { text: v }));
     if (r.compile_ms !== null && r.compile_ms !== undefined) rep.append(item("compile", formatMs(r.compile_ms)));
-    if (r.run_ms !== null && r.run_ms !== undefined) rep.append(item("run", formatMs(r.run_ms)));
+    if (r.run_ms !== null && r.run_ms !== undefined) rep.append(item("run (waited for its result)", formatMs(r.run_ms)));  // views/results.py RUN_LABEL
     if (r.flops !== null && r.flops !== undefined) rep.append(item("FLOPs per device", formatSI(r.flops)));
     if (r.bytes_accessed !== null && r.bytes_accessed !== undefined) rep.append(item("bytes accessed per device", formatBytes(r.bytes_accessed)));
     root.append(h("div", { class: "jpm-section" }, h("div", { class: "jpm-h", text: "Cost" }), rep));
@@ -323,6 +326,9 @@ export function draw(state) {
 export default {
   /** @param {{model: any, el: HTMLElement}} ctx */
   render({ model, el }) {
-    return mount(model, el, draw);
+    // Its values may come after the cell (views/later.py), with its static twin drawn again.
+    const stop = keepTwinHidden(el, String(model.get("_jpm_twin") || ""));
+    const cleanup = mount(model, el, draw);
+    return () => (stop(), cleanup());
   },
 };

@@ -96,6 +96,7 @@ def ip(_shell):
     if magics is not None:  # undo any %config of the test
         magics.axis_name = "i"
         magics.show = True
+        magics.view_values = "auto"
 
 
 @pytest.fixture

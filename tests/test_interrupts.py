@@ -64,15 +64,8 @@ class Kernel:
         """Run `code`; once its status line says `phase`, interrupt the kernel; return the reply."""
         self.drain()
         msg_id = self.kc.execute(code)
-        deadline = time.monotonic() + timeout
         seen = []
-        while time.monotonic() < deadline:
-            try:
-                msg = self.kc.get_iopub_msg(timeout=1)
-            except queue.Empty:
-                continue
-            if msg["parent_header"].get("msg_id") != msg_id:
-                continue
+        for msg in self.messages(msg_id, timeout):
             if msg["msg_type"] in ("display_data", "update_display_data"):
                 text = msg["content"]["data"].get("text/plain", "")
                 seen.append(text)
@@ -82,6 +75,17 @@ class Kernel:
             if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
                 raise AssertionError(f"the cell finished before showing {phase!r} (it showed {seen}): make it longer")
         raise AssertionError(f"no {phase!r} status line within {timeout} s")
+
+    def messages(self, msg_id: str, timeout: float) -> Iterator[dict]:
+        """The iopub messages of the request `msg_id`, as they come, for at most `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") == msg_id:
+                yield msg
 
     def drain(self) -> None:
         while True:
@@ -151,6 +155,7 @@ def iterations_for(kernel: Kernel, seconds: float, magic: str, line: str, arg: s
         f"get_ipython().run_cell_magic({magic!r}, {line!r}, {probe!r})\n"
         "_t = time.perf_counter()\n"
         f"get_ipython().run_cell_magic({magic!r}, {line!r}, {probe!r})\n"
+        "jax.block_until_ready(_probe)\n"  # a re-run returns once its program is dispatched
         "_rate = 1e5 / (time.perf_counter() - _t)\n"
         "del _probe\n"
     )["status"] == "ok"
@@ -191,9 +196,13 @@ def test_the_status_line_is_replaced_by_the_result(kernel):
         elif kind == "status" and content["execution_state"] == "idle":
             break
     assert status_ids, "no status line: make the compile longer"
-    last = [u for u in updates if u["transient"]["display_id"] in status_ids][-1]
+    # The result view's static twin, in the line's place (rewritten again once its values come: views/later.py).
+    last = [u for u in updates
+            if u["transient"]["display_id"] in status_ids and "jpm-twin-" in u["data"].get("text/html", "")][0]
     twin = re.search(r'class="jpm-static jpm-twin-(\w+)"', last["data"].get("text/html", ""))
-    assert twin, last["data"]  # the result view's static twin, in the line's place
+    assert twin, last["data"]
+    assert all(u["data"].get("text/html", "").startswith(f'<div class="jpm-static jpm-twin-{twin.group(1)}"')
+               for u in updates[updates.index(last):] if u["transient"]["display_id"] in status_ids)
     assert last["data"]["text/plain"] and not last["data"]["text/plain"].startswith(("compiling", "done"))
     # Then the widget, after the line (its model names the twin it hides), and nothing else visible.
     after = order[next(k for k, (kind, c) in enumerate(order) if c is last) + 1:]
@@ -204,3 +213,43 @@ def test_the_status_line_is_replaced_by_the_result(kernel):
     assert opened and opened[0]["data"]["state"]["_jpm_twin"] == twin.group(1)
     assert not any(u["data"].get("text/plain") == "" for u in updates), "a blanked line was left behind"
     assert kernel.run('del z')["status"] == "ok"
+
+
+def test_a_shown_cells_values_come_after_it_returns(kernel):
+    """In a kernel whose front end can answer input() (jupyter_client's default, as JupyterLab's), a
+    shown re-run returns once its program is dispatched: its view is drawn without values, and they
+    come after the cell went idle, to the widget (its synced state) and to its static twin (an update
+    of the twin's display, so a saved notebook keeps them)."""
+    import numpy as np
+
+    from jaxpar_magic.views.summaries import format_values
+
+    n = iterations_for(kernel, 4.0, "pmap", "--no-show", "x")
+    cell = "%%pmap --broadcast trips\ny = lax.fori_loop(0, trips, lambda i, a: jnp.sin(a) * 0.5 + 0.25, x)\n"
+    assert kernel.run("trips = jnp.int32(1)")["status"] == "ok"
+    assert kernel.run(cell)["status"] == "ok"  # the first run compiles, and waits
+    assert kernel.run(f"trips = jnp.int32({n})")["status"] == "ok"
+    kernel.drain()
+    msg_id = kernel.kc.execute(cell)
+    order, twin_id, filled = [], None, None
+    for msg in kernel.messages(msg_id, 120):
+        kind, content = msg["msg_type"], msg["content"]
+        order.append(kind if kind != "status" else content["execution_state"])
+        if kind == "display_data" and "jpm-twin-" in content["data"].get("text/html", ""):
+            twin_id = content["transient"]["display_id"]
+            assert "values: waiting for the devices…" in content["data"]["text/plain"]
+        elif kind == "update_display_data" and twin_id and content["transient"]["display_id"] == twin_id:
+            filled = content["data"]
+            break
+    assert twin_id and filled, order
+    assert "idle" in order[:-1], order  # the twin's values came after the cell had ended
+    assert "comm_msg" in order[order.index("idle"):], order  # and the widget's, to its synced state
+    expected = EXPECTED.format(arg="np.arange(8.0)", n=200)  # e: the loop's fixed point, in NumPy
+    scope = {"np": np}
+    exec(expected, scope)
+    assert kernel.run(expected)["status"] == "ok"
+    assert kernel.value("bool(np.allclose(np.asarray(y), e, rtol=1e-5))") == "True"
+    value = format_values(np.float32(scope["e"][0]), (), np.float32)
+    assert value in filled["text/plain"] and value in filled["text/html"], filled["text/plain"]
+    assert "waiting for the devices" not in filled["text/plain"]
+    assert kernel.run('y = "old"')["status"] == "ok"

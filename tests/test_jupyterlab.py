@@ -280,6 +280,10 @@ def check_shard_map_chapter(page, shots: Path) -> None:
     assert product.count() == 1, "the block-product view does not label the blocks with their slices"
     tiles = product.first.locator(".jpm-tile-slice").all_text_contents()
     assert tiles[:4] == ["c[0:2, 0:4]", "c[0:2, 0:4]", "c[2:4, 0:4]", "c[2:4, 0:4]"], tiles
+    # Its values came after the cell (views/later.py): the hidden static twin, what a saved notebook keeps, was
+    # rewritten with them by its display id, and no twin still waits.
+    expect(page.locator(".jpm-static").filter(has_text="c[2:4, 0:4]")).to_have_count(1)
+    expect(page.locator(".jpm-static").filter(has_text="waiting for the devices")).to_have_count(0)
     assert "all-reduce" in product.first.text_content()
     # Rank-reducing %%pmap beside rank-preserving %%shard_map on the same rows.
     assert "float32[4]" in live_view(page, "results", "centred").first.text_content()

@@ -16,7 +16,7 @@ from jax import lax
 
 import jaxpar_magic
 from shell_helpers import N_DEVICES, pmap, shown_state
-from jaxpar_magic.views import summaries
+from jaxpar_magic.views import summaries, values
 
 # The run stage's module, found through its twin: `jaxpar_magic.pmap` names function mode's twin.
 engine = importlib.import_module(jaxpar_magic.pmap_cell.__module__)
@@ -451,7 +451,7 @@ def test_per_device_summary_ships_at_most_16_tiles_of_4096_devices():
     ids = list(range(4096))
     coords = [(i // 64, i % 64) for i in ids]
     stacked = jnp.arange(4096 * 3, dtype=jnp.float32).reshape(4096, 3)
-    summary = summaries.per_device_summary("w", stacked, 1, ids, coords)
+    summary = values.per_device_summary("w", stacked, 1, ids, coords)
     assert summary["same_on_all"] is False
     assert len(summary["tiles"]) <= 16
     assert summary["omitted"] == 4096 - len(summary["tiles"])
@@ -463,7 +463,7 @@ def test_per_device_summary_ships_at_most_16_tiles_of_4096_devices():
 def test_per_device_summary_same_on_all_4096_is_one_tile_with_few_ids():
     ids = list(range(4096))
     stacked = jnp.ones((4096, 3), jnp.float32)
-    summary = summaries.per_device_summary("w", stacked, 1, ids, [(i,) for i in ids])
+    summary = values.per_device_summary("w", stacked, 1, ids, [(i,) for i in ids])
     assert summary["same_on_all"] is True
     assert len(summary["tiles"]) == 1
     assert len(summary["tiles"][0]["devices"]) <= 16
@@ -473,7 +473,7 @@ def test_per_device_summary_same_on_all_4096_is_one_tile_with_few_ids():
 def test_per_device_summary_shows_a_few_values_of_a_wide_block():
     ids = list(range(8))
     stacked = jnp.arange(8 * 1000, dtype=jnp.float32).reshape(8, 1000)
-    summary = summaries.per_device_summary("w", stacked, 1, ids, [(i,) for i in ids])
+    summary = values.per_device_summary("w", stacked, 1, ids, [(i,) for i in ids])
     text = summary["tiles"][0]["text"]
     assert len(_numbers(text)) <= summaries.VALUES_PER_TILE
     assert "…" in text

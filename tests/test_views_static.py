@@ -187,7 +187,7 @@ def test_text_renderings() -> None:
     assert "  same on all 8 devices: 28." in text
     assert "8 pairs: 0→1, 1→2" in text and "every device sends to the next one in mesh order (cyclic)" in text
     assert "groups: {0–7}" in text
-    assert "Cost: compile 12.3 ms · run 0.4 ms · FLOPs per device 1.23 k" in text
+    assert "Cost: compile 12.3 ms · run (waited for its result) 0.4 ms · FLOPs per device 1.23 k" in text
 
     text = sharding.to_text(sharding_state([4000, 10000], [("data", 4), ("model", 2)], ["data", None], name="v"))
     assert text.splitlines()[0] == "v: float32[4000, 10000] (152.6 MiB) · P('data', None) · replicated over model"
@@ -312,6 +312,28 @@ def test_bundles_are_self_contained(cls: type) -> None:
     assert "const __jpm_palette = " in esm and "const __jpm_format = " in esm
     # The pieces the library ships rebuild the bundle byte for byte (as js/loader.js joins them).
     assert esm.endswith("".join(esm.helpers.values()) + esm.body) and list(esm.helpers) == ["palette", "format"]
+
+
+def test_a_view_syncs_what_an_anywidget_syncs() -> None:
+    """Views skip AnyWidget.__init__ (it builds a class per instance) and carry anywidget's traits as
+    class traits instead: the model must still hold every trait a real AnyWidget sends, with the
+    same meaning, and the view stays an instance of its own class."""
+    import anywidget
+
+    class Plain(anywidget.AnyWidget):
+        _esm = "export default { render() {} };"
+        _css = ".x {}"
+
+    plain, view, again = Plain(), ResultView(state={}), ResultView(state={})
+    assert set(plain.keys) <= set(view.keys)
+    assert set(base.ANYWIDGET_TRAITS) <= set(plain.keys)
+    mine, theirs = view.get_state(), plain.get_state()
+    for key in ("_model_name", "_model_module", "_model_module_version", "_view_name", "_view_module"):
+        assert mine[key] == theirs[key], key
+    assert theirs["_anywidget_id"].endswith(".Plain")
+    assert mine["_anywidget_id"] == "jaxpar_magic.views.results.ResultView" and mine["_esm"] == base._LOADER
+    assert type(view) is type(again) and type(view).__name__ == "ResultView" and isinstance(view, ResultView)
+    plain.close(), view.close(), again.close()
 
 
 def test_every_view_ships_the_loader_and_the_library_holds_the_code_once() -> None:

@@ -34,6 +34,31 @@ def spec_axes(spec, ndim: int) -> list[tuple[str, ...]]:
     return out
 
 
+def same_layout(sharding, placed, ndim: int) -> bool:
+    """Whether `sharding` lays an array of `ndim` dimensions out as `placed` does, however each
+    spells its PartitionSpec: `P()`, `P(None)` and `P(None, None)` are one layout of a 2-D array,
+    as are `P('data')`, `P(('data',))` and `P('data', None)`. An array on an Explicit mesh comes out
+    of a program spelled in full (`P(None, None)`) where `--in x=P()` placed it: the same layout.
+
+    Equal shardings answer at once; NamedShardings on one mesh and memory kind compare their specs
+    per dimension (and what they leave unreduced or reduced); any other pair asks JAX whether they
+    put the same data on the same devices."""
+    if sharding == placed:
+        return True
+    if sharding is None or placed is None:
+        return False
+    import jax
+
+    named = jax.sharding.NamedSharding
+    if isinstance(sharding, named) and isinstance(placed, named):
+        a, b = sharding.spec, placed.spec
+        return (sharding.mesh == placed.mesh and sharding.memory_kind == placed.memory_kind
+                and spec_axes(a, ndim) == spec_axes(b, ndim)
+                and getattr(a, "unreduced", None) == getattr(b, "unreduced", None)
+                and getattr(a, "reduced", None) == getattr(b, "reduced", None))
+    return sharding.is_equivalent_to(placed, ndim)
+
+
 def named_tiles(shape, axis_names, axis_sizes, device_ids, spec) -> list[Tile]:
     """Tiles of an array of `shape` laid out by `spec` over a mesh (device ids in row-major order).
 

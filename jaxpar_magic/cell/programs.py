@@ -15,6 +15,7 @@ from ..errors import UsageError
 from . import analysis as cells, dict_keys, nnx_graphs
 from .fingerprints import Ref, fingerprint, traced_callables
 from .jax_traces import forget_traces
+from .layout import same_layout
 from .leaked_tracers import refuse_hidden
 from .meshes import on_other_mesh
 from .nnx_replay import ATTEMPTS, DirectWrite, GraphReplay
@@ -60,6 +61,7 @@ class CellProgram:
     recording: object = None  # recorder.Recording when compiled with --collectives
     assembled: dict = field(default_factory=dict)  # %%shard_map: device output name -> the spec it is assembled by
     donated: tuple = ()  # --donate: the positions of the arguments whose buffers the program reuses
+    waits: dict = field(default_factory=dict)  # shape signature -> must a run wait for its result (run/program.must_wait)
 
 
 TRACE = 2  # where a program's results hold its CellTrace: (device outputs, final, trace[, records])
@@ -347,6 +349,19 @@ def _output_split(name: str | None, value):
 _MISSING = object()
 
 
+def _laid_out_as(arrays, placed: list) -> bool:
+    """Whether each array has the layout --in gave its leaf (`placed`: their shardings), however its
+    spec is spelled (layout.same_layout). A match spelled otherwise replaces the recorded sharding,
+    so that the next re-run on arrays from the same program finds it equal at once."""
+    for k, (array, sharding) in enumerate(zip(arrays, placed)):
+        got = getattr(array, "sharding", None)
+        if got is not sharding and got != sharding:
+            if not same_layout(got, sharding, getattr(array, "ndim", 0)):
+                return False
+            placed[k] = got
+    return True
+
+
 class Rerun:
     """What a successful run checked, so that re-running the same cell on the same kind of inputs
     goes straight to the compiled program (the bench's "cached re-run" path).
@@ -401,7 +416,7 @@ class Rerun:
                 if arrays is None:
                     return None
                 placed = self.placements.get(tree.name)
-                if placed is not None and any(getattr(a, "sharding", None) != s for a, s in zip(arrays, placed)):
+                if placed is not None and not _laid_out_as(arrays, placed):
                     return None  # not where --in puts it: the full path places it again
                 if arrays and self.mesh is not None and on_other_mesh(arrays[0], self.mesh):
                     return None  # the full path lays it out again; calling with it would trace once more for

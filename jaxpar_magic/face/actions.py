@@ -38,6 +38,9 @@ class Outcome:
     # The compiled program's collectives and costs (stages/run/program.ProgramFacts), when computed:
     # for a view, --report, or an exercise's check (Defaults.facts).
     facts: object = None
+    # Views whose values are still on the devices (Defaults.later): the index of the view in `views`
+    # -> its views.values.PendingValues; the magic layer shows the view at once and fills it later.
+    pending: dict = field(default_factory=dict)
 
     def bind(self, namespace: dict) -> None:
         """Bind the names in one step, then write back what the cell changed in place."""
@@ -53,6 +56,7 @@ class Defaults:
     axis_name: str = "i"
     show: bool = True
     facts: bool = False  # read the compiled program's facts even when nothing shows them (an exercise's check)
+    later: bool = False  # a result view's values may come after the cell returns (Outcome.pending), else it waits
 
 
 def run(magic: str, options, source: str | None, namespace: dict, defaults: Defaults) -> Outcome:
@@ -105,7 +109,7 @@ def pmap(options, source, namespace, defaults) -> Outcome:
     from ..engines.pmap import check_block_options
     from ..stages.run.pmap_function import ParallelFunction
     from ..stages.run.pmap import pmap_cell
-    from ..views.summaries import report_figures, result_state
+    from ..views.summaries import report_figures
 
     axis_name = options.axis_name or defaults.axis_name
     if (options.as_code or options.plan is not None) and analyse_cached(source, "pmap-cell").mode != "function":
@@ -122,7 +126,7 @@ def pmap(options, source, namespace, defaults) -> Outcome:
         broadcast=options.broadcast, split=options.split, merge=options.merge, in_axes=options.in_axes,
         out_axes=options.out_axes, static_broadcasted_argnums=options.static_broadcasted_argnums,
         donate_argnums=options.donate_argnums, want_facts=show or options.report or defaults.facts, bind=False,
-        collectives=options.collectives, **_profile_arguments(options),
+        collectives=options.collectives, wait=options.report, **_profile_arguments(options),
     )
     if isinstance(result, dict):  # function mode
         lines = []
@@ -146,11 +150,10 @@ def pmap(options, source, namespace, defaults) -> Outcome:
         figures = report_figures(result.facts, result.run_ms) if options.report and result.facts else None
         sizes = "x".join(str(s) for s in result.mesh.devices.shape)
         title = f"%%pmap over {sizes} devices (axis {', '.join(result.mesh.axis_names)})" + moved_title(result.moved)
-        outcome.views.append(("results", result_state(title, result.mesh, outputs, result.facts, result.cell.line,
-                                                      figures)))
+        _result_view(outcome, defaults, title, result.mesh, outputs, result.facts, result.cell.line, figures)
     elif options.report and result.facts is not None:
         f = result.facts
-        figures = (f"compile {f.compile_ms:.1f} ms, run {result.run_ms:.2f} ms, flops {f.flops}, bytes "
+        figures = (f"compile {f.compile_ms:.1f} ms, run {result.run_ms:.2f} ms (waited for its result), flops {f.flops}, bytes "
                    f"{f.bytes_accessed}, collectives {[c.op for c in f.collectives]}")
         outcome.text = "\n".join(t for t in (outcome.text, figures) if t)
     if result.collectives is not None:
@@ -169,7 +172,8 @@ def shard(options, source, namespace, defaults) -> Outcome:
     show = defaults.show if options.show is None else options.show
     result = shard_cell(source, namespace, mesh=options.mesh, in_specs=options.in_specs,
                         out_specs=options.out_specs, want_facts=options.report or defaults.facts, bind=False,
-                        outputs=options.outputs, donate=options.donate, **_profile_arguments(options))
+                        outputs=options.outputs, donate=options.donate, wait=options.report,
+                        **_profile_arguments(options))
     outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, commit=result.commit,
                       facts=result.facts, text=moved_text(result.moved, result.mesh))
     if not (show or options.report):
@@ -197,13 +201,14 @@ def shard_map(options, source, namespace, defaults) -> Outcome:
         return _plan("shard_map", options, source, namespace, mesh=options.mesh, in_specs=options.in_specs,
                      out_specs=options.out_specs, check_vma=options.check_vma, outputs=options.outputs)
     from ..stages.run.shard_map import shard_map_cell
-    from ..views.summaries import report_figures, result_state
+    from ..views.summaries import report_figures
 
     show = defaults.show if options.show is None else options.show
     result = shard_map_cell(source, namespace, mesh=options.mesh, in_specs=options.in_specs,
                             out_specs=options.out_specs, check_vma=options.check_vma,
                             want_facts=show or options.report or defaults.facts, bind=False,
-                            collectives=options.collectives, outputs=options.outputs, **_profile_arguments(options))
+                            collectives=options.collectives, outputs=options.outputs, wait=options.report,
+                            **_profile_arguments(options))
     outcome = Outcome(bindings=result.bindings, final=result.final, has_final=result.has_final, facts=result.facts,
                       text=moved_text(result.moved, result.mesh))
     if not (show or options.report or options.collectives):
@@ -220,8 +225,8 @@ def shard_map(options, source, namespace, defaults) -> Outcome:
         figures = report_figures(result.facts, result.run_ms) if options.report and result.facts else None
         title = f"%%shard_map over {result.mesh.devices.size} devices ({sizes}): each device's block" + \
             moved_title(result.moved)
-        outcome.views.append(("results", result_state(title, result.mesh, device, result.facts, result.cell.line,
-                                                      figures, blocks=True)))
+        _result_view(outcome, defaults, title, result.mesh, device, result.facts, result.cell.line, figures,
+                     blocks=True)
         outcome.views += [v for name, value in device.items() for v in sharding_views(name, value)]
     elif options.report and result.facts is not None:
         outcome.views.append(_program_report("%%shard_map program", result))
@@ -255,10 +260,24 @@ def sharding_views(name: str, value) -> list:
     from ..views.tree_summary import is_bare_array, tree_state
 
     if is_bare_array(value):
-        from ..views.summaries import sharding_state
+        from ..views.summaries import shown_sharding_state
 
-        return [("sharding", sharding_state(name, value))]
+        return [("sharding", shown_sharding_state(name, value))]
     return [("tree", tree_state(name, value))]
+
+
+def _result_view(outcome: Outcome, defaults: Defaults, title: str, mesh, outputs: dict, facts, line_text, report,
+                 blocks: bool = False) -> None:
+    """Add the per-device result view: with Defaults.later its values still pending (Outcome.pending),
+    else read now (which waits for the cell's program)."""
+    from ..views.values import result_parts
+
+    state, pending = result_parts(title, mesh, outputs, facts, line_text, report, blocks)
+    if defaults.later and pending.parts:
+        outcome.pending[len(outcome.views)] = pending
+    else:
+        state["outputs"] = pending.outputs()
+    outcome.views.append(("results", state))
 
 
 def _profile_arguments(options) -> dict:

@@ -14,7 +14,7 @@ from IPython.core.magic import (
 )
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
-from traitlets import Bool, Float, Unicode, observe
+from traitlets import Bool, CaselessStrEnum, Float, Unicode, observe
 from traitlets.config import Configurable
 
 from ..errors import UsageError
@@ -53,15 +53,37 @@ def show_sharding(value, name: str = "array"):
 
 
 def view_of(kind: str, state: dict):
-    """The widget that shows a view state of `kind` (actions.Outcome.views)."""
+    """The widget that shows a view state of `kind` (actions.Outcome.views). A layout's state shown
+    again (the very same dict: views.summaries.shown_sharding_state) gets its widget again: the same
+    model, its static forms already drawn, nothing new to sync."""
     from .. import views
 
+    if kind in _REUSED_KINDS:
+        shown = _shown_views.get(id(state))
+        if shown is not None and shown[0] is state and shown[1].comm is not None:
+            _shown_views.move_to_end(id(state))
+            return shown[1]
     if kind == "explorer":  # a live view over its explorer (stages/explore/explorer.py), not a state alone
         return views.ExplorerView(explorer=state)
-    classes = {"devices": views.DevicesView, "mesh": views.MeshView, "sharding": views.ShardingView,
-               "results": views.ResultView, "collectives": views.CollectivesView, "plan": views.PlanView,
-               "tree": views.TreeView, "profile": views.ProfileView}
-    return classes[kind](state=state)
+    view = _view_class(kind)(state=state)
+    if kind in _REUSED_KINDS:
+        _shown_views[id(state)] = (state, view)
+        while len(_shown_views) > 64:
+            _shown_views.popitem(last=False)
+    return view
+
+
+@functools.cache
+def _view_class(kind: str) -> type:
+    from .. import views
+
+    return {"devices": views.DevicesView, "mesh": views.MeshView, "sharding": views.ShardingView,
+            "results": views.ResultView, "collectives": views.CollectivesView, "plan": views.PlanView,
+            "tree": views.TreeView, "profile": views.ProfileView}[kind]
+
+
+_REUSED_KINDS = ("sharding",)  # view kinds whose states are shared per layout (read-only)
+_shown_views: OrderedDict = OrderedDict()  # id(state) -> (state, its widget)
 
 
 def _applying(*decorators):
@@ -127,6 +149,12 @@ class JaxparMagics(Magics, Configurable):
     show = Bool(True, help="Show the per-device result view after a %%pmap cell (--show/--no-show override it).").tag(
         config=True
     )
+    view_values = CaselessStrEnum(
+        ["auto", "later", "wait"], "auto",
+        help="When a result view gets its per-device values: 'later' (the cell returns once its program is "
+             "dispatched and the view fills in when they are ready), 'wait' (the cell waits for them), 'auto' "
+             "(later in a kernel whose front end can answer input(), such as JupyterLab; wait in a terminal and "
+             "under nbconvert --execute, which keep only what a cell shows before it ends).").tag(config=True)
     cluster_timeout = Float(
         120.0, help="Seconds a cluster cell may take before its processes are interrupted (--timeout overrides it)."
     ).tag(config=True)
@@ -161,9 +189,10 @@ class JaxparMagics(Magics, Configurable):
 
         options = parse_line(magic, line)
         source = _transformed(self.shell, cell) if cell is not None else None
-        defaults = actions.Defaults(axis_name=self.axis_name, show=self.show, facts=bool(WATCHERS))
         namespace = self.shell.user_ns
         cluster = _running_cluster()
+        defaults = actions.Defaults(axis_name=self.axis_name, show=self.show, facts=bool(WATCHERS),
+                                    later=cluster is None and self._values_later())
         with kept_lines() as status_lines:  # a "compiling… 3 s" line is replaced by the first view
             if cluster is not None and magic in ON_CLUSTER:
                 from .remote import on_cluster
@@ -182,10 +211,17 @@ class JaxparMagics(Magics, Configurable):
                 outcome = actions.run(magic, options, source, namespace, defaults)
             if outcome.text:
                 print(outcome.text)
-            for kind, state in outcome.views:
+            for index, (kind, state) in enumerate(outcome.views):
                 view = view_of(kind, state)
+                pending = outcome.pending.get(index)
+                if pending is not None:  # its values come later: its static twin gets an id to be rewritten by
+                    view.static_display_id = f"jpm-{view._jpm_twin}"
                 if not status_lines.fill(view):
                     display(view)
+                if pending is not None:
+                    from ..views.later import fill_later
+
+                    fill_later(view, pending, static=getattr(self.shell, "kernel", None) is not None)
             status_lines.close()
         outcome.bind(namespace)
         for watcher in WATCHERS:  # an exercise cell running this magic reads what it ran (face/exercises/)
@@ -195,6 +231,18 @@ class JaxparMagics(Magics, Configurable):
         if cell is not None and outcome.has_final and not silenced:
             return outcome.final
         return None
+
+    def _values_later(self) -> bool:
+        """Whether a result view's values may come after its cell returns (JaxparMagics.view_values)."""
+        if self.view_values != "auto":
+            return self.view_values == "later"
+        kernel = getattr(self.shell, "kernel", None)
+        if kernel is None:  # a terminal prints the view's text once: it must hold the values
+            return False
+        # A front end that can answer input() is one a person works in, which applies later updates;
+        # nbclient (nbconvert --execute, papermill) says it cannot, and keeps only what a cell sent
+        # before it ended.
+        return bool(kernel.get_parent().get("content", {}).get("allow_stdin", False))
 
     # --- %cluster / %%cluster ---------------------------------------------------------------------
     @line_cell_magic

@@ -48,6 +48,7 @@ output with both forms.
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import json
 import math
@@ -243,6 +244,9 @@ class ViewBase(anywidget.AnyWidget):
     _jpm_twin = traitlets.Unicode("").tag(sync=True)
     _css = ""  # the stylesheet comes from the library, once per page
     _bundle: ClassVar[Bundle]
+    #: The display id the static twin was shown under, where it is rewritten later (a result view
+    #: whose values come after the cell: views/later.py); None: shown without one.
+    static_display_id: str | None = None
 
     _render_html: ClassVar[Callable[[dict[str, Any]], str]]
     _render_text: ClassVar[Callable[[dict[str, Any]], str]]
@@ -254,12 +258,24 @@ class ViewBase(anywidget.AnyWidget):
             cls._esm = _LOADER
         super().__init_subclass__(**kwargs)
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> ViewBase:
+        return super().__new__(_synced_class(cls), *args, **kwargs)
+
+    @traitlets.default("keys")
+    def _default_keys(self) -> list[str]:
+        """The synced traits, read once per class (ipywidgets scans every trait of every instance)."""
+        return list(_synced_keys(type(self)))
+
     def __init__(self, state: dict[str, Any] | None = None, **kwargs: Any) -> None:
         lib = library()
         lib.add(type(self)._bundle)
         kwargs.setdefault("layout", shared_layout())
-        super().__init__(
-            state=dict(state or {}), _jpm_view=type(self)._bundle.view, _jpm_lib=f"IPY_MODEL_{lib.model_id}",
+        _colab_widgets()
+        # ipywidgets' own __init__, not AnyWidget's: that one adds anywidget's traits to every
+        # instance (`add_traits` builds a new class each time, ~0.5 ms a view); _synced_class has
+        # them once per view class, with the same names and values.
+        ipywidgets.DOMWidget.__init__(
+            self, state=dict(state or {}), _jpm_view=type(self)._bundle.view, _jpm_lib=f"IPY_MODEL_{lib.model_id}",
             _jpm_twin=uuid.uuid4().hex[:16], **kwargs
         )
 
@@ -282,16 +298,29 @@ class ViewBase(anywidget.AnyWidget):
         return fit_text(type(self)._render_text(self.state), width or text_width())
 
     def _widget_bundle(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """The widget's own output (its model id), made once per view: a view shown again reuses it."""
+        made = self.__dict__.get("_jpm_widget_bundle")
+        if made is not None and made[0] == self.model_id:
+            return made[1]
         bundle = super()._repr_mimebundle_(**kwargs)
         if bundle is None:
             return None
         data, metadata = bundle
-        return {WIDGET_MIME: data[WIDGET_MIME]}, metadata
+        made = ({WIDGET_MIME: data[WIDGET_MIME]}, metadata)
+        self.__dict__["_jpm_widget_bundle"] = (self.model_id, made)
+        return made
 
     def static_bundle(self) -> dict[str, str]:
-        """The static twin: the picture, marked with this widget's twin class, and the text."""
+        """The static twin: the picture, marked with this widget's twin class, and the text. Drawn
+        once per state (a view shown again, or its text for repr, reuses it)."""
+        state = self.state
+        drawn = self.__dict__.get("_jpm_drawn")
+        if drawn is not None and drawn[0] is state:
+            return drawn[1]
         html = f'<div class="jpm-static jpm-twin-{self._jpm_twin}">{self.to_html()}</div>'
-        return {"text/html": html, "text/plain": self.to_text()}
+        bundle = {"text/html": html, "text/plain": self.to_text()}
+        self.__dict__["_jpm_drawn"] = (state, bundle)
+        return bundle
 
     def display_parts(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """What displaying this view publishes, as ``(data, metadata)`` outputs: in a kernel the
@@ -307,8 +336,18 @@ class ViewBase(anywidget.AnyWidget):
     def _ipython_display_(self, **kwargs: Any) -> None:
         from IPython.display import display
 
-        for data, metadata in self.display_parts():
-            display(data, metadata=metadata, raw=True)
+        for index, (data, metadata) in enumerate(self.display_parts()):
+            if index == 0 and self.static_display_id is not None:
+                display(data, metadata=metadata, raw=True, display_id=self.static_display_id)
+            else:
+                display(data, metadata=metadata, raw=True)
+
+    def update_static(self) -> None:
+        """Rewrite the static twin shown under `static_display_id` with the current state."""
+        from IPython.display import update_display
+
+        if self.static_display_id is not None:
+            update_display(self.static_bundle(), display_id=self.static_display_id, raw=True)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """One bundle with every form (for callers that format a view themselves; IPython's display
@@ -320,10 +359,41 @@ class ViewBase(anywidget.AnyWidget):
         return {**data, **self.static_bundle()}, metadata
 
     def __repr__(self) -> str:
-        return self.to_text()
+        return self.static_bundle()["text/plain"]
 
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+#: The traits anywidget's front end reads from every model, beside ipywidgets' own: its module
+#: (`_esm`), its stylesheet (`_css`) and the widget class's name (`_anywidget_id`), as
+#: `anywidget.AnyWidget.__init__` adds them (tests/test_views_static.py compares with a real AnyWidget).
+ANYWIDGET_TRAITS = ("_esm", "_css", "_anywidget_id")
+
+
+@functools.cache
+def _synced_class(cls: type) -> type:
+    """`cls` with anywidget's per-model traits as class traits, made once per view class: what every
+    instance of `cls` is (its name and everything else stay `cls`'s)."""
+    if cls.__dict__.get("_jpm_synced"):
+        return cls
+    values = {"_esm": cls._esm, "_css": cls._css, "_anywidget_id": f"{cls.__module__}.{cls.__name__}"}
+    body: dict[str, Any] = {key: traitlets.Unicode(str(values[key])).tag(sync=True) for key in ANYWIDGET_TRAITS}
+    body.update(__module__=cls.__module__, __qualname__=cls.__qualname__, _jpm_synced=True)
+    return type(cls.__name__, (cls,), body)
+
+
+@functools.cache
+def _synced_keys(cls: type) -> tuple[str, ...]:
+    return tuple(cls.class_traits(sync=True))
+
+
+@functools.cache
+def _colab_widgets() -> None:
+    """In Google Colab, its custom widget manager, once (what anywidget does for every widget there)."""
+    import sys
+
+    output = sys.modules.get("google.colab.output")
+    if output is not None:
+        output.enable_custom_widget_manager()
 
 
 def _in_kernel() -> bool:

@@ -122,50 +122,98 @@ def _matches(rule: Rule, tag: str, classes: frozenset[str], ancestors: list[tupl
     return True
 
 
+class _Context(NamedTuple):
+    """An open element and what it passes on: its ancestors' (tag, classes), innermost last, and
+    the inherited declarations its children get. Interned (`_context`): the same chain of tags and
+    classes is one context, whatever the markup."""
+
+    tag: str
+    ancestors: tuple[tuple[str, frozenset[str]], ...]
+    inherited: dict[str, str]
+
+
+_CONTEXTS: list[_Context] = [_Context("", (), {})]  # by id; 0 is the top level
+_CONTEXT_IDS: dict[tuple, int] = {}
+#: (an opening tag's text, the id of the context it opens in) -> (its text with the styles inline, the
+#: id of the context it opens, or None for a void element). Our renderers write the same few dozen
+#: tags in the same few chains, so a view's static HTML is mostly look-ups (bench section 15).
+_RESTYLED: dict[tuple[str, int], tuple[str, int | None]] = {}
+_RESTYLED_MOST = 50_000
+
+
+def _context(parent: int, tag: str, classes: frozenset[str], merged: dict[str, str]) -> int:
+    key = (parent, tag, classes)
+    found = _CONTEXT_IDS.get(key)
+    if found is None:
+        outer = _CONTEXTS[parent]
+        passed = {k: v for k, v in outer.inherited.items() if k not in _RESET_BY_NOTEBOOK.get(tag, ())}
+        inherited = {**passed, **{k: v for k, v in merged.items() if k in _INHERITED}}
+        _CONTEXTS.append(_Context(tag, outer.ancestors + ((tag, classes),), inherited))
+        found = _CONTEXT_IDS[key] = len(_CONTEXTS) - 1
+    return found
+
+
+def _restyle(found: re.Match[str], where: int) -> tuple[str, int | None]:
+    """One opening tag with js/static.css applied, in the context `where`."""
+    by_class, by_tag = static_rules()
+    tag, attrs, selfclose = found.group(2).lower(), found.group(3), found.group(4)
+    context = _CONTEXTS[where]
+    ancestors = list(context.ancestors)
+    pairs = [(m.group(1), m.group(2)) for m in _ATTR_RE.finditer(attrs)]
+    values = dict(pairs)
+    classes = frozenset((values.get("class") or "").split())
+    candidates = list(by_tag.get(tag, ()))
+    for c in classes:
+        candidates += by_class.get(c, ())
+    chosen = sorted((r for r in candidates if _matches(r, tag, classes, ancestors)),
+                    key=lambda r: (r.specificity, r.order))
+    merged: dict[str, str] = {}
+    for rule in chosen:
+        for name, value in rule.declarations:
+            merged.pop(name, None)  # re-inserted last: the later rule wins, in order
+            merged[name] = value
+    parent = context.inherited
+    opened = None
+    if tag not in _VOID and not selfclose:
+        opened = _context(where, tag, classes, merged)
+    if tag in _BARE:
+        merged = {k: v for k, v in merged.items() if k not in _INHERITED or parent.get(k) != v}
+    if not merged and not values.get("style") and not any(k.startswith("data-") for k in values):
+        return found.group(0), opened
+    style = ";".join(f"{k}:{v}" for k, v in merged.items()).replace('"', "&quot;")
+    if values.get("style"):
+        style = f"{style};{values['style']}" if style else values["style"]
+    # data-* attributes go too: a sanitizer drops them, and only a live view reads them.
+    rest = "".join(f' {k}="{v}"' if v is not None else f" {k}" for k, v in pairs
+                   if k != "style" and not k.startswith("data-"))
+    return f'<{found.group(2)}{rest} style="{style}"{" /" if selfclose else ""}>', opened
+
+
 def inline_styles(markup: str) -> str:
     """``markup`` (a view's static HTML, written by our renderers: attributes double-quoted and
     escaped) with js/static.css applied to every element as its ``style`` attribute. A style the
-    renderer wrote itself comes last, so it wins (a device's colour, a computed width)."""
-    by_class, by_tag = static_rules()
-    ancestors: list[tuple[str, frozenset[str]]] = []
-    inherited: list[dict[str, str]] = [{}]  # what each open element passes on to its children
+    renderer wrote itself comes last, so it wins (a device's colour, a computed width).
+
+    Each opening tag is restyled once per context it appears in (`_RESTYLED`); safe to call from
+    several threads (a view's values are filled in by a background thread: views/later.py)."""
+    if len(_RESTYLED) > _RESTYLED_MOST:
+        _RESTYLED.clear()
+    open_ids = [0]
 
     def restyle(found: re.Match[str]) -> str:
-        closing, tag, attrs, selfclose = found.group(1), found.group(2).lower(), found.group(3), found.group(4)
-        if closing:
-            while ancestors:
-                inherited.pop()
-                if ancestors.pop()[0] == tag:
+        text = found.group(0)
+        if found.group(1):  # a closing tag closes the innermost element of its name, and any left open inside it
+            tag = found.group(2).lower()
+            while len(open_ids) > 1:
+                if _CONTEXTS[open_ids.pop()].tag == tag:
                     break
-            return found.group(0)
-        pairs = [(m.group(1), m.group(2)) for m in _ATTR_RE.finditer(attrs)]
-        values = dict(pairs)
-        classes = frozenset((values.get("class") or "").split())
-        candidates = list(by_tag.get(tag, ()))
-        for c in classes:
-            candidates += by_class.get(c, ())
-        chosen = sorted((r for r in candidates if _matches(r, tag, classes, ancestors)),
-                        key=lambda r: (r.specificity, r.order))
-        merged: dict[str, str] = {}
-        for rule in chosen:
-            for name, value in rule.declarations:
-                merged.pop(name, None)  # re-inserted last: the later rule wins, in order
-                merged[name] = value
-        parent = inherited[-1]
-        if tag not in _VOID and not selfclose:
-            ancestors.append((tag, classes))
-            passed = {k: v for k, v in parent.items() if k not in _RESET_BY_NOTEBOOK.get(tag, ())}
-            inherited.append({**passed, **{k: v for k, v in merged.items() if k in _INHERITED}})
-        if tag in _BARE:
-            merged = {k: v for k, v in merged.items() if k not in _INHERITED or parent.get(k) != v}
-        if not merged and not values.get("style") and not any(k.startswith("data-") for k in values):
-            return found.group(0)
-        style = ";".join(f"{k}:{v}" for k, v in merged.items()).replace('"', "&quot;")
-        if values.get("style"):
-            style = f"{style};{values['style']}" if style else values["style"]
-        # data-* attributes go too: a sanitizer drops them, and only a live view reads them.
-        rest = "".join(f' {k}="{v}"' if v is not None else f" {k}" for k, v in pairs
-                       if k != "style" and not k.startswith("data-"))
-        return f'<{found.group(2)}{rest} style="{style}"{" /" if selfclose else ""}>'
+            return text
+        key = (text, open_ids[-1])
+        done = _RESTYLED.get(key)
+        if done is None:
+            done = _RESTYLED[key] = _restyle(found, open_ids[-1])
+        if done[1] is not None:
+            open_ids.append(done[1])
+        return done[0]
 
     return _TAG_RE.sub(restyle, markup)

@@ -73,6 +73,8 @@ class Slots:
 
         (data, metadata), *rest = parts()
         handle.update(data, metadata=metadata, raw=True)
+        if hasattr(obj, "update_static"):  # its static twin is rewritten in the line's place (views/later.py)
+            obj.static_display_id = handle.display_id
         for data, metadata in rest:
             display(data, metadata=metadata, raw=True)
         return True

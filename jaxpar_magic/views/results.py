@@ -6,10 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from .base import ViewBase, bundle_esm, chip, esc, format_bytes, format_coords, format_ids, format_ms, format_shape, format_si, op_words, swatch_style
+from .values import PENDING_TEXT
 
 GROUPS_MAX = 16
 GROUP_CELLS_MAX = 64
 PAIRS_MAX = 64
+RUN_LABEL = "run (waited for its result)"  # --report waits for the result to time it; js/results.js says the same
 
 
 def _swatch(device_id: int, detail: str, label: bool = True) -> str:
@@ -45,12 +47,20 @@ def _report_items(report: dict[str, Any] | None) -> list[tuple[str, str]]:
     if report.get("compile_ms") is not None:
         items.append(("compile", format_ms(report["compile_ms"])))
     if report.get("run_ms") is not None:
-        items.append(("run", format_ms(report["run_ms"])))
+        items.append((RUN_LABEL, format_ms(report["run_ms"])))
     if report.get("flops") is not None:
         items.append(("FLOPs per device", format_si(report["flops"])))
     if report.get("bytes_accessed") is not None:
         items.append(("bytes accessed per device", format_bytes(report["bytes_accessed"])))
     return items
+
+
+def _waiting(output: dict[str, Any]) -> str:
+    """What an output whose values are not shown says instead: they are on their way (views/values.py),
+    or could not be read; "" once they are there. The twin of drawOutput's note in js/results.js."""
+    if output.get("error"):
+        return f"values unavailable: {output['error']}"
+    return PENDING_TEXT if output.get("pending") else ""
 
 
 def _pairs_summary(coll: dict[str, Any], order: list[int]) -> str:
@@ -94,7 +104,10 @@ def to_html(state: dict[str, Any]) -> str:
             + "</div>"
         )
         tiles = o.get("tiles") or []
-        if o.get("same_on_all") and tiles:
+        waiting = _waiting(o)
+        if waiting:
+            out.append(f'<div class="jpm-note">{esc(waiting)}</div>')
+        elif o.get("same_on_all") and tiles:
             t = tiles[0]
             strip = "".join(
                 _swatch(d, f"device {d}" + ("" if proc_of(d) is None else f" (process {proc_of(d)})"), False)
@@ -187,7 +200,9 @@ def to_text(state: dict[str, Any]) -> str:
         whole = f" (blocks of {format_shape(str(o.get('dtype')), o['global_shape'])})" if o.get("global_shape") else ""
         lines.append(f"{o.get('name')}: {format_shape(str(o.get('dtype')), o.get('shape') or [])} per device{whole}")
         tiles = o.get("tiles") or []
-        if o.get("same_on_all") and tiles:
+        if _waiting(o):
+            lines.append(f"  {_waiting(o)}")
+        elif o.get("same_on_all") and tiles:
             label = o.get("same_text") or f"same on all {len(tiles[0]['devices'])} devices"
             prefix = f"  {label}: "
             lines.append(prefix + _indent(tiles[0]["text"], " " * len(prefix)))

@@ -1,14 +1,15 @@
-"""Small summaries of results and programs: the states our views are built from.
+"""Small summaries of results and programs: the states our views are built from (a result view's
+per-device values: views/values.py).
 
 Nothing here ships array data: a view gets shapes, dtypes and at most a few values per device,
 for at most MAX_TILES devices, whatever the array's size.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
-
-import functools
+from collections import OrderedDict
 
 from ..cell.hlo import Collective, operands_text
 from ..cell.loops import calls_text
@@ -58,36 +59,6 @@ def _whole_numbers(flat) -> str | None:
     return " ".join(w.rjust(width) for w in words).strip()
 
 
-def per_device_summary(name: str, stacked, k: int, device_ids: list[int], coords: list[tuple]) -> dict:
-    """One output's tiles: each device's value, or one line when every device holds the same."""
-    import numpy as np
-
-    total = len(device_ids)
-    per_shape = tuple(stacked.shape[k:])
-    numbers = numbers_of(stacked)  # a key array's words (one dimension more): what its tiles show
-    head, same = _summariser()(numbers, total)
-    same = bool(to_host(same))
-    shown = 1 if same else min(total, MAX_TILES)
-    head = to_host(head)[:shown]  # the only values that ever leave the devices
-    tiles = []
-    for row in range(shown):
-        ids = device_ids if same else [device_ids[row]]
-        tiles.append({
-            "devices": ids[:MAX_TILES],
-            "coords": list(coords[row]),
-            "text": format_values(head[row], tuple(numbers.shape[k:]), numbers.dtype),
-        })
-    return {
-        "name": name,
-        "shape": list(per_shape),
-        "dtype": str(stacked.dtype),
-        "same_on_all": same,
-        "tiles": tiles,
-        "omitted": 0 if same else total - shown,
-        "same_text": f"same on all {total} devices" if same else None,
-    }
-
-
 def is_key_array(value) -> bool:
     """A typed PRNG key array (`jax.random.key`, dtype `key<fry>`): no NumPy form, no arithmetic."""
     import jax
@@ -116,21 +87,6 @@ def to_host(value):
     return np.asarray(multihost_utils.process_allgather(value, tiled=True))
 
 
-@functools.lru_cache(maxsize=1)
-def _summariser():
-    import jax
-    import jax.numpy as jnp
-
-    # One compiled program per output shape, instead of a handful of eager ops (each its own
-    # compile on first use, and a dispatch every re-run).
-    @functools.partial(jax.jit, static_argnums=1)
-    def head_and_same(stacked, total):
-        flat = jnp.reshape(stacked, (total, -1))
-        return flat[:MAX_TILES, :VALUES_PER_TILE], jnp.all(flat == flat[:1])
-
-    return head_and_same
-
-
 def _groups_text(groups: list[list[int]], total: int) -> str:
     if not groups:
         return f"all {total} devices together"
@@ -156,7 +112,10 @@ def collective_state(c: Collective, total: int, source_line: str | None) -> dict
     }
 
 
+@functools.lru_cache(maxsize=16)
 def mesh_coords(mesh) -> tuple[list[int], list[tuple]]:
+    """Device ids in mesh order and each one's mesh coordinates (read once per mesh: every shown
+    result view asks; callers must not change the lists)."""
     import numpy as np
 
     ids = [d.id for d in mesh.devices.flat]
@@ -171,96 +130,6 @@ def program_state(facts, total: int, line_text) -> list:
     return [collective_state(c, total, line_text(c.line) if c.line else None) for c in facts.collectives]
 
 
-def block_summary(name: str, value, mesh) -> dict:
-    """One `%%shard_map` output: each device's block of a global array (its first values) and the
-    slice of the global array that block is. One compiled program per (mesh, spec) gathers the few
-    values shown; nothing else leaves the devices."""
-    import numpy as np
-
-    ids, coords = mesh_coords(mesh)
-    total = len(ids)
-    sharding = value.sharding
-    block_shape = tuple(sharding.shard_shape(value.shape))
-    numbers = numbers_of(value)  # a key array's words: its own blocks, one dimension more
-    numbers_block = tuple(numbers.sharding.shard_shape(numbers.shape))
-    size = int(np.prod(numbers_block, dtype=np.int64))
-    heads = np.asarray(_block_heads(mesh, sharding.spec)(numbers).addressable_data(0)).reshape(total, -1)
-    same = bool(sharding.is_fully_replicated)
-    where = sharding.devices_indices_map(tuple(value.shape))
-    by_id = {d.id: d for d in mesh.devices.flat}
-    shown = 1 if same else min(total, MAX_TILES)
-    tiles = []
-    for row in range(shown):
-        index = where[by_id[ids[row]]]
-        tiles.append({
-            "devices": ids[:MAX_TILES] if same else [ids[row]],
-            "coords": list(coords[row]),
-            "text": format_values(heads[row][:min(size, VALUES_PER_TILE)], numbers_block, numbers.dtype),
-            "slice": "[" + ", ".join(f"{s.start or 0}:{n if s.stop is None else s.stop}"
-                                     for s, n in zip(index, value.shape)) + "]",
-        })
-    return {
-        "name": name,
-        "shape": list(block_shape),
-        "dtype": str(value.dtype),
-        "global_shape": list(value.shape),
-        "same_on_all": same,
-        "tiles": tiles,
-        "omitted": 0 if same else total - shown,
-        "same_text": f"same on all {total} devices" if same else None,
-    }
-
-
-@functools.lru_cache(maxsize=64)
-def _block_heads(mesh, spec):
-    """jit(shard_map): every device's first values, gathered onto every device (so each process of
-    a cluster reads them from its own devices)."""
-    import jax
-    import jax.numpy as jnp
-    from jax import lax
-    from jax.sharding import PartitionSpec as P
-
-    axes = tuple(mesh.axis_names)
-
-    def head(block):
-        flat = block.reshape(-1)[:VALUES_PER_TILE]
-        flat = jnp.pad(flat, (0, VALUES_PER_TILE - flat.shape[0]))
-        return lax.all_gather(flat, axes)  # (devices in mesh order, VALUES_PER_TILE) everywhere
-
-    return jax.jit(jax.shard_map(head, mesh=mesh, in_specs=spec, out_specs=P(), check_vma=False))
-
-
-def result_state(title: str, mesh, outputs: dict, facts=None, line_text=lambda n: None,
-                 report: dict | None = None, blocks: bool = False) -> dict:
-    """The per-device result view's state for named outputs (pytrees are flattened): per-device
-    values stacked on leading mesh axes (`%%pmap`), or with `blocks` the blocks of global arrays
-    (`%%shard_map`)."""
-    import jax
-
-    from ..cell.meshes import on_cell_mesh
-
-    ids, coords = mesh_coords(mesh)
-    k = len(mesh.axis_names)
-    items = []
-    with on_cell_mesh(mesh):  # the summaries' small programs run on the cell's mesh, whatever mesh is set
-        for name, value in outputs.items():
-            for path, leaf in jax.tree_util.tree_leaves_with_path(value):
-                if not isinstance(leaf, jax.Array):  # an output's static leaves (a module's activation, a string)
-                    continue
-                label = name + jax.tree_util.keystr(path)
-                items.append(block_summary(label, leaf, mesh) if blocks else
-                             per_device_summary(label, leaf, k, ids, coords))
-    colls = program_state(facts, len(ids), line_text)
-    return {
-        "title": title,
-        "axes": [{"name": n, "size": int(s)} for n, s in zip(mesh.axis_names, mesh.devices.shape)],
-        "device_ids": ids,
-        "outputs": items,
-        "collectives": colls,
-        "report": report,
-    }
-
-
 def program_report_state(title: str, mesh, facts, run_ms: float, line_text) -> dict:
     """A result-view state with no per-device outputs: what the compiled program communicates."""
     ids, _ = mesh_coords(mesh)
@@ -268,7 +137,7 @@ def program_report_state(title: str, mesh, facts, run_ms: float, line_text) -> d
     return {
         "title": title,
         "axes": [{"name": n, "size": int(s)} for n, s in zip(mesh.axis_names, mesh.devices.shape)],
-        "device_ids": ids,
+        "device_ids": list(ids),
         "outputs": [],
         "collectives": colls,
         "report": report_figures(facts, run_ms),
@@ -389,6 +258,31 @@ def sharding_state(name: str, value) -> dict:
         "process_count": jax.process_count(),
         "nbytes": int(np.prod(shape, dtype=object)) * dtype.itemsize,
     }
+
+
+_shown_layouts: OrderedDict = OrderedDict()  # (name, layout) -> its sharding state, for views shown again
+SHOWN_LAYOUTS = 64
+
+
+def shown_sharding_state(name: str, value) -> dict:
+    """sharding_state of a value a view shows, one dict per name and layout: a re-run that shows an
+    output of the same shape, dtype and sharding gets the very same state (the magic layer then
+    shows its widget again: face/magics.py). The state is read-only: never change it in place."""
+    import jax
+
+    sharding = getattr(value, "sharding", None)
+    key = (name, isinstance(value, jax.ShapeDtypeStruct), tuple(value.shape), str(value.dtype), sharding)
+    try:
+        state = _shown_layouts.get(key)
+    except TypeError:  # an unhashable sharding: no reuse
+        return sharding_state(name, value)
+    if state is None:
+        state = _shown_layouts[key] = sharding_state(name, value)
+        while len(_shown_layouts) > SHOWN_LAYOUTS:
+            _shown_layouts.popitem(last=False)
+    else:
+        _shown_layouts.move_to_end(key)
+    return state
 
 
 def compact_tiles(shape, tiles) -> tuple[list[int], list[list[int]], list[int | list[int]]]:

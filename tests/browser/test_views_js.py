@@ -126,6 +126,47 @@ def test_result_view_8_devices(view_page: Any, samples: Any) -> None:
     view_page.shot(dark, "results-8-dark")
 
 
+def test_result_view_draws_pending_values_then_fills_them(view_page: Any, samples: Any) -> None:
+    """A shown cell's view before its values came (views/values.py: `pending`), then with them: the
+    same model's state set again (views/later.py), as the kernel's comm message sets it."""
+    from jaxpar_magic.views.results import to_text
+
+    filled = samples.result(8)
+    pending = {**filled, "outputs": [{"name": o["name"], "shape": o["shape"], "dtype": o["dtype"], "pending": True}
+                                     for o in filled["outputs"]]}
+    host = view_page.mount("results", pending)
+    said = host.inner_text()
+    assert said.count("values: waiting for the devices…") == len(filled["outputs"])
+    assert host.locator(".jpm-tile").count() == 0
+    assert to_text(pending).count("values: waiting for the devices…") == len(filled["outputs"])  # its static twin
+    view_page.set_state(host, filled)
+    assert host.locator(".jpm-tile").count() == 8 and "waiting for the devices" not in host.inner_text()
+    failed = {**pending, "outputs": [{**o, "pending": False, "error": "JaxRuntimeError: INTERNAL: it broke"}
+                                     for o in pending["outputs"]]}
+    view_page.set_state(host, failed)
+    assert "values unavailable: JaxRuntimeError: INTERNAL: it broke" in host.inner_text()
+    assert host.locator(".jpm-tile").count() == 0
+
+
+def test_a_result_views_twin_redrawn_with_its_values_stays_hidden(view_page: Any, samples: Any) -> None:
+    """views/later.py rewrites a result view's static twin once its values come (update_display_data), which
+    JupyterLab draws in a new output box: the drawn view hides that one too. Mounted as a kernel shows it:
+    through js/loader.js, in one output area with its twin."""
+    page = view_page.page
+    view_page.mount("results", samples.result(8), mode="loader", twin="3c4d5e", attach="after", area=True)
+    page.locator(".jpm-twin-3c4d5e").wait_for(state="hidden", timeout=5_000)  # js/loader.js: the first twin
+    page.evaluate("""twin => {
+        const old = document.querySelector(`.jpm-twin-${twin}`).closest('.jp-OutputArea-child');
+        const box = document.createElement('div');
+        box.className = 'jp-OutputArea-child';
+        box.innerHTML = `<div class="jpm-static jpm-twin-${twin}">the twin with its values</div>`;
+        old.replaceWith(box);
+    }""", "3c4d5e")
+    page.locator(".jpm-twin-3c4d5e").wait_for(state="hidden", timeout=5_000)
+    assert page.locator(".jpm-twin-3c4d5e").text_content() == "the twin with its values"
+    assert page.locator(".jpm-results").is_visible()
+
+
 def test_result_view_large(view_page: Any, samples: Any) -> None:
     host = view_page.mount("results", samples.result(4096))
     assert host.locator(".jpm-tile").count() == 16

@@ -76,16 +76,17 @@ def interrupts_deferred():
         signal.signal(signal.SIGINT, previous)
 
 
-def call_donating(program, args, inputs, donated: tuple):
-    """Call a donating program and wait for it, an interrupt deferred; returns (results, note): the
-    note (None without an interrupt) says that the interrupt came once the inputs were given away,
-    so the cell finished and its results are bound."""
+def call_donating(program, args, inputs, donated: tuple, wait: bool = True):
+    """Call a donating program (and, with `wait`, wait for its result), an interrupt deferred;
+    returns (results, note): the note (None without an interrupt) says that the interrupt came once
+    the inputs were given away, so the cell finished and its results are bound."""
     import jax
 
     check_donation(inputs, args, donated)
     with interrupts_deferred() as deferred:
         results = program.jitted(*args)
-        jax.block_until_ready(results)
+        if wait:
+            jax.block_until_ready(results)
     if not deferred.arrived:
         return results, None
     names = ", ".join(f"`{inputs[i].name}`" for i in donated)

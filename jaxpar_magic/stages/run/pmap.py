@@ -39,13 +39,14 @@ def rerun_key(cell: cells.Cell, mesh, broadcast=(), split=(), merge=(), collecti
 
 
 def run_block(cell: cells.Cell, namespace: dict, mesh, *, broadcast=(), split=(), merge=(),
-              want_facts: bool = False, collectives: bool = False) -> BlockResult:
-    """Run a block-mode cell on every device of `mesh`; the namespace is read, never written."""
+              want_facts: bool = False, collectives: bool = False, wait: bool = False) -> BlockResult:
+    """Run a block-mode cell on every device of `mesh`; the namespace is read, never written.
+    `wait`: wait for the result (--report's run time; --collectives reads its records anyway)."""
     key = rerun_key(cell, mesh, broadcast, split, merge, collectives)
     rerun, args, moved, (results, run_ms, signature) = run_cell(
         _block_cache, _reruns.get(key), namespace, cell, mesh,
         lambda: _full_path(cell, namespace, mesh, broadcast, split, merge, collectives),
-        note=lambda exc: _note_devices(exc, cell, namespace, mesh, broadcast))
+        note=lambda exc: _note_devices(exc, cell, namespace, mesh, broadcast), wait=wait)
     program = rerun.program
     rerun.remember(_reruns, key, signature, moved_placements(moved, rerun.inputs, args))
     result = _block_result(cell, mesh, results, merge, run_ms)
@@ -138,13 +139,15 @@ def bind_functions(cell: cells.Cell, namespace: dict, mesh, **options) -> dict:
 def pmap_cell(source: str, namespace: dict, *, axis_name: str = "i", devices=None, mesh=None,
               broadcast=(), split=(), merge=(), in_axes=0, out_axes=0, static_broadcasted_argnums=(),
               donate_argnums=(), want_facts: bool = False, bind: bool = True, collectives: bool = False,
-              profile: int = 0, hardware=None):
+              wait: bool = False, profile: int = 0, hardware=None):
     """Run `source` as `%%pmap` would: per-device code (block mode) or pmapped definitions.
 
     Returns a BlockResult (block mode) or the dict of bound functions (function mode). With
-    `bind`, outputs go into `namespace` only after the whole cell succeeded. `profile` (a line's
-    --profile-steps, block mode): run the compiled program that many more times under the profiler,
-    the result's `profile` (with the plan on `hardware` beside it, where it has a time).
+    `bind`, outputs go into `namespace` only after the whole cell succeeded. A block-mode re-run
+    returns once its program is dispatched, as `jax.jit` does; `wait` waits for the result (its
+    run_ms is then the run's, as --report shows it). `profile` (a line's --profile-steps, block
+    mode): run the compiled program that many more times under the profiler, the result's `profile`
+    (with the plan on `hardware` beside it, where it has a time).
     """
     cell = analyse_cached(source, "pmap-cell")
     shape = mesh
@@ -162,7 +165,7 @@ def pmap_cell(source: str, namespace: dict, *, axis_name: str = "i", devices=Non
         return bound
     check_block_options(in_axes, out_axes, static_broadcasted_argnums, donate_argnums)
     result = run_block(cell, namespace, mesh, broadcast=tuple(broadcast), split=tuple(split),
-                       merge=tuple(merge), want_facts=want_facts, collectives=collectives)
+                       merge=tuple(merge), want_facts=want_facts, collectives=collectives, wait=wait)
     if profile:
         from ..profile.profile_cell import profile_cell
 

@@ -124,14 +124,30 @@ def has_collectives_on_cpu(mesh, jitted, args) -> bool:
         return bool(collectives(jitted.lower(*args).compile().as_text()))
 
 
-def run_program(cache: BoundedCache, rerun: Rerun, args, cell: cells.Cell, mesh, note=None):
+def must_wait(program: CellProgram, signature, args, mesh) -> bool:
+    """Whether a run of `program` on arguments of this shape signature waits for its result: only
+    where it has collectives on the CPU backend (block_on_cpu_collectives). Every other run returns
+    once its program is dispatched, as `jax.jit` does. Read once per signature (on the CPU backend
+    that reads the compiled program, which jit's cache already holds), then a dict look-up."""
+    wait = program.waits.get(signature)
+    if wait is None:
+        wait = program.waits[signature] = has_collectives_on_cpu(mesh, program.jitted, args)
+    return wait
+
+
+def run_program(cache: BoundedCache, rerun: Rerun, args, cell: cells.Cell, mesh, note=None, wait: bool = False):
     """Call a cell's compiled program (rerun.program) on `args`, explaining foreseeable errors;
     returns (results, run_ms, shape signature).
 
-    A first run for these input shapes shows a status line while it compiles and records the
-    compile time. Whatever stops the run (an error, Kernel -> Interrupt) removes the program from
-    the cache: no half-built entry; `note(exc)` annotates an error the cell's code raised. Later
-    runs take the shortest path: the bench's re-runs.
+    A later run returns once its program is dispatched, as `jax.jit` does (its run_ms is then the
+    dispatch's): it waits for the result only with `wait` (--report times the run) or where the
+    program has collectives on the CPU backend (must_wait). A first run for these input shapes
+    waits: its status line says "compiling… 3 s", then "running… 5 s" until the result is there,
+    and it records the compile time. Whatever stops the run (an error, Kernel -> Interrupt) removes
+    the program from the cache: no half-built entry; `note(exc)` annotates an error the cell's code
+    raised. An error the program raises while it runs on the devices after a later run returned
+    comes, as with `jax.jit`, when a value is read. Later runs take the shortest path: the bench's
+    re-runs.
     """
     import jax
 
@@ -149,14 +165,15 @@ def run_program(cache: BoundedCache, rerun: Rerun, args, cell: cells.Cell, mesh,
     try:
         with on_cell_mesh(mesh):  # the cell's own mesh, whatever jax.set_mesh set
             if program.donated:
-                results = _run_donating(program, args, rerun.inputs, first)
+                results = _run_donating(program, args, rerun.inputs, signature, mesh, first, wait)
             elif first:
                 with compile_progress():
                     results = program.jitted(*args)
                     jax.block_until_ready(results)
             else:
                 results = program.jitted(*args)
-                jax.block_until_ready(results)  # the views read them; also avoids the 2-core CPU hang
+                if wait or must_wait(program, signature, args, mesh):
+                    jax.block_until_ready(results)
     except BaseException as exc:
         _forget_and_raise(cache, rerun, args, exc, cell, mesh, note)
     elapsed = (time.perf_counter() - start) * 1e3
@@ -167,23 +184,26 @@ def run_program(cache: BoundedCache, rerun: Rerun, args, cell: cells.Cell, mesh,
     return results, max(0.0, elapsed - compile_ms), signature
 
 
-def _run_donating(program: CellProgram, args, inputs, first: bool):
+def _run_donating(program: CellProgram, args, inputs, signature, mesh, first: bool, wait: bool):
     """A --donate run: compiled first (an interrupt there leaves the inputs whole), then called with
     its inputs checked and an interrupt deferred (donation.call_donating); the note of an interrupt
-    that came once the program had the inputs is printed under the cell."""
+    that came once the program had the inputs is printed under the cell. A first run waits for the
+    result, a later one only as run_program's do (`wait`, must_wait), decided before the inputs go."""
     if first:
         with compile_progress():
             program.jitted.lower(*args).compile()  # jit's caches keep it for the call below
-    results, interrupted = call_donating(program, args, inputs, program.donated)
+    wait = wait or first or must_wait(program, signature, args, mesh)
+    results, interrupted = call_donating(program, args, inputs, program.donated, wait)
     if interrupted is not None:
         print(interrupted)
     return results
 
 
 def run_cell(cache: BoundedCache, rerun: Rerun | None, namespace: dict, cell: cells.Cell, mesh, full_path,
-             note=None):
+             note=None, wait: bool = False):
     """A cell's run: the short path of a re-run (rerun.args) when nothing it checked changed, else
-    `full_path()` (prepare, find or compile: (rerun, args, inputs laid out again)); then run_program.
+    `full_path()` (prepare, find or compile: (rerun, args, inputs laid out again)); then run_program
+    (`wait`: wait for the result, as --report does to time the run).
     A re-run that meets an input on another mesh of its devices takes the full path once more, which
     lays that input out again. Returns (rerun, args, moved, (results, run_ms, signature))."""
     args = rerun.args(namespace) if rerun is not None else None
@@ -192,10 +212,10 @@ def run_cell(cache: BoundedCache, rerun: Rerun | None, namespace: dict, cell: ce
         rerun, args, moved = full_path()
         rerun.mesh = mesh
     try:
-        return rerun, args, moved, run_program(cache, rerun, args, cell, mesh, note)
+        return rerun, args, moved, run_program(cache, rerun, args, cell, mesh, note, wait)
     except InputOnOtherMesh:
         rerun, args, moved = full_path()
-        return rerun, args, moved, run_program(cache, rerun, args, cell, mesh, note)
+        return rerun, args, moved, run_program(cache, rerun, args, cell, mesh, note, wait)
 
 
 def outputs_of(outputs, out_specs: dict) -> tuple[str, ...] | None:
@@ -272,11 +292,13 @@ def replay_function(reruns: BoundedCache, cache: BoundedCache, key, cell: cells.
             raise deleted
         try:
             with on_cell_mesh(mesh):
-                if rerun.program.donated:
-                    results = _run_donating(rerun.program, args, rerun.inputs, False)
+                program = rerun.program
+                if program.donated:
+                    results = _run_donating(program, args, rerun.inputs, rerun.signature, mesh, False, False)
                 else:
-                    results = rerun.program.jitted(*args)
-                    jax.block_until_ready(results)
+                    results = program.jitted(*args)  # dispatched: the cell returns before the devices finish
+                    if must_wait(program, rerun.signature, args, mesh):
+                        jax.block_until_ready(results)
         except BaseException as exc:
             noted = None if note is None else (lambda e: note(e, namespace))
             try:

@@ -52,13 +52,15 @@ def rerun_key(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, outputs=N
 
 
 def run_shard(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict,
-              want_facts: bool = False, outputs=None, donate=()) -> ShardResult:
+              want_facts: bool = False, outputs=None, donate=(), wait: bool = False) -> ShardResult:
     """Run a cell's unchanged code on sharded inputs; the namespace is read, never written (but the
-    buffers of the inputs named in `donate` are given to the program, as jax.jit's donate_argnums)."""
+    buffers of the inputs named in `donate` are given to the program, as jax.jit's donate_argnums).
+    `wait`: wait for the result (--report's run time), where a re-run otherwise returns once its
+    program is dispatched."""
     key = rerun_key(cell, mesh, in_specs, out_specs, outputs, donate)
     rerun, args, moved, (results, run_ms, signature) = run_cell(
         _cache, _reruns.get(key), namespace, cell, mesh,
-        lambda: _full_path(cell, namespace, mesh, in_specs, out_specs, outputs, donate))
+        lambda: _full_path(cell, namespace, mesh, in_specs, out_specs, outputs, donate), wait=wait)
     program = rerun.program
     placements = {tree.name: [leaf.sharding for leaf in arrays]
                   for tree, arrays in zip(rerun.inputs, args) if tree.name in in_specs}
@@ -143,14 +145,16 @@ def _full_path(cell, namespace, mesh, in_specs, out_specs, outputs=None, donate=
 
 
 def shard_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None,
-               want_facts: bool = False, bind: bool = True, outputs=None, donate=(), profile: int = 0,
-               hardware=None) -> ShardResult:
+               want_facts: bool = False, bind: bool = True, outputs=None, donate=(), wait: bool = False,
+               profile: int = 0, hardware=None) -> ShardResult:
     """Plain-Python twin of `%%shard`: specs as dicts of tuples or PartitionSpecs, e.g.
     in_specs={'v1s': ('data',)}; a pytree input takes one spec for every leaf, or a pytree of specs.
     `outputs` (a line's --out names, e.g. ('loss',)): the only names the cell returns, the others are
     temporaries; None (the default) returns every name it assigns. `donate` (a line's --donate
     names): inputs whose buffers the program may reuse for its outputs, as jax.jit's donate_argnums;
     rebind them to what the cell returns (`model, opt_state = step(model, opt_state, batch)`).
+    A re-run returns once its program is dispatched, as `jax.jit` does; `wait` waits for the result
+    (its run_ms is then the run's, as --report shows it).
 
     With `bind`, the placed inputs and the outputs go into `namespace` only after the cell succeeded
     (placed inputs are rebound like the seed's `v1sp = jax.device_put(v1s, sharding)`, so a re-run
@@ -169,7 +173,7 @@ def shard_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_sp
     if not is_mesh(mesh):
         mesh = resolve_mesh(mesh, namespace, [in_specs, out_specs])
     outputs = outputs_of(outputs, out_specs)
-    result = run_shard(cell, namespace, mesh, in_specs, out_specs, want_facts, outputs, tuple(donate))
+    result = run_shard(cell, namespace, mesh, in_specs, out_specs, want_facts, outputs, tuple(donate), wait)
     if profile:
         from ..profile.profile_cell import profile_cell
 

@@ -61,8 +61,10 @@ def rerun_key(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, check_vma
 
 
 def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: dict, check_vma: bool = True,
-                  want_facts: bool = False, collectives: bool = False, outputs=None) -> ShardMapResult:
-    """Run the cell as the body of jit(shard_map); the namespace is read, never written."""
+                  want_facts: bool = False, collectives: bool = False, outputs=None,
+                  wait: bool = False) -> ShardMapResult:
+    """Run the cell as the body of jit(shard_map); the namespace is read, never written. `wait`:
+    wait for the result (--report's run time)."""
     key = rerun_key(cell, mesh, in_specs, out_specs, check_vma, collectives, outputs)
 
     def full_path():
@@ -70,7 +72,7 @@ def run_shard_map(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_s
             return _full_path(cell, namespace, mesh, in_specs, out_specs, check_vma, collectives, outputs)
 
     rerun, args, moved, (results, run_ms, signature) = run_cell(_cache, _reruns.get(key), namespace, cell, mesh,
-                                                                full_path)
+                                                                full_path, wait=wait)
     program = rerun.program
     rerun.remember(_reruns, key, signature, moved_placements(moved, rerun.inputs, args))
     trace = results[TRACE]
@@ -107,14 +109,15 @@ def replayer(cell: cells.Cell, mesh, in_specs: dict, out_specs: dict, check_vma:
 
 def shard_map_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_specs=None, check_vma: bool = True,
                    want_facts: bool = False, bind: bool = True, collectives: bool = False,
-                   outputs=None, profile: int = 0, hardware=None) -> ShardMapResult:
+                   outputs=None, wait: bool = False, profile: int = 0, hardware=None) -> ShardMapResult:
     """Plain-Python twin of `%%shard_map`: specs as dicts of tuples, e.g.
     `shard_map_cell("c = lax.psum(a @ b, 'y')", ns, mesh=mesh, in_specs={'a': ('x', 'y'), 'b': ('y', None)},
     out_specs={'c': ('x', None)})`. With `bind`, the outputs go into `namespace` once the cell succeeded.
     `outputs` (a line's --out names): the only names the cell returns (those without a spec are proven
     the same on every device); None (the default) returns every name it assigns. `profile` (a line's
     --profile-steps): run the compiled program that many more times under the profiler, the result's
-    `profile` (with the plan on `hardware` beside it, where it has a time; stages/profile/)."""
+    `profile` (with the plan on `hardware` beside it, where it has a time; stages/profile/). A re-run returns
+    once its program is dispatched, as `jax.jit` does; `wait` waits for the result (its run_ms is then the run's)."""
     if profile:
         from ..profile.profile_cell import check_profile
 
@@ -126,7 +129,8 @@ def shard_map_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, ou
     if not is_mesh(mesh):
         mesh = resolve_mesh(mesh, namespace, [in_specs, out_specs])
     outputs = outputs_of(outputs, out_specs)
-    result = run_shard_map(cell, namespace, mesh, in_specs, out_specs, check_vma, want_facts, collectives, outputs)
+    result = run_shard_map(cell, namespace, mesh, in_specs, out_specs, check_vma, want_facts, collectives, outputs,
+                           wait)
     if profile:
         from ..profile.profile_cell import profile_cell
 

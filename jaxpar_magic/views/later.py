@@ -1,0 +1,75 @@
+"""Values that come after the cell: a result view shown while its program still runs, filled in when
+the values are there (issue 39: a shown cell returns once its program is dispatched, as `jax.jit` does).
+
+One background thread takes the views in the order they were shown. For each it reads the values
+(views/values.PendingValues, which waits for the cell's program and the small programs that gather
+them), then sets the widget's state (a comm message: a front end that draws widgets redraws the view
+whenever it comes) and, in a kernel, rewrites the view's static twin under its display id
+(`update_display`), so that a saved notebook and its exported HTML hold the values too. It runs in the
+context of the cell that showed the view (contextvars), so the kernel addresses those messages to it.
+
+An error the cell's program raised on the devices stops its values: the view says "values
+unavailable" with the error, and reading any of the cell's results raises it, as `jax.jit`'s would.
+"""
+from __future__ import annotations
+
+import atexit
+import contextvars
+import queue
+import sys
+import threading
+
+#: At exit, how long the interpreter waits for views still filling: a daemon thread stopped inside a
+#: JAX call while the runtime shuts down aborts the process ("terminate called ...").
+EXIT_WAIT_S = 60.0
+_jobs: queue.SimpleQueue = queue.SimpleQueue()
+_lock = threading.Lock()
+_unfilled = threading.Condition(_lock)
+_state = {"thread": None, "unfilled": 0}
+
+
+def fill_later(view, pending, static: bool) -> None:
+    """Fill `view` (a ResultView shown with its outputs pending) from `pending` once its values are
+    there; with `static`, also rewrite its static twin (shown under `view.static_display_id`)."""
+    context = contextvars.copy_context()  # the showing cell's parent header: messages go to its outputs
+    with _lock:
+        _state["unfilled"] += 1
+        thread = _state["thread"]
+        if thread is None or not thread.is_alive():
+            thread = _state["thread"] = threading.Thread(target=_work, daemon=True, name="jaxpar-values")
+            thread.start()
+            if not _state.get("at_exit"):  # the interpreter must not end while the thread waits on JAX
+                _state["at_exit"] = True
+                atexit.register(wait_for_fills, EXIT_WAIT_S)
+    _jobs.put((context, view, pending, static))
+
+
+def wait_for_fills(timeout: float | None = None) -> bool:
+    """Wait until every view shown so far has its values; False when `timeout` seconds passed first."""
+    with _unfilled:
+        return _unfilled.wait_for(lambda: _state["unfilled"] == 0, timeout)
+
+
+def fill(view, pending, static: bool) -> None:
+    """Read the values (waiting for them), then put them in the widget and, with `static`, its twin."""
+    try:
+        outputs = pending.outputs()
+    except Exception as error:  # the program failed on the devices: the view says so, a read of a result raises it
+        outputs = pending.failed(error)
+    view.state = {**view.state, "outputs": outputs}
+    if static:
+        view.update_static()
+
+
+def _work() -> None:
+    while True:
+        context, view, pending, static = _jobs.get()
+        try:
+            context.run(fill, view, pending, static)
+        except Exception as error:  # the front end went away, say: the next view must still be filled
+            print(f"jaxpar_magic: a view's values could not be shown: {type(error).__name__}: {error}",
+                  file=sys.stderr)  # in the showing cell (its context)
+        finally:
+            with _unfilled:
+                _state["unfilled"] -= 1
+                _unfilled.notify_all()

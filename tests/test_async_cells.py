@@ -1,0 +1,215 @@
+"""A cell returns once its program is dispatched, as `jax.jit` does (issue 39): a `--no-show` re-run of
+a program without collectives comes back while the devices still work, and its values, read later,
+equal plain JAX's. Where the wait stays: a first run (its status line, its compile time), `--report`
+(it times the run), and programs with collectives on XLA:CPU (the 2-core deadlock, tests/test_cpu_hang.py).
+
+The slow program is a loop whose trip count is an input, so one compiled program runs for
+microseconds on the first call and for a good fraction of a second on the re-run.
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from IPython.utils.capture import capture_output
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from shell_helpers import N_DEVICES, shown_widgets
+
+LOOP = "y = lax.fori_loop(0, n, lambda i, a: jnp.sin(a) * 0.5 + 0.25, x)\n"
+
+
+def step(a):
+    return jnp.sin(a) * 0.5 + 0.25
+
+
+def plain_loop(x, n):
+    return lax.fori_loop(0, n, lambda i, a: step(a), x)
+
+
+@pytest.fixture(scope="module")
+def trips():
+    """Loop trips that keep plain `jax.jit` busy for about a quarter of a second on this machine now (a
+    program far longer than a dispatch, whatever the load)."""
+    f = jax.jit(plain_loop)
+    x = jnp.arange(64.0)
+    jax.block_until_ready(f(x, jnp.int32(1)))
+    probe = 20_000
+    start = time.perf_counter()
+    jax.block_until_ready(f(x, jnp.int32(probe)))
+    seconds = time.perf_counter() - start
+    return int(min(probe * 0.25 / max(seconds, 1e-4), 5_000_000))
+
+
+def mesh(ip, line: str):
+    with capture_output():
+        ip.run_line_magic("mesh", line + " --no-show")
+
+
+def returned_before_its_program(ip, run, trips: int):
+    """Run `run()` (a cell reading `n`) with `n = trips`, doubling the trips while the cell itself took
+    longer than its program (a machine so loaded that Python crawls can make a cell outlast any
+    fixed program): (whether y was still being computed when the cell returned, the trips it ran).
+    Never a vacuous pass: it answers from a run whose program outlasted its cell twice over, or fails."""
+    for _ in range(4):
+        ip.push({"n": jnp.int32(trips)})
+        start = time.perf_counter()
+        result = run()
+        returned = time.perf_counter() - start
+        running = not ip.user_ns["y"].is_ready()
+        jax.block_until_ready(ip.user_ns["y"])
+        if running or time.perf_counter() - start > 2 * returned:
+            return running, trips, result
+        trips *= 3
+    raise AssertionError("no cell returned before its program ended: it waits for it (or the machine is too "
+                         "loaded to tell)")
+
+
+CASES = {
+    # magic: (line, the plain-JAX twin of the cell on the same inputs)
+    "shard": ("--mesh mesh --in x=data --no-show", lambda mesh: jax.jit(plain_loop)),
+    "shard_map": ("--mesh mesh --in x=data --out y=data --no-show",
+                  lambda mesh: jax.jit(jax.shard_map(plain_loop, mesh=mesh, in_specs=(P("data"), P()),
+                                                     out_specs=P("data")))),
+    "pmap": ("--broadcast n --no-show", lambda mesh: jax.pmap(plain_loop, in_axes=(0, None))),
+}
+
+
+@pytest.mark.parametrize("magic", list(CASES))
+def test_a_no_show_rerun_returns_before_its_program_finishes(jx, trips, magic):
+    mesh(jx, "data=8")
+    line, twin = CASES[magic]
+    x = jnp.arange(64.0).reshape(N_DEVICES, 8) / 64 if magic == "pmap" else jnp.arange(64.0) / 64
+    if magic != "pmap":
+        x = jax.device_put(x, NamedSharding(jx.user_ns["mesh"], P("data")))
+    jx.push({"x": x, "n": jnp.int32(1)})
+    jx.run_cell_magic(magic, line, LOOP)  # the first run: compiles, and waits for its result
+    assert jx.user_ns["y"].is_ready()
+    # The same program, running for a quarter of a second or more.
+    running, trips, _ = returned_before_its_program(jx, lambda: jx.run_cell_magic(magic, line, LOOP), trips)
+    assert running, "the cell waited for its program"
+    expected = twin(jx.user_ns["mesh"])(x, jnp.int32(trips))
+    np.testing.assert_array_equal(np.asarray(jx.user_ns["y"]), np.asarray(expected))
+
+
+def test_a_function_bound_by_pmap_returns_before_its_program_finishes(jx, trips):
+    jx.run_cell_magic("pmap", "--in-axes (0,None) --no-show", "def loop(x, n):\n"
+                      "    return lax.fori_loop(0, n, lambda i, a: jnp.sin(a) * 0.5 + 0.25, x)\n")
+    loop = jx.user_ns["loop"]
+    x = jnp.arange(64.0).reshape(N_DEVICES, 8) / 64
+    loop(x, jnp.int32(1))  # the first call compiles and waits
+    y = loop(x, jnp.int32(trips))
+    assert not y.is_ready()
+    expected = jax.pmap(plain_loop, in_axes=(0, None))(x, jnp.int32(trips))
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(expected))
+
+
+def test_programs_with_collectives_on_cpu_still_wait(jx, trips):
+    """The README's "Many small collective programs" guard: on XLA:CPU a program with collectives is
+    waited for, one in flight at a time."""
+    jx.push({"x": jnp.arange(64.0).reshape(N_DEVICES, 8) / 64, "n": jnp.int32(1)})
+    cell = "y = lax.psum(lax.fori_loop(0, n, lambda i, a: jnp.sin(a) * 0.5 + 0.25, x), 'i')\n"
+    jx.run_cell_magic("pmap", "--broadcast n --no-show", cell)
+    jx.push({"n": jnp.int32(trips // 4)})
+    jx.run_cell_magic("pmap", "--broadcast n --no-show", cell)
+    assert jx.user_ns["y"].is_ready()
+    expected = jax.pmap(lambda x, n: lax.psum(plain_loop(x, n), "i"), axis_name="i", in_axes=(0, None))(
+        jx.user_ns["x"], jnp.int32(trips // 4))
+    np.testing.assert_allclose(np.asarray(jx.user_ns["y"]), np.asarray(expected), rtol=1e-6)
+
+
+def test_report_waits_for_the_result_it_times(jx, trips):
+    mesh(jx, "data=8")
+    x = jax.device_put(jnp.arange(64.0) / 64, NamedSharding(jx.user_ns["mesh"], P("data")))
+    jx.push({"x": x, "n": jnp.int32(1)})
+    line = "--mesh mesh --in x=data --no-show"
+    jx.run_cell_magic("shard", line, LOOP)
+    jx.push({"n": jnp.int32(trips)})
+    with capture_output() as captured:
+        jx.run_cell_magic("shard", line + " --report", LOOP)
+    assert jx.user_ns["y"].is_ready()
+    (view,) = [w for w in shown_widgets(captured) if type(w).__name__ == "ResultView"]
+    assert "run (waited for its result)" in view.to_text()
+    np.testing.assert_array_equal(np.asarray(jx.user_ns["y"]), np.asarray(jax.jit(plain_loop)(x, jnp.int32(trips))))
+
+
+# --- a shown cell: its view first, its values when they are ready ------------------------------------
+
+def shown(ip, magic: str, line: str, source: str):
+    """Run a shown cell; returns (the displayed static twin's text, the ResultView widget)."""
+    with capture_output() as captured:
+        ip.run_cell_magic(magic, line, source)
+    (view,) = [w for w in shown_widgets(captured) if type(w).__name__ == "ResultView"]
+    (twin,) = [o.data for o in captured.outputs if "jpm-twin-" + view._jpm_twin in o.data.get("text/html", "")]
+    return twin["text/plain"], view
+
+
+def tile_values(view) -> dict:
+    return {o["name"]: [t["text"] for t in o["tiles"]] for o in view.state["outputs"]}
+
+
+@pytest.mark.parametrize("magic, line", [("pmap", "--broadcast n"),
+                                         ("shard_map", "--mesh mesh --in x=data --out y=data")])
+def test_a_shown_cell_returns_before_its_values_and_fills_them_in(jx, trips, magic, line):
+    from jaxpar_magic.views.later import wait_for_fills
+    from jaxpar_magic.views.values import PENDING_TEXT, result_state
+
+    mesh(jx, "data=8")
+    jx.run_line_magic("config", "JaxparMagics.view_values = 'later'")
+    x = jnp.arange(64.0).reshape(N_DEVICES, 8) / 64
+    if magic == "shard_map":
+        x = jax.device_put(jnp.arange(64.0) / 64, NamedSharding(jx.user_ns["mesh"], P("data")))
+    jx.push({"x": x, "n": jnp.int32(1)})
+    shown(jx, magic, line, LOOP)  # compiles the cell and its views' small programs
+    assert wait_for_fills(60)
+    # On 2 cores the devices' threads slow a shown cell's Python down to 0.1-0.3 s: a program of about a second.
+    running, trips, (text, view) = returned_before_its_program(jx, lambda: shown(jx, magic, line, LOOP), trips * 4)
+    assert running, "the shown cell waited for its program"
+    assert PENDING_TEXT in text and "dev 0" not in text  # drawn at once, without values
+    assert wait_for_fills(60)
+    twin = jax.pmap(plain_loop, in_axes=(0, None)) if magic == "pmap" else CASES["shard_map"][1](jx.user_ns["mesh"])
+    expected = twin(x, jnp.int32(trips))
+    shown_mesh = jx.user_ns["mesh"] if magic == "shard_map" else jax.make_mesh((N_DEVICES,), ("i",))
+    plain_state = result_state("", shown_mesh, {"y": expected}, blocks=magic == "shard_map")  # from plain JAX
+    assert tile_values(view) == {o["name"]: [t["text"] for t in o["tiles"]] for o in plain_state["outputs"]}
+    assert PENDING_TEXT not in view.to_text() and plain_state["outputs"][0]["tiles"][0]["text"] in view.to_html()
+
+
+def test_a_view_whose_values_cannot_be_read_says_so(jx):
+    """The values' arrays gone before they were read (an error the program raised on the devices ends
+    the same way): the view says why, and shows no value."""
+    from jaxpar_magic.views.later import fill
+    from jaxpar_magic.views.results import ResultView
+    from jaxpar_magic.views.values import result_parts
+
+    state, pending = result_parts("t", jax.make_mesh((N_DEVICES,), ("i",)), {"y": jnp.ones((N_DEVICES, 3))})
+    for _, arrays, _ in pending.parts:
+        for array in arrays:
+            array.delete()
+    view = ResultView(state=state)
+    fill(view, pending, static=False)
+    (output,) = view.state["outputs"]
+    assert output["error"].startswith("RuntimeError") and "deleted" in output["error"]
+    assert "values unavailable: RuntimeError" in view.to_text() and not output.get("tiles")
+    # Later shown cells push those arrays out of the in-flight window (values.CPU_IN_FLIGHT): no error of theirs.
+    from jaxpar_magic.views.later import wait_for_fills
+    from jaxpar_magic.views.values import CPU_IN_FLIGHT
+
+    jx.run_line_magic("config", "JaxparMagics.view_values = 'later'")
+    jx.push({"x": jnp.arange(float(N_DEVICES))})
+    for _ in range(CPU_IN_FLIGHT + 1):
+        shown(jx, "pmap", "", "y = x + 1\n")
+    assert wait_for_fills(60)
+    np.testing.assert_array_equal(np.asarray(jx.user_ns["y"]), np.arange(float(N_DEVICES)) + 1)
+
+
+def test_in_a_terminal_the_view_waits_for_its_values(jx, trips):
+    """view_values 'auto' outside a kernel: the printed text is all a terminal gets, so it holds the values."""
+    jx.push({"x": jnp.arange(64.0).reshape(N_DEVICES, 8) / 64, "n": jnp.int32(trips // 4)})
+    text, view = shown(jx, "pmap", "--broadcast n", LOOP)
+    assert jx.user_ns["y"].is_ready() and "dev 0 (i=0): [" in text
+    assert all(not o.get("pending") for o in view.state["outputs"])
