@@ -7,7 +7,7 @@
 #   bash bench/device_check.sh                       # writes under $OUT (default ./device-out)
 #
 # On the device machine through `run`: command `bash bench/device_check.sh`, carry [".whl-tpu"].
-# Each part has its own timeout (8.5 minutes in all at most) and a log, $OUT/<part>.log:
+# Each part has its own timeout (just under 10 minutes in all at most) and a log, $OUT/<part>.log:
 #
 #   1. install (120 s) the carried wheels with `pip install --target $SITE` (IPython, the widgets,
 #      ipyparallel, psutil, Equinox and their dependencies, and this package's wheel), Flax and optax
@@ -16,7 +16,7 @@
 #      before them all, so it is this checkout's jaxpar_magic that runs (the wheel is installed to
 #      check that it installs).
 #   2. info    (45 s) the chip, JAX, where each library comes from and whether it counts as library code
-#   3. tests   (210 s) the device tier in one process: JPM_DEVICE=1 python -m pytest tests/device
+#   3. tests   (250 s) the device tier in one process: JPM_DEVICE=1 python -m pytest tests/device
 #      (every magic against its plain-JAX twin, plans against the chip's compile, %devices, the NNX
 #      compile count with Flax installed --target-style)
 #   4. bench   (150 s) the bench/run.py sections for re-run overhead that exist: $BENCH_CPU on 8
@@ -145,7 +145,9 @@ summary() {
 export -f install info tests bench summary
 part install 120
 part info 45
-part tests 210
+part tests 250
 part bench 150
 part summary 15
-echo "everything is under $OUT"
+# The device machine sends back at most 8 files: the ones read first stay, the rest go into one archive.
+(cd "$OUT" && tar czf logs.tgz --remove-files install.log info.log bench.log summary.log device-tests.xml 2>/dev/null)
+echo "everything is under $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
