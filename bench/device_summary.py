@@ -42,7 +42,7 @@ def figures_section(out: Path) -> list[str]:
     figures = json.loads(path.read_text())
     lines = []
     for key, value in figures.items():
-        if isinstance(value, dict) and "chip" in value:
+        if isinstance(value, dict) and isinstance(value.get("chip"), dict):  # a plan beside the chip's compile
             chip = value["chip"]
             same = all(value.get(k) == chip.get(k) for k in ("argument", "output", "temp", "alias", "flops"))
             lines.append(f"- {key}: {value.get('where')}; plan argument/output/temp/alias {value.get('argument')}/"

@@ -22,6 +22,7 @@ from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec as P
 from jaxpar_magic.errors import UsageError
 from jaxpar_magic.stages.plan.hardware import PROFILES, parse_hardware
 from jaxpar_magic.cell.hlo import collectives, parse_replica_groups
+from jaxpar_magic.stages.plan.plan import CPU_SCHEDULE_CAVEAT
 from jaxpar_magic.stages.plan.plan_program import CAVEATS, CPU_DEVICE_CEILING, LOOP_CAVEAT, MAX_COLLECTIVES, ROOFLINE_CAVEAT, Plan, PlanWarning, compile_plan, smaller_slice
 from jaxpar_magic.engines.shard import make_mesh, plan
 from shell_helpers import run_python
@@ -237,6 +238,8 @@ def test_roofline_of_a_contraction_split_over_devices():
     top = max(parts, key=parts.get)
     assert result.roofline.bound == (c.bound if top == "collectives" else top)
     assert ROOFLINE_CAVEAT in result.caveats
+    # XLA:CPU's schedule is not the target's: said for this plan only (a TPU plan says nothing of CPUs)
+    assert (CPU_SCHEDULE_CAVEAT in result.caveats) == (result.compiler == "XLA:CPU")
 
 
 def test_ring_factors_of_gather_scatter_all_to_all_and_permute():

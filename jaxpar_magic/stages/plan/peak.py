@@ -151,8 +151,10 @@ def _timeline(buffers: list[_Buffer], steps: int) -> list[int]:
 
 
 def _array(type_text: str) -> tuple[str, tuple[int, ...]]:
+    """(dtype, shape) of an array type; ("tuple", ()) for a tuple (its buffer holds pointers, not its
+    elements' data, so it takes none of their dtypes or shapes)."""
     found = ARRAY.findall(type_text)
-    if not found:
+    if not found or type_text.lstrip().startswith("("):
         return "tuple", ()
     dtype, dims = found[0]
     return dtype, tuple(int(d) for d in dims.split(",") if d)

@@ -65,9 +65,12 @@ ROOFLINE_CAVEAT = (
     "The step time is a model, not a measurement: peak FLOP/s for each matmul's dtype and precision, HBM "
     "bandwidth, and ring collectives on the mesh's topology (per-axis links, wraparound, ~1 µs hops, DCN or "
     "network past a pod or node), as in the scaling book. The estimate hides the collectives the compiled "
-    "schedule overlaps behind compute and adds those it runs synchronously (an XLA:CPU plan's are all counted "
-    "as overlapped: its schedule is not the target's); the no-overlap figure adds them all (pessimistic). Real "
-    "steps reach a fraction of peak: the book measures 680 µs for a gather it models at 560 µs."
+    "schedule overlaps behind compute and adds those it runs synchronously; the no-overlap figure adds them all "
+    "(pessimistic). Real steps reach a fraction of peak: the book measures 680 µs for a gather it models at 560 µs."
+)
+CPU_SCHEDULE_CAVEAT = (
+    "XLA:CPU's schedule is not the target's, so this plan counts every collective as overlapped with compute; "
+    "plan for a TPU slice (`--topology`, with libtpu) to see which ones XLA:TPU runs synchronously."
 )
 UPCAST_CAVEAT = (
     "XLA:CPU computes bf16 in f32 around collectives; collectives and memory traffic are counted in the "

@@ -40,7 +40,7 @@ from .advice import advice_note, advise, parameter_shardings
 from .refused import available, refused_program
 from .pipeline import bubble
 from .why import partitioner_rows, reasons
-from .plan import (CAVEATS, attached_caveats, GPU_CAVEAT, LOOP_CAVEAT, MAX_COLLECTIVES, REMAT, RESERVED_CPU, RESERVED_TPU, ROOFLINE_CAVEAT,
+from .plan import (CAVEATS, attached_caveats, CPU_SCHEDULE_CAVEAT, GPU_CAVEAT, LOOP_CAVEAT, MAX_COLLECTIVES, REMAT, RESERVED_CPU, RESERVED_TPU, ROOFLINE_CAVEAT,
                    SCATTER_CAVEAT, TPU_CAVEATS, EXPOSED_CAVEAT, UNKNOWN_LOOP_CAVEAT, UPCAST_CAVEAT, Plan, PlannedCollective, PlanWarning, format_bytes,
                    remat_caveat)
 from .topology import placed, topology_for
@@ -217,6 +217,8 @@ def compile_plan(fn, abstract_args, mesh, *, names=None, filename: str | None = 
     if hardware is not None and refused is None:  # a refused compile has no FLOPs to time
         times, planned = estimate(flops, bytes_accessed, planned, hardware, laid_out, matmuls)
         caveats.append(ROOFLINE_CAVEAT)
+        if target.is_cpu:
+            caveats.append(CPU_SCHEDULE_CAVEAT)
         if hardware.kind == "gpu":
             caveats.append(GPU_CAVEAT)
     outputs = output_structs(made.compiled if refused is None else lowered)
