@@ -171,8 +171,10 @@ def test_runs_and_every_view_has_three_forms(path):
 
 
 # A chapter a teacher commits executed, with its views live (widget state saved, as nbclient and
-# JupyterLab's "save widget state" store it), stays under this size (issue 16).
-SIZE_BUDGET = 800_000  # bytes
+# JupyterLab's "save widget state" store it), stays under this size (issue 16). 850 KB since issues 42
+# and 43: the planning chapter's two v5e plans now say why each collective is there (its rows and
+# their static HTML: 109 KB and 92 KB of the chapter's 825 KB), and it shows a measured profile.
+SIZE_BUDGET = 850_000  # bytes
 
 
 def empty_outputs(nb) -> list[tuple[int, dict]]:
