@@ -145,6 +145,27 @@ def test_a_mesh_over_some_devices_is_spelled_with_devices(cell):
     assert figures(planned_as_cell(cell, ex)) == figures(ex.plan)
 
 
+def test_a_mesh_of_mixed_axis_types_is_spelled_one_type_per_axis(cell):
+    """A mesh whose axes differ in type (Explicit data, Auto model) was the one mesh a line could not spell:
+    it named `mesh_4x2_explicit_auto`, to bind by hand. Now `--axis-types explicit,auto`; the oracle is the
+    line planned as a cell (figure for figure) and the mesh it builds against jax.make_mesh's own."""
+    import jax
+
+    mixed = jax.make_mesh((4, 2), ("data", "model"),
+                          axis_types=(jax.sharding.AxisType.Explicit, jax.sharding.AxisType.Auto))
+    cell.user_ns["mixed"] = mixed
+    with capture_output():
+        cell.run_cell_magic("shard", "--plan --explore --mesh mixed --in x=data,None", STEP)
+    ex = cell.user_ns["_explorer"]
+    mine = ex.choose("params", P(None, "model"))
+    assert " --mesh data=4,model=2 --axis-types explicit,auto --in " in ex.line() and ex.line_names() == {}
+    again = planned_as_cell(cell, ex)
+    assert again.mesh.axis_types == mixed.axis_types and figures(again) == figures(mine)
+    ex.reshape("data=2,model=4")  # same axes, same types: a new shape keeps them, spelled per axis
+    assert " --mesh data=2,model=4 --axis-types explicit,auto --in " in ex.line()
+    assert figures(planned_as_cell(cell, ex)) == figures(ex.plan)
+
+
 def test_the_explorer_plans_an_abstract_mesh_for_a_slice(cell):
     """Issue 42: `%mesh --abstract` (which --plan takes) was refused. Over an AbstractMesh the explorer plans
     with XLA:TPU for the slice --topology names; its line spells the mesh `--abstract`, and pasted it plans

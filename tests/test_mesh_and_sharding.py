@@ -139,6 +139,17 @@ def test_mesh_axis_types_explicit(ip):
     assert state["axis_types"] == ["Explicit", "Explicit"]
 
 
+def test_mesh_axis_types_one_per_axis_equal_jax_make_mesh(ip):
+    """`--axis-types explicit,auto`: JAX's meshes may mix axis types, so a line can spell one per axis."""
+    (state,) = mesh_magic(ip, "data=4 model=2 --axis-types explicit,auto")
+    plain = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Explicit, AxisType.Auto))
+    assert ip.user_ns["mesh"] == plain and state["axis_types"] == ["Explicit", "Auto"]
+    for wrong, said in (("explicit,auto,auto", "3 types for a mesh of 2 axes"), ("explicit,sideways", "'sideways'")):
+        with pytest.raises(UsageError, match=said):
+            ip.run_line_magic("mesh", f"data=4 model=2 --axis-types {wrong} --name other")
+        assert "other" not in ip.user_ns
+
+
 def test_the_seeds_vmap_dot_runs_on_the_default_mesh(jx):
     """Unannotated code partitions on the default (Explicit) mesh: the seed's listing, unchanged."""
     mesh_magic(jx, "data=8")

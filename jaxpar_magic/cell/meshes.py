@@ -23,15 +23,24 @@ def default_axis_type() -> str:
 
 
 def axis_types(kind: str | None, count: int):
-    """`count` axes of the type `kind` (auto, explicit, manual; None: jax.make_mesh's default)."""
+    """`count` axes of the type `kind` (auto, explicit, manual; None: jax.make_mesh's default), or one type
+    per axis, `explicit,auto`: JAX's meshes may mix them, so a line must be able to spell that too."""
     import jax
 
     kind = default_axis_type() if kind is None else kind
-    try:
-        member = getattr(jax.sharding.AxisType, kind.capitalize())
-    except AttributeError:
-        raise UsageError(f"--axis-types: {kind!r} is not an axis type; use auto, explicit or manual.") from None
-    return (member,) * count
+    words = [word.strip().lower() for word in kind.split(",")]
+    if len(words) not in (1, count):
+        raise UsageError(f"--axis-types {kind}: {len(words)} types for a mesh of {count} axes; give one type for "
+                         f"every axis (`--axis-types auto`) or one per axis, in the mesh's order "
+                         f"(`--axis-types {','.join(['explicit'] + ['auto'] * (count - 1))}`).")
+    members = []
+    for word in words:
+        try:
+            members.append(getattr(jax.sharding.AxisType, word.capitalize()))
+        except AttributeError:
+            raise UsageError(f"--axis-types: {word!r} is not an axis type; use auto, explicit or manual "
+                             f"(one for every axis, or one per axis separated by commas).") from None
+    return tuple(members) * count if len(members) == 1 else tuple(members)
 
 
 @lru_cache(maxsize=64)

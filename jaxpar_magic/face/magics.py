@@ -127,8 +127,9 @@ _profile_option = _applying(
     argument("--profile-steps", type=int, metavar="N", help="With --profile: how many profiled runs (default 5)."),
 )
 _inline_mesh_options = _applying(
-    argument("--axis-types", default=None, choices=["auto", "explicit", "manual"],
-             help="With an inline --mesh: its axis types, as %%mesh takes them (default: what jax.make_mesh gives)."),
+    argument("--axis-types", default=None, metavar="TYPES",
+             help="With an inline --mesh: its axis types, as %%mesh takes them: auto, explicit or manual for every "
+                  "axis, or one per axis (explicit,auto) (default: what jax.make_mesh gives)."),
     argument("--devices", nargs="+", metavar="N_OR_IDS",
              help="With an inline --mesh: over the first N devices, or these device ids, as %%mesh takes them."),
     argument("--abstract", action="store_true",
@@ -318,9 +319,10 @@ class JaxparMagics(Magics, Configurable):
     @argument("axes", nargs="*", metavar="AXIS=SIZE",
               help="Axis sizes, e.g. `data=4 model=2`; or the name of an existing mesh to show it.")
     @argument("--name", default="mesh", help="Bind the mesh under this name (default: mesh).")
-    @argument("--axis-types", default=None, choices=["auto", "explicit", "manual"],
-              help="Mesh axis types (default: what jax.make_mesh gives, Explicit on JAX 0.10: shardings are part "
-                   "of each array's type; auto: the compiler chooses layouts for plain code).")
+    @argument("--axis-types", default=None, metavar="TYPES",
+              help="Mesh axis types: auto, explicit or manual for every axis, or one per axis (explicit,auto) "
+                   "(default: what jax.make_mesh gives, Explicit on JAX 0.10: shardings are part of each array's "
+                   "type; auto: the compiler chooses layouts for plain code).")
     @argument("--devices", nargs="+", metavar="N_OR_IDS", help="Use the first N devices, or these device ids.")
     @argument("--abstract", action="store_true", help="An AbstractMesh: plan layouts for devices you don't have.")
     @argument("--no-show", dest="show", action="store_false", help="Do not show the mesh view.")

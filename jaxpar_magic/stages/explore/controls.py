@@ -257,8 +257,9 @@ def refusal_words(err: UsageError) -> str:
 
 def mesh_words(layout: Layout, mesh) -> tuple[list[str], dict]:
     """The words after `--mesh` that build `mesh` (the layout's) inline, as `%mesh` would: its shape, and
-    `--axis-types`, `--devices` or `--abstract` where needed; checked by building it. A mesh whose axes
-    are of different types has no such words: then a name, and the mesh to bind under it by hand."""
+    `--axis-types` (one per axis where they differ), `--devices` or `--abstract` where needed; checked by
+    building it. A mesh no words rebuild (devices in an order --devices cannot give): a name, and the mesh
+    to bind under it by hand."""
     import jax
 
     from ...cell.meshes import default_axis_type
@@ -268,17 +269,19 @@ def mesh_words(layout: Layout, mesh) -> tuple[list[str], dict]:
     shape = layout.shape
     if len(set(layout.types)) == 1:
         types = None if layout.types[0] == default_axis_type() else layout.types[0]
-        if isinstance(mesh, jax.sharding.AbstractMesh):
-            return InlineMesh(shape.names, shape.sizes, axis_types=types, abstract=True).words().split(), {}
-        ids = tuple(d.id for d in mesh.devices.flat)
-        for devices in (None, len(ids), ids):  # all devices; the first N; these, in the mesh's order
-            spelled = InlineMesh(shape.names, shape.sizes, axis_types=types, devices=devices)
-            try:
-                made = make_mesh(spelled, devices, types)
-            except UsageError:
-                continue
-            if tuple(d.id for d in made.devices.flat) == ids and made.axis_types == mesh.axis_types:
-                return spelled.words().split(), {}
+    else:
+        types = ",".join(layout.types)  # one per axis: `--axis-types explicit,auto`
+    if isinstance(mesh, jax.sharding.AbstractMesh):
+        return InlineMesh(shape.names, shape.sizes, axis_types=types, abstract=True).words().split(), {}
+    ids = tuple(d.id for d in mesh.devices.flat)
+    for devices in (None, len(ids), ids):  # all devices; the first N; these, in the mesh's order
+        spelled = InlineMesh(shape.names, shape.sizes, axis_types=types, devices=devices)
+        try:
+            made = make_mesh(spelled, devices, types)
+        except UsageError:
+            continue
+        if tuple(d.id for d in made.devices.flat) == ids and made.axis_types == mesh.axis_types:
+            return spelled.words().split(), {}
     name = "mesh_" + "x".join(str(s) for s in shape.sizes) + "_" + "_".join(layout.types)
     return [name], {name: mesh}
 

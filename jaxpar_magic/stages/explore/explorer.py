@@ -361,14 +361,11 @@ class Explorer:
 
         if layout.shape == self._first.shape and layout.types == self._first.types:
             return self.mesh
-        if len(set(layout.types)) != 1:
-            raise UsageError(f"reshape: axes of different types {layout.types} on a new mesh shape; give one type "
-                             f"for all axes (reshape(..., axis_types=\"auto\")).")
+        types = ",".join(layout.types)  # one per axis, as `--axis-types explicit,auto` spells them
         if self.abstract:
-            return make_mesh(layout.shape, axis_types=layout.types[0], abstract=True)
+            return make_mesh(layout.shape, axis_types=types, abstract=True)
         ids = tuple(d.id for d in self.mesh.devices.flat)
-        return make_mesh(layout.shape, None if sorted(ids) == controls.all_device_ids() else tuple(sorted(ids)),
-                         layout.types[0])
+        return make_mesh(layout.shape, None if sorted(ids) == controls.all_device_ids() else tuple(sorted(ids)), types)
 
     def _per_input(self, layout: Layout) -> dict:
         found: dict = {}
@@ -387,8 +384,8 @@ class Explorer:
 
     def _line(self, layout: Layout) -> tuple[str, dict]:
         """The line, self-contained: the mesh by its shape, axis types and devices (never a variable, which
-        `%mesh` may rebind), a leaf by its path; and what it names that no line can spell (a mesh whose
-        axes are of different types), to bind by hand."""
+        `%mesh` may rebind), a leaf by its path; and what it names that no line can spell (a mesh over
+        devices in an order --devices cannot give, a leaf no path spells), to bind by hand."""
         mesh_words, names = controls.mesh_words(layout, self._mesh_of(layout))
         words = ["%%shard", "--plan", "--mesh", *mesh_words]
         if layout.hardware is not None:
