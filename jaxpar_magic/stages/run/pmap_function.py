@@ -285,14 +285,14 @@ class ParallelFunction:
         name, axes = self.__name__, self.axis_names
         ours = ", ".join(repr(a) for a in axes)
         mesh = ",".join(f"{a}={n}" for a, n in zip(axes, self.mesh.devices.shape))
+        how = f"`--mesh {mesh}`" + (f" in %%shard_map, `--axis-name {axes[0]}` in %%pmap" if len(axes) == 1 else "")
         return UsageError(
             f"`{name}` is a %%pmap function (its code runs on each device, over the mesh axis {ours}), called here "
             f"inside code that already runs on each device over the axis {', '.join(repr(a) for a in manual)} (a "
             f"%%shard_map cell, or a %%pmap cell or function of other axis names), where the axis {ours} does not "
             f"exist: plain JAX refuses jax.pmap inside jax.shard_map too. Call `{name}(...)` in a plain or %%shard "
-            f"cell (it runs as jax.pmap does inside jax.jit), or name this cell's mesh axis as {name}'s "
-            f"(`--mesh {mesh}`, or `--axis-name` for %%pmap) so that `{name}(...)` runs its per-device code on "
-            f"this device's block."
+            f"cell (it runs as jax.pmap does inside jax.jit), or name this cell's mesh axes as {name}'s ({how}) "
+            f"so that `{name}(...)` runs its per-device code on this device's block."
         )
 
     def _explained(self, jitted, dynamic):
