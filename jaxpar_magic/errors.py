@@ -37,6 +37,12 @@ def where(exc: BaseException, filename: str) -> str:
     return f"line {hit[0]} of the cell (`{hit[1]}`)" if hit else "the cell"
 
 
+def _whole_array_cell(filename: str) -> bool:
+    """A %%shard cell: cells are compiled under `<{label}-{n}>`, the label naming the magic
+    (cell/analysis.py: 'shard-cell', 'shard-plan'; %%shard_map's start 'shard_map-')."""
+    return filename.startswith("<shard-")
+
+
 def explain_trace_error(exc: BaseException, filename: str, axis_names: tuple[str, ...]) -> UsageError | None:
     """Our explanation of an error raised while JAX traced the cell, or None to let it through.
 
@@ -62,6 +68,15 @@ def explain_trace_error(exc: BaseException, filename: str, axis_names: tuple[str
         )
     if isinstance(exc, NameError) and "unbound axis name" in str(exc):
         name = str(exc).split("unbound axis name:", 1)[-1].split(".", 1)[0].strip()
+        if _whole_array_cell(filename):  # %%shard has no --axis-name, and no axis is mapped in it
+            return UsageError(
+                f"{at}: a collective over the axis {name!r} in a %%shard cell. %%shard runs the cell on whole "
+                f"arrays, as jax.jit does, so no axis is mapped and there are no per-device values to reduce "
+                f"(plain jax.jit raises the same). Reduce the whole array instead (`jnp.sum(x, axis=0)` for "
+                f"`lax.psum`, `jnp.mean(x, axis=0)` for `lax.pmean`), or run the per-device code in %%shard_map "
+                f"(`--in x=P({axis_names[0]!r})`) or %%pmap, where a collective over {axis_names[0]!r} reduces "
+                f"over the devices."
+            )
         return UsageError(
             f"{at}: unknown axis name {name!r} in a collective. This cell runs over the axis names "
             f"{axes}; use one of them (e.g. `lax.psum(x, {axis_names[0]!r})`), or name the axis with "

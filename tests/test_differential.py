@@ -11,7 +11,10 @@ read and assign typed PRNG key arrays (`ks`, through jax.random.split, fold_in, 
 engine; `--donate xd` against jax.jit(donate_argnums=0), including whether xd's buffers are gone and
 that a donated xd read again fails (the magic's UsageError) with the namespace untouched; and
 `--plan` cells under every engine, which must bind ShapeDtypeStructs of plain JAX's shapes and
-dtypes and leave every name that held a concrete value holding the very same object.
+dtypes and leave every name that held a concrete value holding the very same object. Issue 40 item
+12 added: %%shard and %%shard_map cells calling the %%pmap-defined functions (`total` reduces with
+lax.psum over 'i'), against jax.pmap called inside jax.jit, and inside jax.shard_map (which plain JAX
+refuses: the magic must raise a UsageError).
 
 The oracle is the same cell run as plain Python and JAX, eagerly, in a fresh namespace where every
 plain step of the session so far was executed again: its helpers are new function objects, so no
@@ -50,6 +53,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule, run_state_machine_as_test
+from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 
 from shell_helpers import N_DEVICES, snapshot
@@ -102,7 +106,7 @@ BLOCK_CELLS = [  # %%shard_map --in x=data --out y=data: y assembled by blocks, 
     ("rows = x.size\ny = h(x * 1.0)\nrows * 2", ("y",)),
     ("y = h(x * 1.0) + 1\nt = sg", ("y",)),
 ]
-FUNCTION_CELL = "def step(v):\n    return h(v * 1.0) + sg\n"
+FUNCTION_CELL = "def step(v):\n    return h(v * 1.0) + sg\n\ndef total(v):\n    return lax.psum(h(v * 1.0), 'i') + sg\n"
 
 # Typed PRNG key arrays (issue 33 item 8): `ks` holds 8 keys; cells derive keys and numbers from them.
 KEY_WHOLE_CELLS = [  # %%shard --in ks=data: the whole key array
@@ -239,7 +243,7 @@ class Notebook(RuleBasedStateMachine):
         self.session: list[str] = []  # every cell run so far, magics included: a failure prints them
         self.helper = None
         self.defined_step = False
-        self.last = None  # (magic, line, cell, oracle) of the last magic cell run
+        self.last = None  # (magic, line, cell, oracle[, refusal]) of the last magic cell run
         self.has_keys = False  # `ks` (8 PRNG keys) is defined
         self.donor = None  # None: no `xd`; "fresh": a new one; "donated": a --donate run deleted it
         # Each session's cells are its own (a comment line): the magics' caches do not carry a
@@ -366,6 +370,28 @@ class Notebook(RuleBasedStateMachine):
         self.defined_step = True
 
     @precondition(lambda self: self.defined_step)
+    @rule(fn=st.sampled_from(["step", "total"]), magic=st.sampled_from(["shard", "shard_map"]), place=st.booleans(),
+          show=st.booleans())
+    def call_step_inside(self, fn, magic, place, show):
+        """A cell of another magic calls a %%pmap-defined function (issue 40 item 12): in %%shard it is
+        jax.pmap inside jax.jit; in a %%shard_map body plain JAX refuses jax.pmap, and the magic must
+        refuse with a UsageError, the namespace untouched."""
+        Found.kinds[f"{magic} calling {fn}"] = Found.kinds.get(f"{magic} calling {fn}", 0) + 1
+        if magic == "shard":
+            line = "--mesh mesh" + (" --in x=data" if place else "")
+        else:
+            line = "--mesh mesh --in x=data --out out=data"
+        self.check(magic, line + ("" if show else " --no-show"), (f"out = {fn}(x)", ("out",)),
+                   functools.partial(self.oracle_pmap_inside, fn, magic), UsageError)
+
+    @rule(fn=st.sampled_from(["step", "total"]), magic=st.sampled_from(["shard", "shard_map"]), place=st.booleans(),
+          show=st.booleans())
+    def define_and_call_inside(self, fn, magic, place, show):
+        """The two cells in a row (the rules above also come apart, with other cells between)."""
+        self.pmap_function(show)
+        self.call_step_inside(fn, magic, place, show)
+
+    @precondition(lambda self: self.defined_step)
     @rule()
     def call_step(self):
         """A plain cell calls the %%pmap-defined `step`: jax.pmap's meaning, one slice per device."""
@@ -386,8 +412,9 @@ class Notebook(RuleBasedStateMachine):
 
     # --- the check ----------------------------------------------------------------------------
 
-    def check(self, magic: str, line: str, cell, oracle) -> None:
-        self.last = (magic, line, cell, oracle)
+    def check(self, magic: str, line: str, cell, oracle, refusal: type = Exception) -> None:
+        """`refusal`: what the magic must raise where plain JAX raises (a UsageError, for a mistake we foresee)."""
+        self.last = (magic, line, cell, oracle, refusal)
         source, names = cell
         Found.steps += 1
         Found.checks += 1
@@ -404,6 +431,7 @@ class Notebook(RuleBasedStateMachine):
                     raise AssertionError(f"%%{magic} {line} raised {exc!r} where plain JAX gives a result"
                                      f"{self.context()}") from exc
             Found.raised += 1
+            assert isinstance(exc, refusal), f"%%{magic} {line} raised {exc!r}, not a {refusal.__name__}{self.context()}"
             assert snapshot(self.ns) == before, f"a failed cell changed the namespace{self.context()}"
             return
         assert error is None, f"plain JAX raised {error!r}, %%{magic} {line} did not{self.context()}"
@@ -511,6 +539,24 @@ class Notebook(RuleBasedStateMachine):
             return None, exc
         return {key: _stacked([run[key] for run in runs], np.concatenate) for key in runs[0]}, None
 
+
+    def oracle_pmap_inside(self, fn: str, magic: str, source: str, names):
+        """`out = fn(x)` with fn the %%pmap function: jax.pmap(fn, axis_name='i') called inside jax.jit
+        (%%shard), or inside jax.shard_map's per-device body (%%shard_map), which plain JAX refuses."""
+        from jax.sharding import PartitionSpec as P
+
+        ns = self.fresh_namespace()
+        exec(FUNCTION_CELL, ns)
+        mapped = jax.pmap(ns[fn], axis_name="i")
+        if magic == "shard":
+            call = jax.jit(lambda v: mapped(v))
+        else:
+            call = jax.jit(jax.shard_map(lambda v: mapped(v), mesh=ns["mesh"], in_specs=P("data"), out_specs=P("data")))
+        try:
+            out = call(ns["x"])
+        except Exception as exc:  # noqa: BLE001
+            return None, exc
+        return {"out": out, "(final)": None}, None
 
     def oracle_donated(self, source: str, names):
         """--donate xd: the cell under jax.jit(donate_argnums=0), on xd placed as --in places it; with

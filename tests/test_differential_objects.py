@@ -11,11 +11,17 @@ now (issue 30; issue 33, "exercise answers changed in place"). The oracle is pla
 cells on a copy of the answer. The check must say right when the answer still holds what the cell left
 and this run was not graded yet, and never when the answer was changed or the run already graded.
 
+And a Flax NNX module whose config is plain containers (a dict holding a list, a list, a set: issue 40
+item 1), read by %%shard, %%shard_map and %%pmap --broadcast cells, its containers changed in place or
+rebound by plain cells between them. The oracle is the same cell run eagerly on the module the plain
+steps build again (not nnx.jit's own cache, which keeps the very list and so misses its change in place).
+
 Same budget variables as the base test.
 """
 from __future__ import annotations
 
 import copy
+import functools
 import struct
 
 import numpy as np
@@ -53,6 +59,27 @@ CHANGES = {
 }
 RIGHT = "✓ right"
 
+# A module whose config Flax keeps static (in its graphdef): every part of it changes the values.
+CONFIGURED = """
+from flax import nnx
+class Configured(nnx.Module):
+    def __init__(self):
+        self.lin = nnx.Linear(4, 4, rngs=nnx.Rngs(0))
+        self.cfg = {'act': 'relu', 'deep': {'k': [1.0, 2.0]}}
+        self.sizes = [4, 8]
+        self.tags = {'a'}
+    def __call__(self, v):
+        y = self.lin(v)
+        y = jax.nn.relu(y) if self.cfg['act'] == 'relu' else jnp.tanh(y)
+        return y * len(self.sizes) + len(self.tags) + sum(self.cfg['deep']['k'])
+cm = Configured()
+xm = jnp.tile(jnp.reshape(x, (8, -1)) * 1.0, (1, 4))[:, :4] / 16
+"""
+CONFIG_CHANGES = ["cm.sizes.append(16)", "del cm.sizes[1:]", "cm.cfg['act'] = 'tanh'", "cm.cfg['act'] = 'relu'",
+                  "cm.tags.add('b')", "cm.tags.discard('a')", "cm.cfg['deep']['k'].append(0.5)",
+                  "cm.cfg['deep'] = {'k': [3.0]}", "cm.sizes = [4, 8]"]
+CONFIG_CELL = ("ym = cm(xm)", ("ym",))
+
 
 def _same_answer(a, b) -> bool:
     """Plain Python's equality of two answers, exact: structure, NumPy dtype, shape and bytes, float bits."""
@@ -76,6 +103,7 @@ class NotebookWithObjects(base.Notebook):
         self.play(SCALER)
         self.play("from jaxpar_magic import attempt, check")
         self.exercise = None  # (kind, the answer as the cell left it, plain Python's answer now, graded?)
+        self.configured = False  # `cm` (a Configured module) and `xm` are defined
 
     @initialize(shape=st.sampled_from(base.SHAPES), dtype=st.sampled_from(base.DTYPES),
                 fill=st.sampled_from(base.FILLS), sg=st.sampled_from(base.GLOBALS),
@@ -85,6 +113,45 @@ class NotebookWithObjects(base.Notebook):
         """The base session's start, then an exercise cell (the base rules are many)."""
         super().start(shape, dtype, fill, sg, helper, op)
         self.run_exercise(kind)
+        self.make_configured()
+
+    # --- an NNX module configured by plain containers (issue 40 item 1) ---------------------------
+
+    @rule()
+    def make_configured(self):
+        self.configured = True
+        self.plain_step(CONFIGURED)
+
+    @precondition(lambda self: self.configured)
+    @rule(pick=st.integers(0, len(CONFIG_CHANGES) - 1))
+    def change_config(self, pick):
+        self.plain_step(CONFIG_CHANGES[pick])
+
+    @precondition(lambda self: self.configured)
+    @rule(magic=st.sampled_from(["shard", "shard_map", "pmap"]), show=st.booleans(),
+          picks=st.lists(st.integers(0, len(CONFIG_CHANGES) - 1), min_size=1, max_size=3))
+    def configured_changed_between_reruns(self, magic, show, picks):
+        """The three cells in a row, the same cell each time (the rules above also come apart): each
+        re-run, on the full path or on the re-run record, must see the change just made."""
+        self.read_configured(magic, show)
+        for pick in picks:
+            self.change_config(pick)
+            self.rerun_last()
+
+    @precondition(lambda self: self.configured)
+    @rule(magic=st.sampled_from(["shard", "shard_map", "pmap"]), show=st.booleans())
+    def read_configured(self, magic, show):
+        """The module read whole (%%shard), per block (%%shard_map) or broadcast to every device (%%pmap)."""
+        shown = "" if show else " --no-show"
+        base.Found.kinds[f"nnx config {magic}"] = base.Found.kinds.get(f"nnx config {magic}", 0) + 1
+        if magic == "shard":
+            self.check("shard", "--mesh mesh" + shown, CONFIG_CELL, self.oracle_whole)
+        elif magic == "shard_map":
+            self.check("shard_map", "--mesh mesh --in xm=data --out ym=data" + shown, CONFIG_CELL,
+                       functools.partial(self.oracle_per_block, mapped="xm"))
+        else:
+            self.check("pmap", "--broadcast cm" + shown, CONFIG_CELL,
+                       functools.partial(self.oracle_per_device, mapped="xm"))
 
     @rule(kind=st.sampled_from(list(ANSWERS)))
     def run_exercise(self, kind):

@@ -364,3 +364,44 @@ def test_pmap_refuses_a_static_change_it_cannot_write_back(nnx_ns):
     with pytest.raises(UsageError, match="changes the Flax NNX object 'net' in place.*eval"):
         cell(nnx_ns, "pmap", "--no-show --broadcast net", "net.eval()\ny = net(x)")
     assert snapshot(nnx_ns.user_ns) == before and net.bn.use_running_average is False
+
+
+# --- issue 40 item 1: plain dict, list and set attributes (a config) ---------------------------------
+
+class Configured(nnx.Module):
+    """A module with the configs users keep as plain containers: Flax keeps them static, in the graphdef."""
+
+    def __init__(self):
+        self.lin = nnx.Linear(4, 4, rngs=nnx.Rngs(0))
+        self.cfg = {"act": "relu", "deep": {"k": [1.0, 2.0]}}
+        self.sizes = [4, 8]
+        self.tags = {"a"}
+
+    def __call__(self, x):
+        y = self.lin(x)
+        y = jax.nn.relu(y) if self.cfg["act"] == "relu" else jnp.tanh(y)
+        return y * len(self.sizes) + len(self.tags) + sum(self.cfg["deep"]["k"])
+
+
+IN_PLACE = ["pass", "pass", "pass", "model.sizes.append(16)", "model.cfg['act'] = 'tanh'", "pass",
+            "model.tags.add('b')", "model.cfg['deep']['k'].append(3.0)", "pass", "model.tags.discard('a')", "pass"]
+
+
+@pytest.mark.parametrize("magic,line", [("shard", ""), ("shard_map", "--in x=P('data') --out y=P('data')"),
+                                        ("pmap", "--broadcast model")])
+def test_a_module_with_dict_list_and_set_attributes_runs_and_sees_them_changed_in_place(nnx_ns, magic, line):
+    """It raised TypeError: unhashable type: 'dict' (the graphdef in the cache key). Each re-run after
+    an in-place change must see it, as eager code does (nnx.jit in Flax 0.12 does not: its cache holds
+    the very list, so the change compares equal to itself)."""
+    model = Configured()
+    x = jnp.arange(32.0).reshape(8, 4) / 10 - 1
+    nnx_ns.push({"model": model, "x": x})
+    for change in IN_PLACE:  # the first runs take the full path, then the re-run record (nnx_replay)
+        nnx_ns.run_cell(change).raise_error()
+        cell(nnx_ns, magic, f"--no-show {line}", "y = model(x)")
+        if magic == "pmap":  # each device calls it on its row
+            expected = jnp.stack([model(row[None])[0] for row in x])
+        else:
+            expected = model(x)  # eager: the config as it is now
+        np.testing.assert_allclose(nnx_ns.user_ns["y"], expected, rtol=1e-6, err_msg=change)
+    assert model.sizes == [4, 8, 16] and model.tags == {"b"} and model.cfg["act"] == "tanh"

@@ -102,6 +102,79 @@ def test_a_bound_function_called_inside_a_block_cell_runs_per_device(ip):
     np.testing.assert_allclose(ip.user_ns["y"], (np.arange(N_DEVICES) - 3.5) * 2)
 
 
+
+# --- issue 40 item 12: a %%pmap function called inside another magic ---------------------------------
+
+SUMMED = "def summed(v):\n    return lax.psum(v, 'i') + v * 2\n"
+
+
+def _jax_pmap_inside_jit(ip, x):
+    """The oracle: plain JAX's jax.pmap called inside jax.jit (a fresh one: nothing cached)."""
+    return jax.jit(lambda v: jax.pmap(ip.user_ns["summed"].__wrapped__, axis_name="i")(v))(x)
+
+
+@pytest.mark.parametrize("line,source", [
+    ("--mesh data=8", "y = summed(x)"),
+    ("--mesh data=8 --in x=data", "y = summed(x) * 1"),
+    ("--mesh data=4,model=2", "y = summed(x)"),
+])
+def test_a_bound_function_called_inside_a_shard_cell_runs_as_jax_pmap_inside_jit(ip, line, source):
+    """It raised a UsageError that said to use `--axis-name i`, an option %%shard lacks."""
+    from jax import lax
+
+    x = jnp.arange(16.0).reshape(N_DEVICES, 2)
+    ip.push({"lax": lax, "x": x, "jax": jax})
+    pmap(ip, "--no-show", SUMMED)
+    for _ in range(2):  # the compiled program, then its re-run
+        ip.run_cell_magic("shard", f"{line} --no-show", source)
+        np.testing.assert_allclose(ip.user_ns["y"], _jax_pmap_inside_jit(ip, x), rtol=1e-6)
+    # Under jax.grad in the cell and in a plain jax.jit, as jax.pmap runs there.
+    ip.run_cell_magic("shard", f"{line} --no-show", "dy = jax.grad(lambda v: (summed(v) ** 2).sum())(x)")
+    want = jax.jit(jax.grad(lambda v: (jax.pmap(ip.user_ns["summed"].__wrapped__, axis_name="i")(v) ** 2).sum()))(x)
+    np.testing.assert_allclose(ip.user_ns["dy"], want, rtol=1e-6)
+    ip.run_cell("z = jax.jit(summed)(x)").raise_error()
+    np.testing.assert_allclose(ip.user_ns["z"], _jax_pmap_inside_jit(ip, x), rtol=1e-6)
+
+
+def test_a_bound_function_called_inside_a_shard_cell_without_a_slice_per_device_is_refused(ip):
+    from jax import lax
+
+    ip.push({"lax": lax, "x": jnp.arange(12.0)})
+    pmap(ip, "--no-show", SUMMED)
+    with pytest.raises(Exception):  # plain JAX raises too: 12 entries for 8 devices
+        jax.jit(lambda v: jax.pmap(ip.user_ns["summed"].__wrapped__, axis_name="i")(v))(ip.user_ns["x"])
+    before = snapshot(ip.user_ns)
+    with pytest.raises(UsageError, match="summed: argument 'v' has shape \\(12,\\)"):
+        ip.run_cell_magic("shard", "--mesh data=8 --no-show", "y = summed(x)")
+    assert snapshot(ip.user_ns) == before
+
+
+@pytest.mark.parametrize("magic,line", [("shard_map", "--mesh data=8 --in x=P('data') --out y=P('data')"),
+                                        ("pmap", "--axis-name j")])
+def test_a_bound_function_called_in_per_device_code_of_other_axes_is_a_usage_error(ip, magic, line):
+    """Plain JAX refuses jax.pmap inside jax.shard_map; it was a bare AssertionError. The message names
+    the function and a fix that works: the cell's mesh axis named as the function's."""
+    from jax.sharding import PartitionSpec as P
+
+    from jax import lax
+
+    x = jnp.arange(16.0).reshape(N_DEVICES, 2)
+    ip.push({"lax": lax, "x": x})
+    pmap(ip, "--no-show", SUMMED)
+    mesh = jax.make_mesh((N_DEVICES,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    with pytest.raises(ValueError, match="context mesh"):  # plain JAX: jax.pmap inside jax.shard_map
+        jax.jit(jax.shard_map(lambda v: jax.pmap(ip.user_ns["summed"].__wrapped__, axis_name="i")(v), mesh=mesh,
+                              in_specs=P("data"), out_specs=P("data")))(x)
+    before = snapshot(ip.user_ns)
+    with pytest.raises(UsageError, match=r"`summed` is a %%pmap function .* axis 'i'.*--mesh i=8") as raised:
+        ip.run_cell_magic(magic, f"{line} --no-show", "y = summed(x)")
+    assert "\n" not in str(raised.value)
+    assert snapshot(ip.user_ns) == before
+    # The fix it names: the cell's mesh axis called 'i', where `summed` runs its per-device code.
+    fixed = "--mesh i=8 --in x=P('i') --out y=P('i')" if magic == "shard_map" else ""
+    ip.run_cell_magic(magic, f"{fixed} --no-show", "y = summed(x)")
+    np.testing.assert_allclose(ip.user_ns["y"], _jax_pmap_inside_jit(ip, x), rtol=1e-6)
+
 # --- the seed's train_step ----------------------------------------------------------------------------
 
 def test_train_step_with_per_device_params_equals_jax_pmap_and_the_full_batch(ip, data):

@@ -550,3 +550,22 @@ def test_rerun_takes_the_full_path_when_a_builtin_gets_shadowed(jx, grid):
     jx.user_ns["len"] = lambda seq: 10  # now a constant of the cell, not the builtin
     shard(jx, "--no-show --mesh mesh --in w=data,None", "y = w * len([1, 2])\n")
     np.testing.assert_array_equal(jx.user_ns["y"], np.arange(64.0).reshape(8, 8) * 10)
+
+
+@pytest.mark.parametrize("axis", ["data", "i"])
+def test_a_collective_in_a_shard_cell_says_what_to_do_in_shard(jx, axis):
+    """Issue 40 item 12: it said to use `--axis-name` (which %%shard lacks), or to use 'data' when
+    'data' was the axis it could not find. Plain jax.jit raises too: no axis is mapped there."""
+    from jax import lax
+
+    x = jnp.arange(16.0).reshape(N_DEVICES, 2)
+    mesh = jax.make_mesh((N_DEVICES,), ("data",))
+    with jax.set_mesh(mesh), pytest.raises(NameError, match="unbound axis name"):
+        jax.jit(lambda v: lax.psum(v, axis))(x)
+    jx.push({"x": x})
+    before = snapshot(jx.user_ns)
+    with pytest.raises(UsageError, match=rf"collective over the axis '{axis}' in a %%shard cell") as raised:
+        shard(jx, "--mesh data=8 --no-show", f"y = lax.psum(x, {axis!r})")
+    message = str(raised.value)
+    assert "--axis-name" not in message and "jnp.sum(x, axis=0)" in message and "%%shard_map" in message
+    assert snapshot(jx.user_ns) == before

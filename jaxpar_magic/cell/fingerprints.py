@@ -121,23 +121,28 @@ def custom_nodes(treedef) -> list[tuple[type, object]]:
     return found
 
 
-def structure_key(nodes, graph_items=()) -> tuple:
-    """The fingerprint of a structure's custom nodes (custom_nodes) and of the user's classes and
-    functions in an NNX graph (`graph_items`, nnx_graphs.graph_items): what a cell is compiled for
-    beyond what == on the structure says (-0.0 against 0.0, 1 against 1.0, what a function or a
-    user's class, e.g. a module's __call__, reads)."""
+def structure_key(nodes, graph_items=(), graph_statics=()) -> tuple:
+    """The fingerprint of a structure's custom nodes (custom_nodes), of the user's classes and
+    functions in an NNX graph (`graph_items`, nnx_graphs.graph_items) and of its static attributes
+    that cannot be hashed (`graph_statics`, nnx_graphs.unhashable_statics: a dict, list or set
+    config): what a cell is compiled for beyond what == on the structure says (-0.0 against 0.0,
+    1 against 1.0, what a function or a user's class, e.g. a module's __call__, reads)."""
     return (tuple((fingerprint(node_type), fingerprint(aux)) for node_type, aux in nodes)
-            + tuple(fingerprint(part) for part in _user_parts(graph_items)))
+            + tuple(fingerprint(part) for part in _user_parts(graph_items))
+            + tuple(fingerprint(value) for value in graph_statics))
 
 
-def held_callables(nodes, graph_items=()) -> tuple:
+def held_callables(nodes, graph_items=(), graph_statics=()) -> tuple:
     """The user's classes among custom nodes' types (an Equinox module of theirs), the callables
-    and objects of the user's in their aux data (a Partial's function) and the user's classes and
-    functions in an NNX graph, each with its fingerprint: == on two structures (and on two NNX
-    graphdefs) compares these by identity, so an identical re-run need only fingerprint these very
-    objects again to see a global they read change."""
+    and objects of the user's in their aux data (a Partial's function), the user's classes and
+    functions in an NNX graph and its unhashable static attributes, each with its fingerprint: ==
+    on two structures (and on two NNX graphdefs) compares these by identity, or, for a graph's
+    static `self.sizes = [4, 8]`, by content of the very list both graphdefs hold, so an identical
+    re-run need only fingerprint these very objects again to see a global they read change, or the
+    list grow in place (`model.sizes.append(16)`)."""
     found = [(node_type, fingerprint(node_type)) for node_type, _ in nodes if _user_class(node_type)]
     found += [(part, fingerprint(part)) for part in _user_parts(graph_items)]
+    found += [(value, fingerprint(value)) for value in graph_statics]
     stack = [aux for _, aux in nodes]
     while stack:
         item = stack.pop()

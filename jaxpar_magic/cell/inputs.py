@@ -51,20 +51,22 @@ class TreeInput:
     `graphdef` is the graph of *all* the NNX objects the cell's inputs hold, and `group` names those
     inputs, in argument order, so that they are split, matched and merged together."""
 
-    __slots__ = ("name", "graphdef", "group", "treedef", "positions", "statics", "static_key", "signature", "_paths",
-                 "bare", "structure_key", "held")
+    __slots__ = ("name", "graphdef", "graph_key", "group", "treedef", "positions", "statics", "static_key",
+                 "signature", "_paths", "bare", "structure_key", "held")
 
-    def __init__(self, name, graphdef, treedef, positions, statics, signature, group=(), graph_items=()):
+    def __init__(self, name, graphdef, treedef, positions, statics, signature, group=(), graph_items=(),
+                 graph_statics=()):
         self.name = name
         self.graphdef = graphdef  # NNX: the static graph of the group's objects; None for plain pytrees
+        self.graph_key = nnx_graphs.graph_key(graphdef)  # the graphdef, hashable (its dict configs by type)
         self.group = group  # NNX: the names of the inputs split with this one (itself included)
         self.treedef = treedef
         self.positions = positions  # indices of the traced leaves among all leaves
         self.statics = statics  # ((index, leaf), ...): leaves kept as they are
         self.static_key = tuple((i, fingerprint(leaf)) for i, leaf in statics)
         nodes = custom_nodes(treedef)  # a Partial's function, static fields: what == on treedefs misses
-        self.structure_key = structure_key(nodes, graph_items)
-        self.held = held_callables(nodes, graph_items)  # what an identical re-run fingerprints again
+        self.structure_key = structure_key(nodes, graph_items, graph_statics)
+        self.held = held_callables(nodes, graph_items, graph_statics)  # what an identical re-run fingerprints again
         self.signature = signature  # ((shape, dtype), ...) of the traced leaves
         self._paths = None
         self.bare = not self.is_tree  # one array and nothing around it: rebuilding is the array itself
@@ -75,7 +77,8 @@ class TreeInput:
         return trees_of([(name, value)], abstract)[0]
 
     @classmethod
-    def _of_tree(cls, name: str, tree, abstract: bool, graphdef=None, group=(), graph_items=()) -> "TreeInput | None":
+    def _of_tree(cls, name: str, tree, abstract: bool, graphdef=None, group=(), graph_items=(),
+                 graph_statics=()) -> "TreeInput | None":
         import jax
 
         leaves, treedef = jax.tree.flatten(tree)
@@ -85,7 +88,7 @@ class TreeInput:
         traced = set(positions)
         statics = tuple((i, leaf) for i, leaf in enumerate(leaves) if i not in traced)
         signature = tuple((tuple(leaves[i].shape), leaves[i].dtype) for i in positions)
-        return cls(name, graphdef, treedef, positions, statics, signature, group, graph_items)
+        return cls(name, graphdef, treedef, positions, statics, signature, group, graph_items, graph_statics)
 
     @property
     def is_tree(self) -> bool:
@@ -96,7 +99,7 @@ class TreeInput:
     @property
     def key(self) -> tuple:
         """What the compiled program depends on besides the leaves' shapes and dtypes."""
-        return (self.name, self.graphdef, self.group, self.treedef, self.static_key, self.structure_key)
+        return (self.name, self.graph_key, self.group, self.treedef, self.static_key, self.structure_key)
 
     def arrays(self, value) -> list:
         """The traced leaves of `value` (of this input's structure), in order: the program's argument.
@@ -183,9 +186,10 @@ def trees_of(named: list, abstract: bool = False, cell=None) -> list:
     if holders:
         graphdef, trees = nnx_graphs.split_values([named[i][1] for i in holders])
         group = tuple(named[i][0] for i in holders)
-        for i, tree in zip(holders, trees):
+        statics = nnx_graphs.unhashable_statics(graphdef)  # the group's: keyed and re-checked once, by its first input
+        for k, (i, tree) in enumerate(zip(holders, trees)):
             found[i] = TreeInput._of_tree(named[i][0], tree, abstract, graphdef, group,
-                                          nnx_graphs.graph_items(named[i][1]))
+                                          nnx_graphs.graph_items(named[i][1]), statics if k == 0 else ())
     for i in flat:
         if i not in holders:
             found[i] = TreeInput._of_tree(named[i][0], named[i][1], abstract)

@@ -382,6 +382,38 @@ def graph_items(value) -> list:
     return found
 
 
+def unhashable_statics(graphdef) -> tuple:
+    """The graph's static attributes that cannot be hashed: a dict, list or set config
+    (`self.cfg = {'act': 'relu'}`), a tuple holding one, a dataclass with `eq`. The graphdef holds
+    the user's very objects, so == on two graphdefs compares such a list with itself and never sees
+    it changed in place (`model.sizes.append(16)`; nnx.jit misses it so, in Flax 0.12): the
+    fingerprints key them by content and check them again on every re-run (cell/fingerprints.py)."""
+    found = {}
+    for _, attribute in graphdef.attributes:
+        if isinstance(attribute, _nnx().graph.Static) and not _hashable(attribute.value):
+            found.setdefault(id(attribute.value), attribute.value)
+    return tuple(found.values())
+
+
+def graph_key(graphdef):
+    """A graphdef as a part of a hashable cache key (None for None). Its unhashable static attributes
+    (unhashable_statics) stand by their type alone: their content is in the input's structure_key."""
+    if graphdef is None or _hashable(graphdef):
+        return graphdef
+    Static = _nnx().graph.Static
+    attributes = tuple((name, attribute) if not isinstance(attribute, Static) or _hashable(attribute.value)
+                       else (name, Static, type(attribute.value)) for name, attribute in graphdef.attributes)
+    return type(graphdef), tuple(graphdef.nodes), attributes, graphdef.num_leaves
+
+
+def _hashable(value) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
 def split(values: tuple):
     """(graphdef, state) of several values at once, so references they share stay shared."""
     return _nnx().split(values)

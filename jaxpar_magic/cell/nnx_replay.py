@@ -86,8 +86,10 @@ def _tree(values) -> tuple[list, list, object, bool]:
 class GraphReplay:
     """The NNX inputs of one cached program (each a bare NNX object, all distinct), as a full check
     last matched them: their graph (and, without shared objects, JAX's treedef of them), the shape
-    and dtype of each Variable's array, the user's classes and functions the graph holds
-    (fingerprinted again on every call: a global one of them reads may change), and where each leaf
+    and dtype of each Variable's array, the user's classes and functions the graph holds and its
+    static dict, list and set configs (fingerprinted again on every call: a global one of them reads
+    may change, a list may grow in place, which == on graphs and treedefs holding that very list
+    cannot see), and where each leaf
     of the program's write-back output goes among the Variables.
 
     `arrays` checks a new call's objects and keeps the Variables it found for `write`, which puts

@@ -12,7 +12,7 @@ from collections import OrderedDict
 
 from ...cell.fingerprints import fingerprint, traced_callables
 from ...cell.jax_traces import forget_traces
-from ...cell.meshes import describe_mesh, on_cell_mesh, on_other_mesh, spec_on
+from ...cell.meshes import describe_mesh, is_explicit, on_cell_mesh, on_other_mesh, spec_on
 from ...cell.programs import CACHE_SIZE
 from ...errors import UsageError, explaining
 from .program import ProgramFacts, block_on_cpu_collectives, compile_progress, has_collectives_on_cpu, program_facts
@@ -208,10 +208,7 @@ class ParallelFunction:
         # Leaves JAX cannot trace (an Equinox module's activation) are static, as eqx.filter_pmap keeps them.
         parts, is_traced = split_all(args)
         if is_traced:
-            # Called from code that is already being traced per device (another cell function, or
-            # jax.grad(loss) inside train_step): run as the plain per-device function, which is what
-            # the seed's code means. jax.pmap nested in jax.pmap fails on JAX 0.10; use --mesh.
-            return self.__wrapped__(*args)
+            return self._traced_call(args, parts)
         if self._record_next:
             return self._recorded_call(args)
         slot, dynamic = self._jitted_for(args, parts)
@@ -232,6 +229,71 @@ class ParallelFunction:
                 self.facts = program_facts(jitted, dynamic, [d.id for d in self.mesh.devices.flat],
                                            self.__wrapped__.__code__.co_filename)
         return rebuilt(out) if slot[3][0] else out
+
+    def _traced_call(self, args, parts):
+        """A call from code being traced. In per-device code over this function's axes (a %%pmap
+        cell, another %%pmap function, jax.grad(loss) inside train_step) it is the plain per-device
+        function, which is what the seed's code means (jax.pmap nested in jax.pmap fails on JAX 0.10).
+        Outside per-device code (a %%shard cell, jax.jit, jax.grad of it) it is jax.pmap called
+        inside jax.jit (`_mapped_in_trace`). Per-device code over other axes (a %%shard_map body) has
+        neither meaning, and plain JAX refuses jax.pmap there too."""
+        import jax
+
+        context = jax.sharding.get_abstract_mesh()
+        manual = () if context.empty else tuple(
+            name for name, kind in zip(context.axis_names, context.axis_types) if kind == jax.sharding.AxisType.Manual)
+        if set(self.axis_names) <= set(manual):
+            return self.__wrapped__(*args)
+        if manual:
+            raise self._inside_other_axes(manual)
+        return self._mapped_in_trace(args, parts)
+
+    def _mapped_in_trace(self, args, parts):
+        """jax.pmap's values inside the caller's trace: one jax.vmap per mesh axis, named as the axis,
+        so that a collective over it reduces over the mapped entries as over pmap's devices. Not
+        our jit(shard_map): under a %%shard cell's mesh (another mesh than ours, Explicit axes) JAX
+        refuses a shard_map on our mesh, and its gradient across the two meshes. The caller's jit
+        places the work. Each mapped leaf must still have one entry per device, as for jax.pmap."""
+        import jax
+
+        statics = dict(self._statics(args))
+        in_axes = self._effective_in_axes(args)
+        dynamic = [i for i in range(len(args)) if i not in statics]
+        axes = tuple(in_axes[i] for i in dynamic)
+        values = [_replicated(parts[i]) for i in dynamic]
+        self._check_shapes(dynamic, axes, values)
+        has_statics = [False]
+
+        def per_entry(*blocks):
+            found = iter(blocks)
+            full = [statics[i] if i in statics else rebuilt(next(found)) for i in range(len(args))]
+            out = self.__wrapped__(*full)
+            if isinstance(self.out_axes, (tuple, list)) and isinstance(out, (tuple, list)):
+                out = type(out)(split(o) for o in out)
+            else:
+                out = split(out)
+            has_statics[0] = has_statics[0] or has_partitioned(out)
+            return out
+
+        mapped = per_entry
+        for name in reversed(self.axis_names):  # the first mesh axis outermost: pmap's leading axes, in order
+            mapped = jax.vmap(mapped, in_axes=axes, out_axes=self.out_axes, axis_name=name)
+        out = mapped(*values)
+        return rebuilt(out) if has_statics[0] else out
+
+    def _inside_other_axes(self, manual: tuple) -> UsageError:
+        name, axes = self.__name__, self.axis_names
+        ours = ", ".join(repr(a) for a in axes)
+        mesh = ",".join(f"{a}={n}" for a, n in zip(axes, self.mesh.devices.shape))
+        how = f"`--mesh {mesh}`" + (f" in %%shard_map, `--axis-name {axes[0]}` in %%pmap" if len(axes) == 1 else "")
+        return UsageError(
+            f"`{name}` is a %%pmap function (its code runs on each device, over the mesh axis {ours}), called here "
+            f"inside code that already runs on each device over the axis {', '.join(repr(a) for a in manual)} (a "
+            f"%%shard_map cell, or a %%pmap cell or function of other axis names), where the axis {ours} does not "
+            f"exist: plain JAX refuses jax.pmap inside jax.shard_map too. Call `{name}(...)` in a plain or %%shard "
+            f"cell (it runs as jax.pmap does inside jax.jit), or name this cell's mesh axes as {name}'s ({how}) "
+            f"so that `{name}(...)` runs its per-device code on this device's block."
+        )
 
     def _explained(self, jitted, dynamic):
         """The call's result, and the arguments it ran on (laid out again when from another mesh)."""
@@ -330,6 +392,24 @@ class ParallelFunction:
         ids = [d.id for d in self.mesh.devices.flat]
         with on_cell_mesh(self.mesh):
             return program_facts(slot[0], dynamic, ids, self.__wrapped__.__code__.co_filename)
+
+
+def _replicated(value):
+    """`value` with each leaf whose type says it is split over Explicit mesh axes (a %%shard cell's
+    `--in x=data`) made replicated: vmap cannot map such an axis (it would need that axis's name as
+    spmd_axis_name). Same values."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    def plain(leaf):
+        sharding = getattr(jax.typeof(leaf), "sharding", None)
+        spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
+        if spec is None or not any(part is not None for part in spec) or not is_explicit(mesh):
+            return leaf
+        with jax.sharding.use_abstract_mesh(getattr(mesh, "abstract_mesh", mesh)):
+            return jax.sharding.reshard(leaf, P())
+
+    return jax.tree.map(plain, value)
 
 
 def pmap(fn=None, *, mesh=None, axis_name: str = "i", devices=None, **options):
