@@ -314,7 +314,7 @@ class ViewBase(anywidget.AnyWidget):
         keys = self.keys if key is None else (key,) if isinstance(key, str) else key
         try:
             return {k: writers[k](getattr(self, k), self) for k in keys}
-        except KeyError:  # not a trait of this class: ipywidgets says so (or takes what it takes)
+        except (KeyError, TypeError):  # not a trait of this class, or no key: ipywidgets' own error
             return super().get_state(key, drop_defaults)
 
     def wire_state(self, state: dict[str, Any]) -> dict[str, Any]:

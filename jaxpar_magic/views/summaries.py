@@ -73,7 +73,7 @@ def _positional(flat) -> str | None:
     import numpy as np
 
     below = _FIXED_BELOW.get(flat.dtype.char)
-    if below is None or flat.dtype.kind != "f" or flat.size == 0:
+    if below is None or flat.size == 0:
         return None
     options = np.get_printoptions()
     if options["floatmode"] != "maxprec" or options["sign"] != "-" or options["legacy"] is not False:
