@@ -112,7 +112,7 @@ def test_the_very_same_input_skips_its_checks_and_a_new_one_is_checked_again(jx)
     np.testing.assert_allclose(jx.user_ns["y"], np.arange(24.0) * 2)
 
 
-def test_a_cell_fed_its_own_output_passes_straight_through_and_any_other_array_is_checked(jx):
+def test_a_cell_fed_its_own_output_passes_straight_through_and_any_other_array_is_checked(jx, monkeypatch):
     """`x = f(x)`: each re-run reads the array its own program returned, a new object with the type,
     sharding and aval of the last one that passed (Rerun.checked), and passes it straight through,
     its deleted check included (Rerun.live). An array differing in any of them (uncommitted, another
@@ -120,6 +120,7 @@ def test_a_cell_fed_its_own_output_passes_straight_through_and_any_other_array_i
     plain JAX, and a deleted one is the same UsageError as without a replay."""
     from jax.sharding import NamedSharding
 
+    from jaxpar_magic.cell.inputs import TreeInput
     from jaxpar_magic.stages.run import shard as shard_run
 
     mesh(jx, "data=8")
@@ -138,6 +139,14 @@ def test_a_cell_fed_its_own_output_passes_straight_through_and_any_other_array_i
     steps(jnp.ones((8, 4)), 4)
     (rerun,) = [r for k, r in shard_run._reruns.items() if k[0].strip() == source and k[1] is jx.user_ns["mesh"]]
     assert rerun.live  # the last replays knew x (and w) by their facts
+    full_checks = []
+    real = TreeInput.matching_arrays
+    monkeypatch.setattr(TreeInput, "matching_arrays", lambda tree, value: full_checks.append(tree.name) or real(tree, value))
+    before = jx.user_ns["x"]
+    jx.run_cell_magic("shard", line, source)  # a new x, its program's own output: no full check
+    assert full_checks == [] and jx.user_ns["x"] is not before
+    np.testing.assert_allclose(jx.user_ns["x"], jnp.tanh(before @ w), rtol=1e-6)
+    monkeypatch.undo()
     other = jax.make_mesh((8,), ("rows",), devices=jax.devices())  # the same devices, another axis name
     with capture_output():  # the input laid out again says so
         for start in (jnp.arange(32.0).reshape(8, 4), jax.device_put(jnp.ones((8, 4)), NamedSharding(other, P("rows"))),

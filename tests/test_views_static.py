@@ -359,13 +359,19 @@ def test_a_views_state_is_what_ipywidgets_own_get_state_makes(cls: type) -> None
     view.close()
 
 
-def test_result_views_with_equal_states_share_their_static_forms_and_differ_in_their_twin() -> None:
+def test_result_views_with_equal_states_share_their_static_forms_and_differ_in_their_twin(monkeypatch) -> None:
     """A re-run's result view before its values come has the last one's state: its static forms are
     drawn once (base._static_forms), equal to drawing them anew; its twin class is its own."""
-    state = {"title": "t", "axes": [{"name": "x", "size": 2}], "device_ids": [0, 1],
+    import uuid
+
+    state = {"title": f"t {uuid.uuid4()}", "axes": [{"name": "x", "size": 2}], "device_ids": [0, 1],
              "outputs": [{"name": "y", "shape": [2], "dtype": "float32", "pending": True}]}
     first, second = ResultView(state=state), ResultView(state=json.loads(json.dumps(state)))
+    drawings = []
+    monkeypatch.setattr(ResultView, "_render_html", staticmethod(lambda st: drawings.append(st) or results.to_html(st)))
     drawn = [first.static_bundle(), second.static_bundle()]
+    assert len(drawings) == 1  # the second view's equal state was not drawn again
+    monkeypatch.undo()
     assert drawn[0]["text/plain"] == drawn[1]["text/plain"] == second.to_text()
     for view, bundle in zip((first, second), drawn):
         assert bundle["text/html"] == f'<div class="jpm-static jpm-twin-{view._jpm_twin}">{view.to_html()}</div>'
