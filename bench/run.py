@@ -674,7 +674,8 @@ def profile_pmap_view(jax, sh, calls: int = 300):
         (values, "result_state", "    jaxpar_magic/views/values.py:result_state (the same, and waits for the values)"),
         (magics, "view_of", "  jaxpar_magic/face/magics.py:view_of (the widget for a state)"),
         (ViewBase, "__init__", "    jaxpar_magic/views/base.py:ViewBase.__init__ (anywidget/ipywidgets widget)"),
-        (magics, "display", "  IPython display() of the view (formats text/html and text/plain)"),
+        (ViewBase, "_ipython_display_", "  jaxpar_magic/views/base.py:ViewBase._ipython_display_ (the view's outputs: "
+                                        "text/html and text/plain, then the widget)"),
     ]
 
     def run():

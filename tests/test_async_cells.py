@@ -179,6 +179,31 @@ def test_a_shown_cell_returns_before_its_values_and_fills_them_in(jx, trips, mag
     assert PENDING_TEXT not in view.to_text() and plain_state["outputs"][0]["tiles"][0]["text"] in view.to_html()
 
 
+def test_a_shown_rerun_reads_its_layout_once_and_shows_its_own_values(jx, monkeypatch):
+    """What a %%shard_map output's layout decides is read once (views/values._BlockLayout), not every
+    re-run; every re-run still shows its own values: each tile, the first values of its device's block
+    as NumPy prints them."""
+    from jaxpar_magic.views import values
+    from jaxpar_magic.views.later import wait_for_fills
+
+    mesh(jx, "data=8")
+    jx.run_line_magic("config", "JaxparMagics.view_values = 'later'")
+    jx.push({"x": jax.device_put(jnp.arange(64.0) / 7, NamedSharding(jx.user_ns["mesh"], P("data")))})
+    made = []
+    real = values._BlockLayout.__init__
+    monkeypatch.setattr(values._BlockLayout, "__init__", lambda self, *a: made.append(a[0]) or real(self, *a))
+    for _ in range(3):
+        with capture_output() as captured:
+            jx.run_cell_magic("shard_map", "--mesh mesh --in x=data --out x=data", "x = x * 1.5 + 0.25")
+        assert wait_for_fills(60)
+        (view,) = [w for w in shown_widgets(captured) if type(w).__name__ == "ResultView"]
+        ids = [d.id for d in jx.user_ns["mesh"].devices.flat]
+        blocks = {s.device.id: np.asarray(s.data) for s in jx.user_ns["x"].addressable_shards}
+        assert [t["text"] for t in view.state["outputs"][0]["tiles"]] == [
+            "[" + np.array2string(blocks[i][:4], precision=4, suppress_small=True)[1:-1].strip() + " …]" for i in ids]
+    assert len(made) <= 1  # the first run's (or an earlier test's, on an equal mesh)
+
+
 def test_a_view_whose_values_cannot_be_read_says_so(jx):
     """The values' arrays gone before they were read (an error the program raised on the devices ends
     the same way): the view says why, and shows no value."""

@@ -84,8 +84,9 @@ def test_shown_cells_are_not_replayed(jx):
 
 
 def test_the_very_same_input_skips_its_checks_and_a_new_one_is_checked_again(jx):
-    """A jax.Array is immutable, so a replay passes the very same input straight through; an equal
-    array laid out differently (same shape and dtype) must still be placed where --in puts it."""
+    """A jax.Array is immutable, so a replay passes an input with the very same type, sharding and
+    aval as the last one that passed straight through; an equal array laid out differently (same
+    shape and dtype) must still be placed where --in puts it."""
     from jax.sharding import NamedSharding
 
     from jaxpar_magic.stages.run import shard as shard_run
@@ -98,9 +99,9 @@ def test_the_very_same_input_skips_its_checks_and_a_new_one_is_checked_again(jx)
     placed = jx.user_ns["x"]
     jx.run_cell_magic("shard", line, source)  # the replay checks the placed x once...
     (rerun,) = [r for k, r in shard_run._reruns.items() if k[0].strip() == source and k[1] is jx.user_ns["mesh"]]
-    assert rerun.checked[0] is not None and rerun.checked[0]() is placed
-    jx.run_cell_magic("shard", line, source)  # ...and then knows it by identity
-    assert jx.user_ns["x"] is placed
+    assert rerun.checked[0] == (type(placed), placed.sharding, placed.aval)
+    jx.run_cell_magic("shard", line, source)  # ...and then knows it by those
+    assert jx.user_ns["x"] is placed and rerun.live
     replicated = jax.device_put(x, NamedSharding(jx.user_ns["mesh"], P()))
     jx.push({"x": replicated})  # same shape and dtype, another layout: not the checked object
     jx.run_cell_magic("shard", line, source)
@@ -109,6 +110,54 @@ def test_the_very_same_input_skips_its_checks_and_a_new_one_is_checked_again(jx)
     jx.push({"x": jnp.arange(24.0)})  # a new shape: checked, recompiled, right
     jx.run_cell_magic("shard", line, source)
     np.testing.assert_allclose(jx.user_ns["y"], np.arange(24.0) * 2)
+
+
+def test_a_cell_fed_its_own_output_passes_straight_through_and_any_other_array_is_checked(jx, monkeypatch):
+    """`x = f(x)`: each re-run reads the array its own program returned, a new object with the type,
+    sharding and aval of the last one that passed (Rerun.checked), and passes it straight through,
+    its deleted check included (Rerun.live). An array differing in any of them (uncommitted, another
+    mesh of the same devices, a weak type, another dtype, deleted) is checked again; every run equals
+    plain JAX, and a deleted one is the same UsageError as without a replay."""
+    from jax.sharding import NamedSharding
+
+    from jaxpar_magic.cell.inputs import TreeInput
+    from jaxpar_magic.stages.run import shard as shard_run
+
+    mesh(jx, "data=8")
+    w = jnp.eye(4) * 0.5
+    line, source = "--in x=data,None --no-show", "x = jnp.tanh(x @ w)"
+
+    def steps(start, n: int):
+        jx.push({"x": start, "w": w})
+        expected = start
+        for _ in range(n):
+            jx.run_cell_magic("shard", line, source)
+            expected = jnp.tanh(expected @ w)
+        np.testing.assert_allclose(jx.user_ns["x"], expected, rtol=1e-6)
+        assert jx.user_ns["x"].dtype == expected.dtype and jx.user_ns["x"].sharding.spec == P("data", None)
+
+    steps(jnp.ones((8, 4)), 4)
+    (rerun,) = [r for k, r in shard_run._reruns.items() if k[0].strip() == source and k[1] is jx.user_ns["mesh"]]
+    assert rerun.live  # the last replays knew x (and w) by their facts
+    full_checks = []
+    real = TreeInput.matching_arrays
+    monkeypatch.setattr(TreeInput, "matching_arrays", lambda tree, value: full_checks.append(tree.name) or real(tree, value))
+    before = jx.user_ns["x"]
+    jx.run_cell_magic("shard", line, source)  # a new x, its program's own output: no full check
+    assert full_checks == [] and jx.user_ns["x"] is not before
+    np.testing.assert_allclose(jx.user_ns["x"], jnp.tanh(before @ w), rtol=1e-6)
+    monkeypatch.undo()
+    other = jax.make_mesh((8,), ("rows",), devices=jax.devices())  # the same devices, another axis name
+    with capture_output():  # the input laid out again says so
+        for start in (jnp.arange(32.0).reshape(8, 4), jax.device_put(jnp.ones((8, 4)), NamedSharding(other, P("rows"))),
+                      jnp.full((8, 4), 2.0, dtype=jnp.bfloat16), jnp.asarray(np.ones((8, 4))) * 1.0):
+            steps(start, 2)
+    weak = jax.device_put(jnp.broadcast_to(jnp.asarray(1.0), (8, 4)), NamedSharding(jx.user_ns["mesh"], P("data", None)))
+    assert weak.aval.weak_type and weak.sharding == jx.user_ns["x"].sharding  # only its weak type differs
+    steps(weak, 2)
+    jx.user_ns["x"].delete()
+    with pytest.raises(UsageError, match="was deleted"):
+        jx.run_cell_magic("shard", line, source)
 
 
 def test_a_split_input_known_by_identity_is_still_reshaped(jx):

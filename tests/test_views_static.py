@@ -336,6 +336,51 @@ def test_a_view_syncs_what_an_anywidget_syncs() -> None:
     plain.close(), view.close(), again.close()
 
 
+@pytest.mark.parametrize("cls", [DevicesView, ResultView, MeshView, ShardingView])
+def test_a_views_state_is_what_ipywidgets_own_get_state_makes(cls: type) -> None:
+    """ViewBase.get_state reads each trait's writer once per class: for every key, for one key, for
+    a list of keys and with drop_defaults, it must give what ipywidgets' Widget.get_state gives for
+    the same widget, before and after its state changes."""
+    import ipywidgets
+
+    state = sharding_state([8, 4], [("x", 4), ("y", 2)], ["x", None]) if cls is ShardingView else {"title": "t"}
+    view = cls(state=state)
+    for _ in range(2):
+        for key in (None, "state", ["state", "_jpm_twin", "layout"], "_esm"):
+            assert view.get_state(key) == ipywidgets.Widget.get_state(view, key), key
+        assert view.get_state(drop_defaults=True) == ipywidgets.Widget.get_state(view, drop_defaults=True)
+        view.state = {**state, "title": "another"}
+    for key in ("no_such_trait", 3):
+        with pytest.raises(Exception) as ours:
+            view.get_state(key)
+        with pytest.raises(Exception) as theirs:
+            ipywidgets.Widget.get_state(view, key)
+        assert type(ours.value) is type(theirs.value) and str(ours.value) == str(theirs.value)
+    view.close()
+
+
+def test_result_views_with_equal_states_share_their_static_forms_and_differ_in_their_twin(monkeypatch) -> None:
+    """A re-run's result view before its values come has the last one's state: its static forms are
+    drawn once (base._static_forms), equal to drawing them anew; its twin class is its own."""
+    import uuid
+
+    state = {"title": f"t {uuid.uuid4()}", "axes": [{"name": "x", "size": 2}], "device_ids": [0, 1],
+             "outputs": [{"name": "y", "shape": [2], "dtype": "float32", "pending": True}]}
+    first, second = ResultView(state=state), ResultView(state=json.loads(json.dumps(state)))
+    drawings = []
+    monkeypatch.setattr(ResultView, "_render_html", staticmethod(lambda st: drawings.append(st) or results.to_html(st)))
+    drawn = [first.static_bundle(), second.static_bundle()]
+    assert len(drawings) == 1  # the second view's equal state was not drawn again
+    monkeypatch.undo()
+    assert drawn[0]["text/plain"] == drawn[1]["text/plain"] == second.to_text()
+    for view, bundle in zip((first, second), drawn):
+        assert bundle["text/html"] == f'<div class="jpm-static jpm-twin-{view._jpm_twin}">{view.to_html()}</div>'
+    assert first._jpm_twin != second._jpm_twin
+    second.state = {**state, "title": "another"}  # another state: drawn anew
+    assert "another" in second.static_bundle()["text/html"] and "another" not in first.static_bundle()["text/html"]
+    first.close(), second.close()
+
+
 def test_every_view_ships_the_loader_and_the_library_holds_the_code_once() -> None:
     views = [cls(state={}) for cls in (DevicesView, ResultView, ResultView, MeshView)]
     lib = base.library()
@@ -393,9 +438,11 @@ def test_bundler_rejects_what_it_cannot_inline(monkeypatch: pytest.MonkeyPatch) 
 @given(st.sampled_from(["float32", "float64", "int32", "int8", "uint16", "float16"]).flatmap(
     lambda dtype: st.tuples(st.just(dtype), st.lists(st.one_of(
         st.integers(-2_000_000, 2_000_000), st.floats(-1e7, 1e7), st.sampled_from([float("nan"), float("inf")]),
-        st.sampled_from([0.0, -0.0, 0.5, 1e-5, 999999.0, 1e6, -3.0])), min_size=0, max_size=6))))
+        st.floats(-1e9, 1e9), st.floats(-1e-3, 1e-3), st.floats(-10, 10, width=32),
+        st.sampled_from([0.0, -0.0, 0.5, 1e-5, 5e-5, 999999.0, 1e6, -3.0, 99999999.0, 1e8, 0.00078125, 1 / 3])),
+        min_size=0, max_size=6))))
 def test_format_values_says_what_array2string_says(case):
-    """format_values' fast path for whole numbers gives NumPy's own text, or steps aside."""
+    """format_values' fast paths (whole numbers, fixed-point floats) give NumPy's own text, or step aside."""
     import numpy as np
 
     from jaxpar_magic.views.summaries import format_values

@@ -221,7 +221,14 @@ def on_other_mesh(leaf, mesh) -> bool:
 
     if not isinstance(leaf, jax.Array) or not leaf.committed:
         return False
-    sharding = leaf.sharding
+    return other_mesh_sharding(leaf.sharding, mesh)
+
+
+def other_mesh_sharding(sharding, mesh) -> bool:
+    """A NamedSharding on another mesh than `mesh` over the very same devices (on_other_mesh, for a
+    committed array; the only part of that check a re-run keys on: Rerun.checked)."""
+    import jax
+
     if not isinstance(sharding, jax.sharding.NamedSharding) or sharding.mesh == mesh:
         return False
     return sharding.device_set == set(mesh.devices.flat)

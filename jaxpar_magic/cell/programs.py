@@ -7,7 +7,6 @@ Plain Python over JAX; no IPython. The engines build these; the run stage calls 
 from __future__ import annotations
 
 import functools
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -17,7 +16,7 @@ from .fingerprints import Ref, fingerprint, traced_callables
 from .jax_traces import forget_traces
 from .layout import same_layout
 from .leaked_tracers import refuse_hidden
-from .meshes import on_other_mesh
+from .meshes import on_other_mesh, other_mesh_sharding
 from .nnx_replay import ATTEMPTS, DirectWrite, GraphReplay
 from .inputs import (
     OutputTree, TreeInput, deleted_input_error, deleted_leaf, jax_array_type, matching_group, merged_inputs,
@@ -373,7 +372,7 @@ class Rerun:
     """
 
     __slots__ = ("inputs", "reshape", "constants", "constants_checked", "absent", "program", "key", "signature",
-                 "placements", "checked", "graphs", "graph_replay", "graph_attempts", "graph_call", "mesh")
+                 "placements", "checked", "graphs", "graph_replay", "graph_attempts", "graph_call", "mesh", "live")
 
     def __init__(self, inputs, reshape, constants, absent, program, key):
         self.inputs = inputs  # TreeInputs, in argument order
@@ -385,9 +384,11 @@ class Rerun:
         self.key = key
         self.signature = None  # set by the first successful run
         self.placements: dict = {}  # name -> each leaf's sharding: placed inputs must still be laid out so
-        # Per bare input: a weak reference to the last jax.Array that passed the checks. A jax.Array is
-        # immutable (shape, dtype, sharding), so the very same object passes them again: re-running a
-        # cell on unchanged inputs skips them (in-place re-checks cost ~15 µs a call, bench section 9).
+        # Per bare input: (type, sharding, aval) of the last jax.Array that passed the checks. Every check
+        # reads only these (a jax.Array is immutable; avals are interned, so `is` compares shape, dtype and
+        # weak type), so an array with the very same three passes them again: re-running a cell on unchanged
+        # inputs, or on the arrays its own program returned (`x = f(x)`: the program's output sharding is one
+        # object), skips them (the full check costs ~5-15 µs a call, bench sections 9 and 15).
         self.checked: list = [None] * len(inputs)
         self.graphs = tuple(i for i, tree in enumerate(inputs) if tree.graphdef is not None)  # NNX inputs
         # NNX inputs' short check (cell/nnx_replay.py), made from a full check after the first run;
@@ -396,6 +397,9 @@ class Rerun:
         self.graph_attempts = 0
         self.graph_call: GraphReplay | None = None
         self.mesh = None  # the cell's mesh (program.run_cell sets it): an input from another one takes the full path
+        # Whether the last args() found every input by `checked`, which saw it not deleted: its arguments need
+        # no deleted_error (a full path's arguments come with a new Rerun, not live).
+        self.live = False
 
     def args(self, namespace: dict):
         """The program's arguments if nothing the first run checked has changed, else None."""
@@ -405,13 +409,15 @@ class Rerun:
             if joint is None:
                 return None
             joint = dict(zip(self.graphs, joint))
-        args = []
+        args, live = [], True
         for i, (tree, reshape) in enumerate(zip(self.inputs, self.reshape)):
             value = namespace.get(tree.name, _MISSING)
-            checked = self.checked[i]
-            if checked is not None and checked() is value and not value.is_deleted():  # deleted: donated
+            seen = self.checked[i]
+            if seen is not None and type(value) is seen[0] and value.sharding is seen[1] and value.aval is seen[2] \
+                    and not value.is_deleted():  # deleted: donated
                 arrays = [value]
             else:
+                live = False
                 arrays = tree.matching_arrays(value) if joint is None or i not in joint else joint[i]
                 if arrays is None:
                     return None
@@ -421,8 +427,9 @@ class Rerun:
                 if arrays and self.mesh is not None and on_other_mesh(arrays[0], self.mesh):
                     return None  # the full path lays it out again; calling with it would trace once more for
                     # nothing (a `print` in the cell twice). Its first leaf stands for it: one check per input.
-                if tree.bare and self.signature is not None and isinstance(value, jax_array_type()):
-                    self.checked[i] = weakref.ref(value)
+                if tree.bare and self.signature is not None and isinstance(value, jax_array_type()) \
+                        and (self.mesh is None or not other_mesh_sharding(value.sharding, self.mesh)):
+                    self.checked[i] = (type(value), value.sharding, value.aval)
             if reshape is not None:
                 if deleted_leaf(tree, arrays) is not None:
                     return None  # reshaping would raise JAX's error: the full path says what happened
@@ -438,7 +445,7 @@ class Rerun:
         for name in self.absent:
             if name in namespace:
                 return None
-        self.graph_call = graph_call
+        self.graph_call, self.live = graph_call, live
         return args
 
     def _graph_args(self, values) -> tuple[list | None, GraphReplay | None]:

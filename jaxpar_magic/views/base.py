@@ -50,12 +50,15 @@ from __future__ import annotations
 import base64
 import functools
 import html
+import itertools
 import json
 import math
 import re
 import struct
+import threading
 import uuid
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
@@ -178,6 +181,11 @@ class ViewLibrary(ipywidgets.Widget):
         self.needs = {**self.needs, bundle.view: list(bundle.helpers)}
 
 
+#: Twin classes (`jpm-twin-<16 hex>`): a random prefix per kernel process and a counter, unique in a
+#: notebook however many kernels wrote into it (uuid4 per view cost more than the rest of its id).
+_TWIN_PREFIX = uuid.uuid4().hex[:10]
+_twins = itertools.count()
+
 _library: ViewLibrary | None = None
 _layout: ipywidgets.Layout | None = None
 
@@ -206,9 +214,13 @@ def state_json(state: dict[str, Any]) -> str:
     chapter's view states weighed 660 KB as dicts, 340 KB as strings). NaN and infinities, which
     JSON cannot carry, become null, as jupyter_client's own fallback makes them."""
     try:
-        return json.dumps(state, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return _ENCODER.encode(state)
     except ValueError:
-        return json.dumps(_finite(state), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return _ENCODER.encode(_finite(state))
+
+
+# One encoder: json.dumps with options builds a JSONEncoder per call (a few µs of every view shown).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def _finite(value: Any) -> Any:
@@ -247,6 +259,9 @@ class ViewBase(anywidget.AnyWidget):
     #: The display id the static twin was shown under, where it is rewritten later (a result view
     #: whose values come after the cell: views/later.py); None: shown without one.
     static_display_id: str | None = None
+    #: Whether the static forms are a function of the state alone, drawn once for equal states
+    #: (_static_forms): a result view's state before its values come is the same every re-run.
+    _static_by_content: ClassVar[bool] = False
 
     _render_html: ClassVar[Callable[[dict[str, Any]], str]]
     _render_text: ClassVar[Callable[[dict[str, Any]], str]]
@@ -266,18 +281,41 @@ class ViewBase(anywidget.AnyWidget):
         """The synced traits, read once per class (ipywidgets scans every trait of every instance)."""
         return list(_synced_keys(type(self)))
 
+    # Defaults, not constructor arguments: a trait set in __init__ goes through ipywidgets' change
+    # handling, one a default gives does not (~5 µs each, a view per shown cell: bench section 15).
+    @traitlets.default("layout")
+    def _default_layout(self) -> ipywidgets.Layout:
+        return shared_layout()
+
+    @traitlets.default("_jpm_lib")
+    def _default_lib(self) -> str:
+        return f"IPY_MODEL_{library().model_id}"
+
+    @traitlets.default("_jpm_twin")
+    def _default_twin(self) -> str:
+        return f"{_TWIN_PREFIX}{next(_twins):06x}"  # unique in this kernel; the prefix differs per kernel
+
     def __init__(self, state: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        lib = library()
-        lib.add(type(self)._bundle)
-        kwargs.setdefault("layout", shared_layout())
+        library().add(type(self)._bundle)
         _colab_widgets()
         # ipywidgets' own __init__, not AnyWidget's: that one adds anywidget's traits to every
         # instance (`add_traits` builds a new class each time, ~0.5 ms a view); _synced_class has
         # them once per view class, with the same names and values.
-        ipywidgets.DOMWidget.__init__(
-            self, state=dict(state or {}), _jpm_view=type(self)._bundle.view, _jpm_lib=f"IPY_MODEL_{lib.model_id}",
-            _jpm_twin=uuid.uuid4().hex[:16], **kwargs
-        )
+        ipywidgets.DOMWidget.__init__(self, state=dict(state or {}), **kwargs)
+
+    def get_state(self, key: Any = None, drop_defaults: bool = False) -> dict[str, Any]:
+        """ipywidgets' Widget.get_state, each trait's writer (its ``to_json``) read once per class
+        (_state_writers) where ipywidgets looks up every trait again for every state it sends: at
+        open and at each change of ``state`` (~20 µs a result view, bench section 15).
+        tests/test_views_static.py holds it equal to ipywidgets' own."""
+        if drop_defaults:
+            return super().get_state(key, drop_defaults)
+        writers = _state_writers(type(self))
+        keys = self.keys if key is None else (key,) if isinstance(key, str) else key
+        try:
+            return {k: writers[k](getattr(self, k), self) for k in keys}
+        except (KeyError, TypeError):  # not a trait of this class, or no key: ipywidgets' own error
+            return super().get_state(key, drop_defaults)
 
     def wire_state(self, state: dict[str, Any]) -> dict[str, Any]:
         """The state as the front end gets it (and a saved notebook stores it): by default all of
@@ -317,8 +355,8 @@ class ViewBase(anywidget.AnyWidget):
         drawn = self.__dict__.get("_jpm_drawn")
         if drawn is not None and drawn[0] is state:
             return drawn[1]
-        html = f'<div class="jpm-static jpm-twin-{self._jpm_twin}">{self.to_html()}</div>'
-        bundle = {"text/html": html, "text/plain": self.to_text()}
+        html, text = _static_forms(self) if self._static_by_content else (self.to_html(), self.to_text())
+        bundle = {"text/html": f'<div class="jpm-static jpm-twin-{self._jpm_twin}">{html}</div>', "text/plain": text}
         self.__dict__["_jpm_drawn"] = (state, bundle)
         return bundle
 
@@ -362,6 +400,33 @@ class ViewBase(anywidget.AnyWidget):
         return self.static_bundle()["text/plain"]
 
 
+_drawn: OrderedDict = OrderedDict()  # (view class, text width, state as JSON) -> (html, text)
+_drawn_lock = threading.Lock()  # the values thread draws filled views (views/later.py)
+DRAWN = 32  # states kept
+DRAWN_MOST_JSON = 16_384  # larger states are drawn anew (their JSON is not worth keeping)
+
+
+def _static_forms(view: ViewBase) -> tuple[str, str]:
+    """(to_html, to_text) of a `_static_by_content` view, drawn once per equal state and width."""
+    from .textwidth import text_width
+
+    encoded = state_json(view.state)
+    if len(encoded) > DRAWN_MOST_JSON:
+        return view.to_html(), view.to_text()
+    key = (type(view), text_width(), encoded)
+    with _drawn_lock:
+        forms = _drawn.get(key)
+        if forms is not None:
+            _drawn.move_to_end(key)
+            return forms
+    forms = (view.to_html(), view.to_text())
+    with _drawn_lock:
+        _drawn[key] = forms
+        while len(_drawn) > DRAWN:
+            _drawn.popitem(last=False)
+    return forms
+
+
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 #: The traits anywidget's front end reads from every model, beside ipywidgets' own: its module
 #: (`_esm`), its stylesheet (`_css`) and the widget class's name (`_anywidget_id`), as
@@ -377,6 +442,7 @@ def _synced_class(cls: type) -> type:
         return cls
     values = {"_esm": cls._esm, "_css": cls._css, "_anywidget_id": f"{cls.__module__}.{cls.__name__}"}
     body: dict[str, Any] = {key: traitlets.Unicode(str(values[key])).tag(sync=True) for key in ANYWIDGET_TRAITS}
+    body["_jpm_view"] = traitlets.Unicode(cls._bundle.view).tag(sync=True)  # which view module draws it
     body.update(__module__=cls.__module__, __qualname__=cls.__qualname__, _jpm_synced=True)
     return type(cls.__name__, (cls,), body)
 
@@ -384,6 +450,18 @@ def _synced_class(cls: type) -> type:
 @functools.cache
 def _synced_keys(cls: type) -> tuple[str, ...]:
     return tuple(cls.class_traits(sync=True))
+
+
+@functools.cache
+def _state_writers(cls: type) -> dict[str, Callable[[Any, Any], Any]]:
+    """Each trait's ``to_json``, as ipywidgets' ``trait_metadata(name, 'to_json', _trait_to_json)``
+    finds it (a class's ``_NAME_metadata`` dict first, then the trait's metadata)."""
+    writers = {}
+    for name, trait in cls.class_traits().items():
+        own = getattr(cls, f"_{name}_metadata", None)
+        metadata = own if isinstance(own, dict) and "to_json" in own else trait.metadata
+        writers[name] = metadata.get("to_json", cls._trait_to_json)
+    return writers
 
 
 @functools.cache

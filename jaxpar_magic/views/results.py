@@ -247,3 +247,4 @@ class ResultView(ViewBase):
     _esm = bundle_esm("results.js")
     _render_html = staticmethod(to_html)
     _render_text = staticmethod(to_text)
+    _static_by_content = True  # a re-run's state before its values come is the last one's

@@ -28,7 +28,9 @@ def format_values(values, shape, dtype) -> str:
     vals = np.asarray(values)
     size = int(np.prod(shape)) if shape else 1
     flat = vals.reshape(-1)
-    body = _whole_numbers(flat)  # the common case, without array2string's cost (~30 µs a call)
+    body = _whole_numbers(flat)  # the common cases, without array2string's cost (~30-100 µs a call)
+    if body is None:
+        body = _positional(flat)
     if body is None:
         if not shape:
             return np.array2string(vals.reshape(()), precision=4, suppress_small=True)
@@ -40,23 +42,48 @@ def format_values(values, shape, dtype) -> str:
 
 
 def _whole_numbers(flat) -> str | None:
-    """array2string's text for integers, and floats that all hold whole numbers below 1e6 (each
-    right-aligned to the widest, floats ending in '.'), else None."""
-    import numpy as np
-
-    if flat.dtype.kind not in "iuf" or flat.size == 0 or (flat.dtype.kind == "f" and flat.dtype.itemsize < 4):
+    """array2string's text for integers, and float32/float64 values that all hold whole numbers below
+    1e6 (each right-aligned to the widest, floats ending in '.'), else None. The checks run on Python
+    floats (exact for both types): NumPy's reductions cost ~2 µs each on a tile's few values."""
+    kind = flat.dtype.kind
+    if kind not in "iuf" or flat.size == 0 or (kind == "f" and flat.dtype.itemsize not in (4, 8)):
         return None  # float16 prints 1000 as 1.e+03: left to array2string
-    if flat.dtype.kind == "f":
-        wide = flat.astype(np.float64)  # 1e6 does not fit a float16
-        if not (np.all(np.isfinite(wide)) and np.all(np.abs(wide) < 1e6) and np.all(wide == np.round(wide))):
+    values = flat.tolist()
+    if kind == "f":
+        if not all(math.isfinite(v) and abs(v) < 1e6 and v == round(v) for v in values):
             return None
-        if np.any(np.signbit(wide) & (wide == 0)):  # -0. has a sign array2string keeps
+        if any(v == 0 and math.copysign(1.0, v) < 0 for v in values):  # -0. has a sign array2string keeps
             return None
-        words = [f"{int(v)}." for v in wide.tolist()]
+        words = [f"{int(v)}." for v in values]
     else:
-        words = [str(v) for v in flat.tolist()]
+        words = [str(v) for v in values]
     width = max(len(w) for w in words)
     return " ".join(w.rjust(width) for w in words).strip()
+
+
+#: Below this, array2string prints a float type in fixed point: 10**min(8, its decimal precision).
+_FIXED_BELOW = {"f": 1e6, "d": 1e8}
+
+
+def _positional(flat) -> str | None:
+    """array2string's text (precision 4, suppress_small, NumPy's default print options) for finite
+    float32/float64 values below _FIXED_BELOW, which it prints in fixed point: each value's shortest
+    digits at that precision, integer parts right-aligned and fractions left-aligned to the widest;
+    else None."""
+    import numpy as np
+
+    below = _FIXED_BELOW.get(flat.dtype.char)
+    if below is None or flat.size == 0:
+        return None
+    options = np.get_printoptions()
+    if options["floatmode"] != "maxprec" or options["sign"] != "-" or options["legacy"] is not False:
+        return None
+    if not all(math.isfinite(v) and abs(v) < below for v in flat.tolist()):
+        return None  # nan, inf, or scientific notation: left to array2string
+    parts = [np.format_float_positional(v, precision=4, unique=True, fractional=True, trim=".").split(".")
+             for v in flat]  # NumPy scalars of the array's own type: their shortest digits are its own
+    left, right = max(len(i) for i, _ in parts), max(len(f) for _, f in parts)
+    return " ".join(f"{i.rjust(left)}.{f.ljust(right)}" for i, f in parts).strip()
 
 
 def is_key_array(value) -> bool:

@@ -126,41 +126,68 @@ def _summariser():
 def _blocks(name: str, value, mesh, on_cpu: bool):
     """One `%%shard_map` output: each device's block of a global array (its first values) and the
     slice of the global array that block is. One compiled program per (mesh, spec) gathers the few
-    values shown; nothing else leaves the devices."""
-    import numpy as np
-
-    ids, coords = mesh_coords(mesh)
-    total = len(ids)
-    sharding = value.sharding
+    values shown; nothing else leaves the devices. What the output's layout alone decides is read
+    once per layout (_block_layout): a re-run of the cell only dispatches its program."""
     numbers = numbers_of(value)  # a key array's words: its own blocks, one dimension more
-    numbers_block = tuple(numbers.sharding.shard_shape(numbers.shape))
-    size = int(np.prod(numbers_block, dtype=np.int64))
-    same = bool(sharding.is_fully_replicated)
-    placeholder = {"name": name, "shape": list(sharding.shard_shape(value.shape)), "dtype": str(value.dtype),
-                   "global_shape": list(value.shape)}
-    heads = _block_heads(mesh, sharding.spec, not numbers.is_fully_addressable)(numbers)
+    layout = _block_layout(name, mesh, value.sharding, value.shape, value.dtype, numbers)
+    heads = layout.heads(numbers)
     arrays = _dispatched((heads if heads.is_fully_addressable else heads.addressable_data(0),), on_cpu)
-    global_shape, dtype = tuple(value.shape), numbers.dtype  # finish keeps no reference to the output
+    return layout.placeholder, arrays, layout.finish
 
-    def finish(heads) -> dict:
-        heads = np.asarray(heads).reshape(total, -1)
-        where = sharding.devices_indices_map(global_shape)
+
+class _BlockLayout:
+    """What a `%%shard_map` output's item takes from its layout alone (name, mesh, sharding, shape,
+    dtype): its placeholder, the program that gathers its blocks' first values, and each tile's
+    devices, coordinates and slice; `finish` adds the values (it keeps no reference to an output)."""
+
+    def __init__(self, name: str, mesh, sharding, shape: tuple, dtype, numbers):
+        import numpy as np
+
+        ids, coords = mesh_coords(mesh)
+        self.total = len(ids)
+        self.numbers_block = tuple(numbers.sharding.shard_shape(numbers.shape))
+        self.size = int(np.prod(self.numbers_block, dtype=np.int64))
+        self.dtype = numbers.dtype
+        self.same = bool(sharding.is_fully_replicated)
+        self.placeholder = {"name": name, "shape": list(sharding.shard_shape(shape)), "dtype": str(dtype),
+                            "global_shape": list(shape)}
+        self.heads = _block_heads(mesh, sharding.spec, not numbers.is_fully_addressable)
+        where = sharding.devices_indices_map(tuple(shape))
         by_id = {d.id: d for d in mesh.devices.flat}
-        shown = 1 if same else min(total, MAX_TILES)
-        tiles = []
-        for row in range(shown):
+        self.rows = []
+        for row in range(1 if self.same else min(self.total, MAX_TILES)):
             index = where[by_id[ids[row]]]
-            tiles.append({
-                "devices": ids[:MAX_TILES] if same else [ids[row]],
-                "coords": list(coords[row]),
-                "text": format_values(heads[row][:min(size, VALUES_PER_TILE)], numbers_block, dtype),
-                "slice": "[" + ", ".join(f"{s.start or 0}:{n if s.stop is None else s.stop}"
-                                         for s, n in zip(index, global_shape)) + "]",
-            })
-        return {**placeholder, "same_on_all": same, "tiles": tiles, "omitted": 0 if same else total - shown,
+            self.rows.append((ids[:MAX_TILES] if self.same else [ids[row]], list(coords[row]),
+                              "[" + ", ".join(f"{s.start or 0}:{n if s.stop is None else s.stop}"
+                                              for s, n in zip(index, shape)) + "]"))
+
+    def finish(self, heads) -> dict:
+        import numpy as np
+
+        heads = np.asarray(heads).reshape(self.total, -1)
+        count = min(self.size, VALUES_PER_TILE)
+        tiles = [{"devices": list(devices), "coords": list(coords),
+                  "text": format_values(heads[row][:count], self.numbers_block, self.dtype), "slice": where}
+                 for row, (devices, coords, where) in enumerate(self.rows)]
+        same, total = self.same, self.total
+        return {**self.placeholder, "same_on_all": same, "tiles": tiles, "omitted": 0 if same else total - len(tiles),
                 "same_text": f"same on all {total} devices" if same else None}
 
-    return placeholder, arrays, finish
+
+_layouts: collections.OrderedDict = collections.OrderedDict()  # read and written by the showing cell only
+LAYOUTS = 256  # outputs' layouts kept (each a few lists of at most MAX_TILES rows)
+
+
+def _block_layout(name: str, mesh, sharding, shape, dtype, numbers) -> _BlockLayout:
+    key = (name, mesh, sharding, shape, dtype, numbers.sharding, numbers.shape, numbers.dtype)
+    layout = _layouts.get(key)
+    if layout is None:
+        layout = _layouts[key] = _BlockLayout(name, mesh, sharding, tuple(shape), dtype, numbers)
+        while len(_layouts) > LAYOUTS:
+            _layouts.popitem(last=False)
+    else:
+        _layouts.move_to_end(key)
+    return layout
 
 
 def block_summary(name: str, value, mesh) -> dict:

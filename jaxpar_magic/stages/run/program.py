@@ -152,7 +152,7 @@ def run_program(cache: BoundedCache, rerun: Rerun, args, cell: cells.Cell, mesh,
     import jax
 
     program, signature = rerun.program, rerun.signature
-    deleted = rerun.deleted_error(args, cell)
+    deleted = None if rerun.live else rerun.deleted_error(args, cell)
     if deleted is not None:  # before the call: a deleted argument would crash the kernel, not raise
         raise deleted
     if signature is None:
@@ -287,7 +287,7 @@ def replay_function(reruns: BoundedCache, cache: BoundedCache, key, cell: cells.
         args = rerun.args(namespace)
         if args is None:
             return None
-        deleted = rerun.deleted_error(args, cell)
+        deleted = None if rerun.live else rerun.deleted_error(args, cell)
         if deleted is not None:  # before the call: a deleted argument would crash the kernel (run_program)
             raise deleted
         try:
