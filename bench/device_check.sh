@@ -26,6 +26,8 @@
 #   5. summary (15 s) $OUT/summary.md (bench/device_summary.py): pass/fail counts and failures, the
 #      plan-vs-chip figures, the NNX compile counts, %devices' text, the bench ratios
 #
+# JPM_DEVICE_PARTS="install bench" runs only those parts (install always first), for a shorter look.
+#
 # A dry run elsewhere: JAX_PLATFORMS=cpu bash bench/device_check.sh (the device tests then compare
 # with plain JAX on one CPU device and skip what needs a chip). PYTHON picks the interpreter.
 set -u
@@ -143,11 +145,9 @@ summary() {
 }
 
 export -f install info tests bench summary
-part install 120
-part info 45
-part tests 250
-part bench 150
-part summary 15
+PARTS=${JPM_DEVICE_PARTS:-"install info tests bench summary"}  # a shorter run names fewer (install first)
+declare -A LIMIT=([install]=120 [info]=45 [tests]=250 [bench]=150 [summary]=15)
+for name in $PARTS; do part "$name" "${LIMIT[$name]}"; done
 # The device machine sends back at most 8 files: the ones read first stay, the rest go into one archive.
 (cd "$OUT" && tar czf logs.tgz --remove-files install.log info.log bench.log summary.log device-tests.xml 2>/dev/null)
 echo "everything is under $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"

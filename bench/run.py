@@ -901,6 +901,8 @@ def main() -> None:
             print_profile("9. cached %%shard_map re-run:", sections_engines.profile_shard_map_rerun(jax, sh))
         if "14" in missed or (args.profile and wanted("14")):
             print_profile("14. cached %%shard re-run of the Flax NNX step:", sections_flax.profile_flax_rerun(jax, sh))
+        if any(k.startswith("15") for k in missed) or (args.profile and wanted("15")):
+            print(sections_async.hot_functions(jax, sh))
     print(f"\ntotal bench time: {time.perf_counter() - began:.0f} s")
 
 

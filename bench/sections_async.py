@@ -206,3 +206,60 @@ def _check_values(jax, sh, hand, placed, rows, size, np, P) -> None:
         sh.run_cell_magic("shard", "--mesh amesh --in x=data,None --no-show", STEP_SRC)
         ours = hand(ours, w)
     np.testing.assert_allclose(np.asarray(sh.user_ns["x"]), np.asarray(ours), rtol=1e-6)
+
+
+def hot_functions(jax, sh, calls: int = 500, top: int = 25) -> str:
+    """Where a tiny `--no-show` re-run's time goes, function by function (cProfile's own time per cell,
+    µs; cProfile inflates every call, so read the ranking and the shares, not the sums), beside the
+    hand-written loop's: what our cell does that `x = jax.jit(step)(x, w)` does not."""
+    import cProfile
+    import pstats
+
+    import jax.numpy as jnp
+    from IPython.utils.capture import capture_output
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from jaxpar_magic.views.later import wait_for_fills
+
+    ns = sh.user_ns
+    mesh = ns["amesh"]
+    n = mesh.devices.size
+    ns["x"] = jax.device_put(jnp.ones((8 * n, 128), jnp.float32) / 128, NamedSharding(mesh, P("data", None)))
+    ns["w"] = jax.device_put(jnp.eye(128, dtype=jnp.float32), NamedSharding(mesh, P()))
+    hand = jax.jit(lambda x, w: jnp.tanh(x @ w))
+    held = [ns["x"], ns["w"]]
+
+    def ours():
+        sh.run_cell_magic("shard", "--mesh amesh --in x=data,None --no-show", STEP_SRC)
+
+    def theirs():
+        held[0] = hand(held[0], held[1])
+
+    def shown_shard_map():
+        with capture_output():
+            sh.run_cell_magic("shard_map", "--mesh amesh --in x=data,None --out x=data,None", STEP_SRC)
+
+    lines = []
+    sh.run_line_magic("config", "JaxparMagics.view_values = 'later'")
+    for label, run, sync in (("ours (%%shard --no-show, cached re-run)", ours, lambda: ns["x"]),
+                             ("hand-written (x = jax.jit(step)(x, w))", theirs, lambda: held[0]),
+                             ("ours shown %%shard_map (values later; this thread only)", shown_shard_map,
+                              lambda: (wait_for_fills(600), ns["x"])[1])):
+        for _ in range(20):
+            run()
+        jax.block_until_ready(sync())
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(calls):
+            run()
+        profiler.disable()
+        jax.block_until_ready(sync())
+        stats = pstats.Stats(profiler)
+        rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])  # by own time
+        total = sum(v[2] for _, v in rows)
+        lines.append(f"\n15. {label}: {total / calls * 1e6:.1f} µs per cell under cProfile; own time per cell:")
+        for (path, lineno, name), (_cc, count, own, _cum, _callers) in rows[:top]:
+            where = path.split("site-packages/")[-1].split("jaxpar_magic/", 1)[-1] if path != "~" else "builtin"
+            lines.append(f"  {own / calls * 1e6:7.2f} µs  {count / calls:5.1f}x  {name}  ({where}:{lineno})")
+    sh.run_line_magic("config", "JaxparMagics.view_values = 'auto'")
+    return "\n".join(lines)
