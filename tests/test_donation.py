@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from shell_helpers import in_a_fresh_shell, snapshot
+from shell_helpers import in_a_fresh_shell, package_lines, settle, snapshot
 
 
 @pytest.fixture
@@ -136,28 +136,6 @@ def test_a_loop_of_donating_cells_stops_at_the_first_interrupt(donor, step):
     np.testing.assert_array_equal(np.asarray(ns["w"]), np.full((8, 4), 5.0))
 
 
-def _package_lines(on_line):
-    """A sys.settrace function calling `on_line()` at each line jaxpar_magic's own code executes."""
-    import os
-
-    import jaxpar_magic
-
-    package = os.path.dirname(jaxpar_magic.__file__) + os.sep
-
-    def local(frame, event, arg):
-        if event == "line":
-            on_line()
-        return local
-
-    return lambda frame, event, arg: local if frame.f_code.co_filename.startswith(package) else None
-
-
-def _settle() -> None:
-    """Calls: where a pending interrupt is raised, if the cell returned before Python checked for it."""
-    for _ in range(3):
-        len(())
-
-
 DONATING = {  # how the cell is run: its --no-show replay, its full path with views, the twin
     "replay": lambda ip: ip.run_cell_magic("shard", "--mesh ma --in w=data --donate w --no-show", "w = w + 1\nv = w * 2"),
     "shown": lambda ip: ip.run_cell_magic("shard", "--mesh ma --in w=data --donate w", "w = w + 1\nv = w * 2"),
@@ -190,7 +168,7 @@ def test_an_interrupt_at_every_line_of_a_donating_cell_leaves_no_name_on_a_delet
             run(donor)
     counted = []
     fresh()
-    sys.settrace(_package_lines(lambda: counted.append(1)))
+    sys.settrace(package_lines(lambda: counted.append(1)))
     try:
         with capture_output():
             run(donor)
@@ -214,12 +192,12 @@ def test_an_interrupt_at_every_line_of_a_donating_cell_leaves_no_name_on_a_delet
         raised = False
         try:
             try:
-                sys.settrace(_package_lines(at_line))
+                sys.settrace(package_lines(at_line))
                 with capture_output():
                     run(donor)
             finally:
                 sys.settrace(None)
-            _settle()
+            settle()
         except KeyboardInterrupt:
             raised = True
         ns = donor.user_ns

@@ -91,6 +91,7 @@ class results_bound:
         _Held.scopes.append(sys._getframe(1))
 
     def __exit__(self, kind, exc, tb):
+        __tracebackhide__ = True
         here, scopes = sys._getframe(1), _Held.scopes
         if scopes and scopes[-1] is here:
             scopes.pop()
@@ -127,6 +128,7 @@ def _defer(names: str) -> bool:
 def _release(raise_it: bool = True) -> None:
     """Put SIGINT's handler back and raise the interrupt that waited, if one came. Once the handler is
     back an interrupt may land anywhere, so this runs after the results are bound."""
+    __tracebackhide__ = True  # IPython shows the interrupt at the user's line, not in here
     deferred, previous, names = _Held.deferred, _Held.previous, _Held.given
     _Held.deferred = _Held.previous = None
     signal.signal(signal.SIGINT, previous)
