@@ -11,7 +11,10 @@ read and assign typed PRNG key arrays (`ks`, through jax.random.split, fold_in, 
 engine; `--donate xd` against jax.jit(donate_argnums=0), including whether xd's buffers are gone and
 that a donated xd read again fails (the magic's UsageError) with the namespace untouched; and
 `--plan` cells under every engine, which must bind ShapeDtypeStructs of plain JAX's shapes and
-dtypes and leave every name that held a concrete value holding the very same object.
+dtypes and leave every name that held a concrete value holding the very same object. Issue 40 added
+`--out out=@specs` cells run, `specs` rebound (also to `5`, `{'y': 3}`, `{'y': 'data,None'}`), and
+run again: the layout must be jax.device_put's by the current `specs`, and what device_put refuses
+the magic's UsageError (a re-run kept the old layout; a leaf that is no spec was a raw TypeError).
 
 The oracle is the same cell run as plain Python and JAX, eagerly, in a fresh namespace where every
 plain step of the session so far was executed again: its helpers are new function objects, so no

@@ -11,9 +11,12 @@ wrong (issue 33 items 1-3): aliases among the steps, interrupts among the steps,
 - Interrupts: a --donate xd cell interrupted while its program runs (a jax.debug.callback calling
   `_thread.interrupt_main()`, as tests/test_donation.py delivers it; the callback itself never fails,
   since a failed callback breaks JAX's effect tokens for the process) or while it compiles (the
-  compile's progress raising KeyboardInterrupt). Either the cell raised KeyboardInterrupt with `xd`
-  alive and unchanged and nothing bound, or it bound jax.jit(donate_argnums=0)'s values and printed
-  the note; never a name bound to a deleted array. Later steps go on against plain JAX.
+  compile's progress raising KeyboardInterrupt), or at line N of those our code runs in the cell
+  (sys.settrace; issue 40 item 10). Either the cell raised KeyboardInterrupt with `xd` alive and
+  unchanged and nothing bound, or it bound jax.jit(donate_argnums=0)'s values, printed the note and
+  then raised the KeyboardInterrupt; never a name bound to a deleted array, never an interrupt
+  swallowed. A Python loop of --donate steps (%%shard and shard_cell) interrupted in step N stops
+  there with N steps of jax.jit bound (issue 40 item 9). Later steps go on against plain JAX.
 - A Flax NNX Linear donated by a cell that only reads it and by one that trains it (with an
   nnx.Optimizer), against nnx.jit(donate_argnums=...) on a copy of the model's state as it was
   before the cell; then the model is called in a plain cell, as nnx.jit leaves it usable.

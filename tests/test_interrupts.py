@@ -275,7 +275,14 @@ def test_interrupts_stop_a_loop_of_donating_cells_and_never_leave_w_deleted(kern
                 break
         else:
             raise AssertionError("the loop did not start within 120 s")
-        reply = kernel._reply(msg_id, 120)  # stopped, not run on through the interrupt
+        try:
+            reply = kernel._reply(msg_id, 30)  # stopped, not run on through the interrupt
+        except queue.Empty:  # Python ignores an interrupt raised in a gc callback (JAX's `_xla_gc_callback`):
+            # a plain jax.jit loop runs on then too (seen once in 150 rounds). Only that excuses it.
+            said = "".join(m["content"].get("text", "") for m in kernel.messages(msg_id, 2) if m["msg_type"] == "stream")
+            assert "Exception ignored in: <function _xla_gc_callback" in said, f"the loop ran on: {said[-2000:]}"
+            kernel.km.interrupt_kernel()
+            reply = kernel._reply(msg_id, 120)
         assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
         assert kernel.value("w.is_deleted()") == "False"
         steps, first = int(kernel.value("_n")), float(kernel.value("float(w[0])"))
