@@ -62,6 +62,9 @@ class _Deferred:
         self.arrived = True
 
 
+_MAIN = threading.main_thread().ident
+
+
 class _Held:
     """The one deferral of this process: from a donating program's call until its results are bound."""
 
@@ -86,12 +89,16 @@ class results_bound:
     __slots__ = ()
 
     def __enter__(self):
+        if threading.get_ident() != _MAIN:  # signals reach the main thread only; a worker's scope is none
+            return
         if _Held.scopes and _Held.deferred is None:
             _prune(sys._getframe(1))
         _Held.scopes.append(sys._getframe(1))
 
     def __exit__(self, kind, exc, tb):
         __tracebackhide__ = True
+        if threading.get_ident() != _MAIN:
+            return False
         here, scopes = sys._getframe(1), _Held.scopes
         if scopes and scopes[-1] is here:
             scopes.pop()
@@ -116,7 +123,7 @@ def _prune(frame) -> bool:
 
 def _defer(names: str) -> bool:
     """Install the deferral (once per scope); whether this call installed it."""
-    if _Held.deferred is not None or threading.current_thread() is not threading.main_thread():
+    if _Held.deferred is not None or threading.get_ident() != _MAIN:
         return False
     deferred = _Deferred()
     # A pending interrupt is handled here, by the handler being replaced: nothing is given away yet.
