@@ -272,12 +272,13 @@ class NotebookDonating(base.Notebook):
             self.donor = "donated"
 
     @precondition(lambda self: self.donor == "fresh")
-    @rule(pick=st.integers(0, len(base.DONATE_CELLS) - 1), at=st.integers(1, 400), show=st.booleans())
-    def donate_interrupted_at_a_line(self, pick, at, show):
-        """Kernel -> Interrupt (`_thread.interrupt_main()`) at line `at` of those our code runs in a
-        --donate xd cell (issue 40 item 10): either nothing bound and xd whole, or jax.jit's results
-        bound and then the KeyboardInterrupt; never a name on a deleted array, never an interrupt
-        swallowed."""
+    @rule(pick=st.integers(0, len(base.DONATE_CELLS) - 1), percent=st.integers(1, 100), show=st.booleans())
+    def donate_interrupted_at_a_line(self, pick, percent, show):
+        """Kernel -> Interrupt (`_thread.interrupt_main()`) at a line of those our code runs in a
+        --donate xd cell (`percent` of the way through them, counted on two runs of the cell on copies
+        of xd laid out as xd is, so that the interrupted run takes the counted path: issue 40 item 10):
+        either nothing bound and xd whole, or jax.jit's results bound and then the KeyboardInterrupt;
+        never a name on a deleted array, never an interrupt swallowed."""
         source, names = base.DONATE_CELLS[pick]
         line = "--mesh mesh --in xd=data --donate xd" + ("" if show else " --no-show")
         base.Found.steps += 1
@@ -285,7 +286,20 @@ class NotebookDonating(base.Notebook):
         expected, error = self.oracle_donated(source, names)
         assert error is None, f"plain JAX raised {error!r}{self.context()}"
         self.last = ("shard", line, (source, names), self.oracle_donated)
-        self.session.append(f"%%shard {line}\n{source}\n(interrupted at line {at} of ours)")
+        state = dict(self.ns)
+        counted = []
+        for tracer in (None, package_lines(lambda: counted.append(1))):  # the second run, as the third takes it
+            self.ns["xd"] = jnp.copy(state["xd"])
+            sys.settrace(tracer)
+            try:
+                with capture_output():
+                    self.shell.run_cell_magic("shard", line, self.tag + source)
+            finally:
+                sys.settrace(None)
+            self.ns.clear()
+            self.ns.update(state)
+        at = max(1, len(counted) * percent // 100)
+        self.session.append(f"%%shard {line}\n{source}\n(interrupted at line {at} of {len(counted)} of ours)")
         before = snapshot(self.ns)
         values = np.asarray(self.ns["xd"])
         lines, raised = [], None
@@ -317,7 +331,7 @@ class NotebookDonating(base.Notebook):
         if len(lines) >= at:
             assert raised is not None, f"interrupted at line {at}, the cell raised nothing (swallowed){self.context()}"
         _tally("interrupt at a line: bound, then KeyboardInterrupt" if raised is not None
-               else "interrupt at a line: the cell ended first")
+               else "interrupt at a line: the cell ended first (a path shorter than counted)")
         self._check_bound(names, expected, "the interrupted cell")
 
     @precondition(lambda self: self.donor == "fresh")

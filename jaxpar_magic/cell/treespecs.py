@@ -88,7 +88,10 @@ def checked_spec_tree(specs, where: str, label: str, example: str):
     def one(value) -> bool:  # a spec, or a tuple written as one (`('data', None)`): named whole, not by entry
         return is_spec_leaf(value) or _written_as_spec(value)
 
-    for path, leaf in jax.tree_util.tree_flatten_with_path(specs, is_leaf=one)[0]:
+    from . import nnx_graphs
+
+    # (an NNX object in it is read as its state, as leaf_specs reads it)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(nnx_graphs.with_states(specs), is_leaf=one)[0]:
         if is_spec_leaf(leaf):
             continue
         at = f"`{label}{jax.tree_util.keystr(path)}`"
