@@ -97,3 +97,23 @@ def in_a_fresh_shell(body: str, timeout: float = 300, env: dict[str, str] | None
     may still set JAX's options that are read at the first compile."""
     return run_python(FRESH_SHELL + textwrap.dedent(body), timeout=timeout, env=env)
 
+
+def package_lines(on_line):
+    """A sys.settrace function calling `on_line()` at each line jaxpar_magic's own code executes: where a
+    test presses Kernel -> Interrupt (`_thread.interrupt_main()`) at every point of a cell."""
+    import jaxpar_magic
+
+    package = os.path.dirname(jaxpar_magic.__file__) + os.sep
+
+    def local(frame, event, arg):
+        if event == "line":
+            on_line()
+        return local
+
+    return lambda frame, event, arg: local if frame.f_code.co_filename.startswith(package) else None
+
+
+def settle() -> None:
+    """Calls: where a pending interrupt is raised, if the cell returned before Python checked for it."""
+    for _ in range(3):
+        len(())

@@ -14,7 +14,10 @@ that a donated xd read again fails (the magic's UsageError) with the namespace u
 dtypes and leave every name that held a concrete value holding the very same object. Issue 40 item
 12 added: %%shard and %%shard_map cells calling the %%pmap-defined functions (`total` reduces with
 lax.psum over 'i'), against jax.pmap called inside jax.jit, and inside jax.shard_map (which plain JAX
-refuses: the magic must raise a UsageError).
+refuses: the magic must raise a UsageError). Issue 40 items 7-8 added `--out out=@specs` cells run,
+`specs` rebound (also to `5`, `{'y': 3}`, `{'y': 'data,None'}`), and run again: the layout must be
+jax.device_put's by the current `specs`, and what device_put refuses the magic's UsageError (a re-run
+kept the old layout; a leaf that is no spec was a raw TypeError).
 
 The oracle is the same cell run as plain Python and JAX, eagerly, in a fresh namespace where every
 plain step of the session so far was executed again: its helpers are new function objects, so no
@@ -131,6 +134,20 @@ DONATE_CELLS = [
     ("q = (xd * 1.0).sum() + sg", ("q",)),
 ]
 
+# --out out=@specs (issue 40 items 7-8): a spec tree from the namespace, rebound between runs (also to
+# what is no spec tree); the oracle lays the cell's `out` out by it with jax.device_put.
+SPEC_TREES = ["{'y': jax.P('data')}", "{'y': jax.P()}", "{'y': None}", "jax.P('data')", "{'y': jax.P(None, 'data')}",
+              "{'y': jax.P('data', None)}", "{'z': jax.P()}", "5", "{'y': 3}", "{'y': 'data,None'}",
+              "{'y': ('data', None)}"]
+OUT_TREE_CELLS = [
+    ("out = {'y': x * 2}", ("out",)),
+    ("out = {'y': h(x) + sg}\nq = out['y'].sum()", ("out",)),  # q: a temporary, as --out lists `out` only
+]
+
+
+class MustBeUsageError(Exception):
+    """An oracle's error that the magic must give as its UsageError (a mistake we can foresee)."""
+
 
 class Found:
     """What the runs met, for the closing note (printed by the test; `pytest -s` shows it)."""
@@ -219,6 +236,11 @@ def _assert_same(actual, expected, where: str) -> None:
             f"{where}: {type(actual).__name__} of {len(actual)}, plain JAX {type(expected).__name__} of {len(expected)}"
         for i, (a, e) in enumerate(zip(actual, expected)):
             _assert_same(a, e, f"{where}[{i}]")
+    elif isinstance(expected, dict):
+        assert type(actual) is type(expected) and list(actual) == list(expected), \
+            f"{where}: {type(actual).__name__} of keys {list(actual)}, plain JAX {list(expected)}"
+        for key, e in expected.items():
+            _assert_same(actual[key], e, f"{where}[{key!r}]")
     else:
         assert type(actual) is type(expected), f"{where}: {actual!r} ({type(actual).__name__}), plain JAX {expected!r}"
         if isinstance(expected, float):
@@ -271,6 +293,7 @@ class Notebook(RuleBasedStateMachine):
         self.define_h(helper, op)
         self.make_keys(0)
         self.make_donor()
+        self.plain_step(f"specs = {SPEC_TREES[0]}")  # not a draw: the sequences before issue 40 stay the same
 
     @rule(shape=st.sampled_from(SHAPES), dtype=st.sampled_from(DTYPES), fill=st.sampled_from(FILLS))
     def rebind_x(self, shape, dtype, fill):
@@ -297,6 +320,10 @@ class Notebook(RuleBasedStateMachine):
         self.donor = "fresh"
         self.plain_step("xd = x * 1")
 
+    @rule(pick=st.integers(0, len(SPEC_TREES) - 1))
+    def rebind_specs(self, pick):
+        self.plain_step(f"specs = {SPEC_TREES[pick]}")
+
     @precondition(lambda self: self.helper == "a callable object")
     @rule(k=st.sampled_from(ATTRIBUTES))
     def change_attribute(self, k):
@@ -312,6 +339,16 @@ class Notebook(RuleBasedStateMachine):
     @rule(cell=st.sampled_from(GLOBAL_CELLS), show=st.booleans())
     def pmap_block(self, cell, show):
         self.check("pmap", "" if show else "--no-show", cell, self.oracle_per_device)
+
+    @rule(cell=st.sampled_from(OUT_TREE_CELLS), pick=st.integers(0, len(SPEC_TREES) - 1), place=st.booleans(),
+          show=st.booleans())
+    def shard_out_tree(self, cell, pick, place, show):
+        """`--out out=@specs`: the values of the cell, laid out as jax.device_put lays them out by `specs`;
+        then `specs` rebound and the same cell again (a re-run kept the old layout: issue 40 item 7)."""
+        line = "--mesh mesh" + (" --in x=data" if place else "") + " --out out=@specs" + ("" if show else " --no-show")
+        self.check("shard", line, cell, self.oracle_out_tree)
+        self.rebind_specs(pick)
+        self.check("shard", line, cell, self.oracle_out_tree)
 
     @rule(cell=st.sampled_from(BLOCK_CELLS), show=st.booleans())
     def shard_map(self, cell, show):
@@ -418,7 +455,8 @@ class Notebook(RuleBasedStateMachine):
         source, names = cell
         Found.steps += 1
         Found.checks += 1
-        kind = f"{magic}{' --donate' if '--donate' in line else ''}{' keys' if 'ks' in source else ''}"
+        kind = (f"{magic}{' --donate' if '--donate' in line else ''}{' @specs' if '@specs' in line else ''}"
+                f"{' keys' if 'ks' in source else ''}")
         Found.kinds[kind] = Found.kinds.get(kind, 0) + 1
         expected, error = oracle(source, names)
         self.session.append(f"%%{magic} {line}\n{source}")
@@ -433,11 +471,17 @@ class Notebook(RuleBasedStateMachine):
             Found.raised += 1
             assert isinstance(exc, refusal), f"%%{magic} {line} raised {exc!r}, not a {refusal.__name__}{self.context()}"
             assert snapshot(self.ns) == before, f"a failed cell changed the namespace{self.context()}"
+            if isinstance(error, MustBeUsageError):
+                assert isinstance(exc, UsageError), f"raised {exc!r}, not a UsageError ({error}){self.context()}"
             return
         assert error is None, f"plain JAX raised {error!r}, %%{magic} {line} did not{self.context()}"
         for name in names:
             self.compare(self.ns[name], expected[name], f"{name} bound by the last cell")
         self.compare(final, expected["(final)"], "the last cell's final value")
+        for name, shardings in expected.get("(layout)", {}).items():  # --out @specs: where each leaf lies
+            for leaf, sharding in zip(jax.tree.leaves(self.ns[name]), jax.tree.leaves(shardings)):
+                assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim), \
+                    f"{name} laid out as {leaf.sharding.spec}, jax.device_put by `specs`: {sharding.spec}{self.context()}"
         if "(deleted)" in expected:  # --donate: the input's buffers went where jax.jit's went
             gone = self.ns["xd"].is_deleted()
             assert gone == expected["(deleted)"], \
@@ -507,6 +551,29 @@ class Notebook(RuleBasedStateMachine):
         except Exception as exc:  # noqa: BLE001
             return None, exc
         return {**{n: ns[n] for n in names}, "(final)": final}, None
+
+    def oracle_out_tree(self, source: str, names):
+        """%%shard --out out=@specs: the cell on the whole arrays, and each leaf of `out` laid out by
+        jax.device_put with the spec tree's spec for it; what device_put cannot do is our UsageError."""
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        expected, error = self.oracle_whole(source, names)
+        if error is not None:
+            return None, error
+        ns = self.fresh_namespace()
+
+        def lay_out(spec, sub):
+            return jax.tree.map(lambda leaf: jax.device_put(leaf, NamedSharding(ns["mesh"], spec or P())).sharding,
+                                sub)
+
+        try:
+            specs = ns["specs"]
+            if isinstance(specs, dict) and any(isinstance(v, tuple) for v in specs.values()):
+                raise TypeError("a tuple is a node of a pytree, not a spec")  # device_put would take it for P(...)
+            layout = jax.tree.map(lay_out, specs, expected["out"], is_leaf=lambda v: v is None or isinstance(v, P))
+        except Exception as exc:  # noqa: BLE001
+            return None, MustBeUsageError(f"jax.device_put by `specs` raised {exc!r}")
+        return {**expected, "(layout)": {"out": layout}}, None
 
     def oracle_per_device(self, source: str, names, mapped: str = "x"):
         """%%pmap: the cell once per device on its slice of `mapped` (one row of 8), results stacked."""

@@ -11,9 +11,12 @@ wrong (issue 33 items 1-3): aliases among the steps, interrupts among the steps,
 - Interrupts: a --donate xd cell interrupted while its program runs (a jax.debug.callback calling
   `_thread.interrupt_main()`, as tests/test_donation.py delivers it; the callback itself never fails,
   since a failed callback breaks JAX's effect tokens for the process) or while it compiles (the
-  compile's progress raising KeyboardInterrupt). Either the cell raised KeyboardInterrupt with `xd`
-  alive and unchanged and nothing bound, or it bound jax.jit(donate_argnums=0)'s values and printed
-  the note; never a name bound to a deleted array. Later steps go on against plain JAX.
+  compile's progress raising KeyboardInterrupt), or at line N of those our code runs in the cell
+  (sys.settrace; issue 40 item 10). Either the cell raised KeyboardInterrupt with `xd` alive and
+  unchanged and nothing bound, or it bound jax.jit(donate_argnums=0)'s values, printed the note and
+  then raised the KeyboardInterrupt; never a name bound to a deleted array, never an interrupt
+  swallowed. A Python loop of --donate steps (%%shard and shard_cell) interrupted in step N stops
+  there with N steps of jax.jit bound (issue 40 item 9). Later steps go on against plain JAX.
 - A Flax NNX Linear donated by a cell that only reads it and by one that trains it (with an
   nnx.Optimizer), against nnx.jit(donate_argnums=...) on a copy of the model's state as it was
   before the cell; then the model is called in a plain cell, as nnx.jit leaves it usable.
@@ -22,6 +25,8 @@ Same budget variables as the base test (JPM_DIFFERENTIAL_EXAMPLES, _STEPS, _RAND
 """
 from __future__ import annotations
 
+import _thread
+import sys
 import warnings
 
 import jax
@@ -36,7 +41,7 @@ from IPython.utils.capture import capture_output
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import test_differential as base
-from shell_helpers import snapshot
+from shell_helpers import package_lines, settle, snapshot
 
 pytestmark = pytest.mark.slow
 
@@ -225,35 +230,149 @@ class NotebookDonating(base.Notebook):
             self.ns["_armed"].append(1)
         else:
             program.compile_progress = interrupting
+        raised = final = None
         try:
             with capture_output() as shown:
                 final = self.shell.run_cell_magic("shard", line, self.tag + source)
-        except KeyboardInterrupt:
-            assert snapshot(self.ns) == before, f"an interrupted cell changed the namespace{self.context()}"
-            assert not self.ns["xd"].is_deleted(), f"an interrupted cell left xd deleted{self.context()}"
-            np.testing.assert_array_equal(np.asarray(self.ns["xd"]), values, err_msg="xd after the interrupt")
-            base.Found.raised += 1
-            _tally("interrupt: KeyboardInterrupt, nothing bound")
-            return
+        except KeyboardInterrupt as exc:
+            raised = exc
         finally:
             program.compile_progress = saved
             if when == "run":
                 fired = [] if self.ns["_armed"] else [1]
                 self.ns["_armed"].clear()
-        _tally("interrupt: bound, with the note" if fired else "interrupt: not reached (a replay)")
-        if fired and when == "run":
-            assert NOTE in shown.stdout, (f"interrupted during the run, the cell finished without the note; it "
-                                          f"printed {shown.stdout!r}{self.context()}")
+        if raised is not None and snapshot(self.ns) == before:
+            assert not self.ns["xd"].is_deleted(), f"an interrupted cell left xd deleted{self.context()}"
+            np.testing.assert_array_equal(np.asarray(self.ns["xd"]), values, err_msg="xd after the interrupt")
+            base.Found.raised += 1
+            _tally("interrupt: KeyboardInterrupt, nothing bound")
+            return
+        _tally("interrupt: bound, then KeyboardInterrupt" if raised is not None else "interrupt: not reached (a replay)")
+        if fired:  # the interrupt came once the program had xd: it stops the cell once the results are bound
+            assert raised is not None, f"interrupted during the run, the cell raised nothing (swallowed){self.context()}"
+            assert NOTE in shown.stdout, (f"interrupted during the run, the cell bound its results without the note; "
+                                          f"it printed {shown.stdout!r}{self.context()}")
+        else:
+            assert raised is None, f"raised {raised!r} with no interrupt{self.context()}"
+        self._check_bound(names, expected, "the interrupted cell")
+        if raised is None:
+            self.compare(final, expected["(final)"], "the interrupted cell's final value")
+
+    def _check_bound(self, names, expected, what: str) -> None:
+        """A donating xd cell's results bound as jax.jit(donate_argnums=0) gives them, none deleted, and xd
+        deleted where jax.jit deletes it."""
         for name in names:
-            self.compare(self.ns[name], expected[name], f"{name} bound by the interrupted cell")
+            self.compare(self.ns[name], expected[name], f"{name} bound by {what}")
             assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(self.ns[name])), \
                 f"{name} is bound to a deleted array{self.context()}"
-        self.compare(final, expected["(final)"], "the interrupted cell's final value")
         gone = self.ns["xd"].is_deleted()
         assert gone == expected["(deleted)"], \
             f"xd.is_deleted() is {gone} after --donate, {expected['(deleted)']} after jax.jit{self.context()}"
         if gone:
             self.donor = "donated"
+
+    @precondition(lambda self: self.donor == "fresh")
+    @rule(pick=st.integers(0, len(base.DONATE_CELLS) - 1), percent=st.integers(1, 100), show=st.booleans())
+    def donate_interrupted_at_a_line(self, pick, percent, show):
+        """Kernel -> Interrupt (`_thread.interrupt_main()`) at a line of those our code runs in a
+        --donate xd cell (`percent` of the way through them, counted on two runs of the cell on copies
+        of xd laid out as xd is, so that the interrupted run takes the counted path: issue 40 item 10):
+        either nothing bound and xd whole, or jax.jit's results bound and then the KeyboardInterrupt;
+        never a name on a deleted array, never an interrupt swallowed."""
+        source, names = base.DONATE_CELLS[pick]
+        line = "--mesh mesh --in xd=data --donate xd" + ("" if show else " --no-show")
+        base.Found.steps += 1
+        base.Found.checks += 1
+        expected, error = self.oracle_donated(source, names)
+        assert error is None, f"plain JAX raised {error!r}{self.context()}"
+        self.last = ("shard", line, (source, names), self.oracle_donated)
+        state = dict(self.ns)
+        counted = []
+        for tracer in (None, package_lines(lambda: counted.append(1))):  # the second run, as the third takes it
+            self.ns["xd"] = jnp.copy(state["xd"])
+            sys.settrace(tracer)
+            try:
+                with capture_output():
+                    self.shell.run_cell_magic("shard", line, self.tag + source)
+            finally:
+                sys.settrace(None)
+            self.ns.clear()
+            self.ns.update(state)
+        at = max(1, len(counted) * percent // 100)
+        self.session.append(f"%%shard {line}\n{source}\n(interrupted at line {at} of {len(counted)} of ours)")
+        before = snapshot(self.ns)
+        values = np.asarray(self.ns["xd"])
+        lines, raised = [], None
+
+        def at_line():
+            lines.append(1)
+            if len(lines) == at:
+                _thread.interrupt_main()
+
+        try:
+            try:
+                sys.settrace(package_lines(at_line))
+                with capture_output():
+                    self.shell.run_cell_magic("shard", line, self.tag + source)
+            finally:
+                sys.settrace(None)
+            settle()
+        except KeyboardInterrupt as exc:
+            raised = exc
+        deleted = [n for n, v in self.ns.items() if isinstance(v, jax.Array) and v.is_deleted() and n != "xd"
+                   and before.get(n) != id(v)]  # xd: deleted as jax.jit deletes it (_check_bound)
+        assert not deleted, f"{deleted} bound to deleted arrays after an interrupt at line {at}{self.context()}"
+        if raised is not None and snapshot(self.ns) == before:
+            assert not self.ns["xd"].is_deleted(), f"an interrupted cell left xd deleted{self.context()}"
+            np.testing.assert_array_equal(np.asarray(self.ns["xd"]), values, err_msg="xd after the interrupt")
+            base.Found.raised += 1
+            _tally("interrupt at a line: KeyboardInterrupt, nothing bound")
+            return
+        if len(lines) >= at:
+            assert raised is not None, f"interrupted at line {at}, the cell raised nothing (swallowed){self.context()}"
+        _tally("interrupt at a line: bound, then KeyboardInterrupt" if raised is not None
+               else "interrupt at a line: the cell ended first (a path shorter than counted)")
+        self._check_bound(names, expected, "the interrupted cell")
+
+    @precondition(lambda self: self.donor == "fresh")
+    @rule(stop=st.integers(1, 6), twin=st.booleans())
+    def donate_loop_interrupted(self, stop, twin):
+        """A Python loop of `xd = xd * 2 + 1` --donate cells, interrupted while the program of step
+        `stop` runs (issue 40 item 9): it stops there, with that step's result bound, as `stop` calls
+        of jax.jit(donate_argnums=0) give it; it ran on through every interrupt."""
+        step = ("jaxpar_magic.shard_cell(_loop_cell, globals(), mesh=mesh, in_specs={'xd': ('data',)}, donate=['xd'])"
+                if twin else "get_ipython().run_cell_magic('shard', '--mesh mesh --in xd=data --donate xd --no-show', "
+                "_loop_cell)")
+        base.Found.steps += 1
+        base.Found.checks += 1
+        _tally(f"loop interrupted ({'shard_cell' if twin else '%%shard'})")
+        self.session.append(f"for i in range(20):\n    {step}  # xd = xd * 2 + 1, interrupted in step {stop}")
+        ns = self.fresh_namespace()
+        placed = jax.device_put(ns["xd"], NamedSharding(ns["mesh"], P("data")))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "Some donated buffers were not usable": as the magic's run
+            for _ in range(stop):
+                placed = jax.jit(lambda v: v * 2 + 1, donate_argnums=0)(placed)
+        import jaxpar_magic
+
+        # The step's program calls _counting, which arms `poke` (Kernel -> Interrupt) in step `stop`.
+        self.ns.update(jaxpar_magic=jaxpar_magic, _stop=stop, _calls=[],
+                       _loop_cell=self.tag + "jax.debug.callback(_counting, xd)\nxd = xd * 2 + 1")
+        self.play("def _counting(v):\n    _calls.append(1)\n    if len(_calls) == _stop:\n        _armed.append(1)\n"
+                  "        poke(v)\n")
+        try:
+            with capture_output():
+                result = self.shell.run_cell(f"_done = 0\nfor i in range(20):\n    {step}\n    _done += 1",
+                                             store_history=False, silent=True)
+        finally:
+            self.ns["_armed"].clear()
+        assert isinstance(result.error_in_exec, KeyboardInterrupt), \
+            f"the loop ended with {result.error_in_exec!r}, not stopped by the interrupt{self.context()}"
+        assert (self.ns["_done"], len(self.ns["_calls"])) == (stop - 1, stop), \
+            f"{self.ns['_done']} steps done, {len(self.ns['_calls'])} run, interrupted in step {stop}{self.context()}"
+        assert not self.ns["xd"].is_deleted(), f"the interrupted loop left xd deleted{self.context()}"
+        self.compare(self.ns["xd"], placed, f"xd after {stop} steps")
+        self.history.append(f"xd = jnp.asarray(np.asarray({np.asarray(placed).tolist()!r}, dtype={str(placed.dtype)!r}))")
 
     # --- a donated Flax NNX model -----------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from shell_helpers import in_a_fresh_shell, snapshot
+from shell_helpers import in_a_fresh_shell, package_lines, settle, snapshot
 
 
 @pytest.fixture
@@ -78,7 +78,8 @@ def interrupt_once(v):
 @pytest.mark.parametrize("replayed", [False, True])
 def test_an_interrupt_once_the_program_has_the_donated_input_binds_its_result(donor, replayed):
     """The program owns the donated buffers once called (XLA cannot stop it): the cell waits for it,
-    binds its result and says so; no name is left on a deleted array."""
+    binds its result, says so, and then raises the interrupt (a loop of cells stops there, as a loop
+    of jax.jit calls does); no name is left on a deleted array."""
     donor.run_cell(INTERRUPTING)
     source = "jax.debug.callback(interrupt_once, xd)\nxd = xd * 3\n"
     line = "--mesh ma --in xd=data --donate xd"
@@ -88,10 +89,136 @@ def test_an_interrupt_once_the_program_has_the_donated_input_binds_its_result(do
         shard(donor, line, source)
         donor.user_ns["_interrupts"].clear()
         donor.run_cell("xd = jnp.arange(32.0).reshape(8, 4)")
-    _, printed = shard(donor, line, source)
+    with capture_output() as shown, pytest.raises(KeyboardInterrupt):
+        donor.run_cell_magic("shard", line + " --no-show", source)
     assert donor.user_ns["_interrupts"] == [1]  # the interrupt did arrive during the run
-    assert "Interrupted after the program was given `xd`" in printed
+    assert "Interrupted after the program was given `xd`" in shown.stdout
     np.testing.assert_array_equal(np.asarray(donor.user_ns["xd"]), np.arange(32.0).reshape(8, 4) * 3)
+
+
+LOOP = """
+done = 0
+for i in range(40):
+    {step}
+    done += 1
+"""
+POKE_FIFTH = """
+import _thread
+calls = []
+def poke(v):
+    calls.append(1)
+    if len(calls) == 5:  # Kernel -> Interrupt while the fifth cell's program runs, once it has `w`
+        _thread.interrupt_main()
+"""
+
+
+@pytest.mark.parametrize("step", [
+    "get_ipython().run_cell_magic('shard', '--mesh ma --in w=data --donate w --no-show', "
+    "'jax.debug.callback(poke, w)\\nw = w + 1')",
+    "jaxpar_magic.shard_cell('jax.debug.callback(poke, w)\\nw = w + 1', globals(), mesh=ma, "
+    "in_specs={'w': ('data',)}, donate=['w'])",
+])
+def test_a_loop_of_donating_cells_stops_at_the_first_interrupt(donor, step):
+    """Issue 40 item 9: the interrupt that waited for the donating program is raised once its results
+    are bound, so a loop of cells stops there, as a loop of jax.jit(donate_argnums=0) calls stops (it
+    ran on through 15 interrupts, each one only printed)."""
+    import jaxpar_magic
+
+    donor.push({"jaxpar_magic": jaxpar_magic, "w": jnp.zeros((8, 4))})
+    donor.run_cell(POKE_FIFTH)
+    with capture_output() as shown:
+        result = donor.run_cell(LOOP.format(step=step))
+    assert isinstance(result.error_in_exec, KeyboardInterrupt), result.error_in_exec
+    ns = donor.user_ns
+    assert (ns["done"], len(ns["calls"])) == (4, 5)  # stopped in the fifth step, after binding its result
+    assert "Interrupted after the program was given `w`" in shown.stdout
+    assert not ns["w"].is_deleted()
+    np.testing.assert_array_equal(np.asarray(ns["w"]), np.full((8, 4), 5.0))
+
+
+DONATING = {  # how the cell is run: its --no-show replay, its full path with views, the twin
+    "replay": lambda ip: ip.run_cell_magic("shard", "--mesh ma --in w=data --donate w --no-show", "w = w + 1\nv = w * 2"),
+    "shown": lambda ip: ip.run_cell_magic("shard", "--mesh ma --in w=data --donate w", "w = w + 1\nv = w * 2"),
+    "twin": lambda ip: __import__("jaxpar_magic").shard_cell("w = w + 1\nv = w * 2", ip.user_ns, mesh=ip.user_ns["ma"],
+                                                             in_specs={"w": ("data",)}, donate=["w"]),
+}
+
+
+@pytest.mark.parametrize("how", list(DONATING))
+def test_an_interrupt_at_every_line_of_a_donating_cell_leaves_no_name_on_a_deleted_array(donor, how):
+    """Issue 40 item 10: Kernel -> Interrupt (`_thread.interrupt_main()`, as a signal arrives) at each
+    successive line our code executes in a donating cell. After each: either the namespace is exactly
+    as it was with `w` whole, or the cell's results are bound (`w` new, `v` with it), raised or not;
+    never a name on a deleted array (it was, between the program's run and the binding, and when
+    putting SIGINT's handler back raised)."""
+    import _thread
+    import signal
+    import sys
+
+    run = DONATING[how]
+    sharding = NamedSharding(donor.user_ns["ma"], P("data"))
+    start = np.arange(32.0).reshape(8, 4)
+
+    def fresh():  # laid out as --in lays it out: the donated buffers are `w`'s own
+        donor.user_ns.update(w=jax.device_put(start, sharding), v=None)
+
+    for _ in range(2):  # compiled, and (--no-show) the replay remembered
+        fresh()
+        with capture_output():
+            run(donor)
+    counted = []
+    fresh()
+    sys.settrace(package_lines(lambda: counted.append(1)))
+    try:
+        with capture_output():
+            run(donor)
+    finally:
+        sys.settrace(None)
+    seen = {"unchanged": 0, "bound, then raised": 0, "not reached": 0}
+    handler = signal.getsignal(signal.SIGINT)
+    for k in range(1, len(counted) + 1):
+        fresh()  # run once more, as counted: an interrupt forgets the replay, and before the call the program
+        with capture_output():
+            run(donor)
+        fresh()
+        before = snapshot(donor.user_ns)
+        lines = []
+
+        def at_line():
+            lines.append(1)
+            if len(lines) == k:
+                _thread.interrupt_main()
+
+        raised = False
+        try:
+            try:
+                sys.settrace(package_lines(at_line))
+                with capture_output():
+                    run(donor)
+            finally:
+                sys.settrace(None)
+            settle()
+        except KeyboardInterrupt:
+            raised = True
+        ns = donor.user_ns
+        where = f"interrupted at line {k} of {len(counted)} ({how})"
+        assert signal.getsignal(signal.SIGINT) is handler, f"{where}: SIGINT's handler was left changed"
+        deleted = [n for n, value in ns.items() if isinstance(value, jax.Array) and value.is_deleted()]
+        assert not deleted, f"{where}: {deleted} bound to deleted arrays"
+        if snapshot(ns) == before:
+            assert raised, f"{where}: the cell bound nothing and raised nothing"
+            np.testing.assert_array_equal(np.asarray(ns["w"]), start, err_msg=where)
+            seen["unchanged"] += 1
+            continue
+        np.testing.assert_array_equal(np.asarray(ns["w"]), start + 1, err_msg=where)
+        np.testing.assert_array_equal(np.asarray(ns["v"]), (start + 1) * 2, err_msg=where)
+        if len(lines) < k:  # this run took a few lines fewer than the counted one: never interrupted
+            seen["not reached"] += 1
+            continue
+        assert raised, f"{where}: the interrupt was swallowed (the cell ran to its end and raised nothing)"
+        seen["bound, then raised"] += 1
+    # Both sides of the program's call were reached, and nearly every line
+    assert seen["unchanged"] and seen["bound, then raised"] and seen["not reached"] < len(counted) // 10, seen
 
 
 def test_an_interrupt_while_compiling_leaves_the_donated_input_whole(donor, monkeypatch):

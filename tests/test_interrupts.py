@@ -253,3 +253,38 @@ def test_a_shown_cells_values_come_after_it_returns(kernel):
     assert value in filled["text/plain"] and value in filled["text/html"], filled["text/plain"]
     assert "waiting for the devices" not in filled["text/plain"]
     assert kernel.run('y = "old"')["status"] == "ok"
+
+
+def test_interrupts_stop_a_loop_of_donating_cells_and_never_leave_w_deleted(kernel):
+    """Issue 40 items 9-10, with the kernel's own SIGINT: a notebook loop of `%%shard --donate w` cells
+    (it ran on through 15 interrupts, and interrupted until idle it left `w` deleted in 4 of 46
+    rounds). Each round is interrupted at whatever point the loop has reached once it has started:
+    the loop stops at the first interrupt, and `w` holds a live array of the steps that were bound."""
+    line = "--mesh data=8 --in w=data --donate w --no-show"
+    assert kernel.run("w = jnp.zeros(64)\n_n = 0")["status"] == "ok"
+    loop = ("print('started', flush=True)\n"
+            "for _ in range(10 ** 7):\n"
+            f"    get_ipython().run_cell_magic('shard', {line!r}, 'w = w + 1')\n"
+            "    _n += 1\n")
+    for _ in range(6):
+        kernel.drain()
+        msg_id = kernel.kc.execute(loop, stop_on_error=False)  # (its KeyboardInterrupt must not abort the next requests)
+        for msg in kernel.messages(msg_id, 120):
+            if msg["msg_type"] == "stream" and "started" in msg["content"]["text"]:
+                kernel.km.interrupt_kernel()
+                break
+        else:
+            raise AssertionError("the loop did not start within 120 s")
+        try:
+            reply = kernel._reply(msg_id, 30)  # stopped, not run on through the interrupt
+        except queue.Empty:  # Python ignores an interrupt raised in a gc callback (JAX's `_xla_gc_callback`):
+            # a plain jax.jit loop runs on then too (seen once in 150 rounds). Only that excuses it.
+            said = "".join(m["content"].get("text", "") for m in kernel.messages(msg_id, 2) if m["msg_type"] == "stream")
+            assert "Exception ignored in: <function _xla_gc_callback" in said, f"the loop ran on: {said[-2000:]}"
+            kernel.km.interrupt_kernel()
+            reply = kernel._reply(msg_id, 120)
+        assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
+        assert kernel.value("w.is_deleted()") == "False"
+        steps, first = int(kernel.value("_n")), float(kernel.value("float(w[0])"))
+        assert first in (steps, steps + 1), (steps, first)  # the step under way was bound whole, or not at all
+    assert kernel.run("del w, _n")["status"] == "ok"

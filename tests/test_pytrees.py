@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from IPython.core.error import UsageError
+from jax.sharding import PartitionSpec as P
 
 from shell_helpers import run_python, snapshot
 
@@ -151,6 +152,58 @@ def test_shard_spec_tree_of_the_wrong_shape_is_a_usage_error(tree_ns):
         cell(tree_ns, "shard", "--mesh data=8 --in params=@specs --no-show", "t = params['w'].sum()")
     with pytest.raises(UsageError, match=r"params\['w'\].*dimension 1.*has 4 elements, which does not divide"):
         cell(tree_ns, "shard", "--mesh data=8 --in params=P(None,data) --no-show", "t = params['w'].sum()")
+    assert snapshot(tree_ns.user_ns) == before
+
+
+@pytest.mark.parametrize("magic", ["shard", "shard_map"])
+def test_an_out_spec_tree_rebound_between_runs_is_read_again(tree_ns, magic):
+    """Issue 40 item 7: a re-run after `specs` is rebound takes the new layout (it kept the old one,
+    silently, where --in @specs and %%shard_map saw the change); oracle: jax.device_put's layout."""
+    w = jnp.arange(64.0).reshape(8, 8)
+    tree_ns.push({"w": w, "specs": {"w": P("data", None)}})
+    line = "--mesh data=8 --in w=data --out out=@specs --no-show"
+    source = "out = {'w': w * 2}"
+    for spec in (P("data", None), P(None, "data"), P("data", None)):
+        tree_ns.push({"specs": {"w": spec}})
+        cell(tree_ns, magic, line, source)
+        got = tree_ns.user_ns["out"]["w"]
+        mesh = got.sharding.mesh
+        if magic == "shard":  # the cell's values, laid out by the spec
+            want = jax.device_put(w * 2, jax.sharding.NamedSharding(mesh, spec))
+        else:  # each device's block, assembled by the spec
+            want = jax.jit(jax.shard_map(lambda v: v * 2, mesh=mesh, in_specs=P("data"), out_specs=spec))(
+                jax.device_put(w, jax.sharding.NamedSharding(mesh, P("data"))))
+        assert got.sharding.is_equivalent_to(want.sharding, 2), (spec, got.sharding)
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    tree_ns.push({"specs": 5})
+    before = snapshot(tree_ns.user_ns)
+    with pytest.raises(UsageError, match=r"--out out=@specs: `specs` is 5 \(int\), not a pytree of PartitionSpecs"):
+        cell(tree_ns, magic, line, source)
+    assert snapshot(tree_ns.user_ns) == before
+
+
+@pytest.mark.parametrize("option", ["--in", "--out"])
+@pytest.mark.parametrize("leaf, named, instead", [
+    (3, r"`specs\['w'\]` is 3 \(int\), not a spec", r"P\('data'\)"),
+    ("data,None", r"`specs\['w'\]` is 'data,None' \(str\), not a spec", r"P\('data', None\)"),
+    (("data", None), r"`specs\['w'\]` is \('data', None\) \(tuple\), not a spec", r"P\('data', None\)"),
+])
+def test_a_spec_tree_leaf_that_is_no_spec_is_named_with_what_to_write(tree_ns, option, leaf, named, instead):
+    """Issue 40 item 8: --in and --out read a spec tree through one reader; a leaf that is no
+    PartitionSpec was a raw TypeError under --out (`'int' object is not iterable`), and a string
+    was read as one entry per character."""
+    tree_ns.push({"t": {"w": jnp.arange(64.0).reshape(8, 8)}, "specs": {"w": leaf}})
+    line = "--mesh data=8 --in t=@specs --no-show" if option == "--in" else "--mesh data=8 --out out=@specs --no-show"
+    before = snapshot(tree_ns.user_ns)
+    with pytest.raises(UsageError, match=rf"{option} \w+=@specs: {named}.* write `specs\['w'\]` = {instead}"):
+        cell(tree_ns, "shard", line, "out = {'w': t['w'] + 1}")
+    assert snapshot(tree_ns.user_ns) == before
+    import jaxpar_magic  # the twin's pytree of specs, named as the twin takes it
+
+    with pytest.raises(UsageError, match=rf"`{option[2:]}_specs\['\w+'\]\['w'\]` is"):
+        jaxpar_magic.shard_cell("out = {'w': t['w'] + 1}", tree_ns.user_ns, mesh="data=8",
+                                **{("in_specs" if option == "--in" else "out_specs"):
+                                   {("t" if option == "--in" else "out"): {"w": leaf}}})
     assert snapshot(tree_ns.user_ns) == before
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..errors import UsageError
 from .fingerprints import Ref
-from .specs import LeafSpecs, SpecTree, path_steps
+from .specs import LeafSpecs, SpecTree, parse_spec, path_steps
 
 
 class GivenSpecs:
@@ -60,7 +60,8 @@ def _is_entry(entry) -> bool:
 def spec_tree_of(spec, namespace: dict, name: str, option: str):
     """The pytree of specs a SpecTree or GivenSpecs stands for (None for a single spec)."""
     if isinstance(spec, GivenSpecs):
-        return spec.tree
+        label = f"{option.strip('-')}_specs[{name!r}]"  # as the twins take it: shard_cell(out_specs={...})
+        return checked_spec_tree(spec.tree, f"{option} {name}", label, f"`jax.tree.map(lambda leaf: P(), {name})`")
     if not isinstance(spec, SpecTree):
         return None
     example = f"`{spec.name} = jax.tree.map(lambda leaf: P(), {name})`"
@@ -75,7 +76,76 @@ def spec_tree_of(spec, namespace: dict, name: str, option: str):
             f"structure of {name!r} (or a prefix of it), e.g. {example}; or, to replicate every leaf of {name!r}, "
             f"write `{name}=None`."
         )
-    return namespace[spec.name]
+    return checked_spec_tree(namespace[spec.name], f"{option} {name}=@{spec.name}", spec.name, example)
+
+
+def checked_spec_tree(specs, where: str, label: str, example: str):
+    """`specs` itself when each of its leaves is a PartitionSpec, a NamedSharding or None; else a
+    UsageError naming the first other leaf by its path (`label` is the tree's own name) and what to
+    write there. Both --in and --out read a spec tree through here, before anything is traced."""
+    import jax
+
+    def one(value) -> bool:  # a spec, or a tuple written as one (`('data', None)`): named whole, not by entry
+        return is_spec_leaf(value) or _written_as_spec(value)
+
+    from . import nnx_graphs
+
+    # (an NNX object in it is read as its state, as leaf_specs reads it)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(nnx_graphs.with_states(specs), is_leaf=one)[0]:
+        if is_spec_leaf(leaf):
+            continue
+        at = f"`{label}{jax.tree_util.keystr(path)}`"
+        what = f"{_shortened(leaf)} ({type(leaf).__name__})"
+        if not path:
+            raise UsageError(f"{where}: `{label}` is {what}, not a pytree of PartitionSpecs. Bind one first, e.g. "
+                             f"{example}.")
+        raise UsageError(f"{where}: {at} is {what}, not a spec; each leaf of a pytree of specs is a PartitionSpec "
+                         f"(or a NamedSharding, or None for a leaf left whole): write {at} = {_instead(leaf)}.")
+    return specs
+
+
+def _written_as_spec(value) -> bool:
+    return isinstance(value, tuple) and any(isinstance(e, str) for e in value) and all(_is_entry(e) for e in value)
+
+
+def _shortened(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "…"
+
+
+def _instead(leaf) -> str:
+    """What to write in place of a spec tree's leaf that is no spec: the PartitionSpec a string reads
+    as on a magic's line (`'data,None'` -> P('data', None)), else an example."""
+    entries = leaf if _written_as_spec(leaf) else None
+    if isinstance(leaf, str):
+        try:
+            entries = parse_spec(leaf, "")
+        except UsageError:
+            pass
+    if isinstance(entries, tuple):
+        return "P(" + ", ".join(repr(e) for e in entries) + ")"
+    return "P('data') (split its first dimension over the mesh axis `data`), or P() to replicate it"
+
+
+def over_spec_tree(each, specs, target):
+    """`each(path, entries, subtree)` for each leaf of the spec tree `specs` (entries: our tuple form)
+    and the subtree of `target` it covers (`specs` has `target`'s structure, or a prefix of it), as
+    jax.tree.map matches trees; returns the tree of what `each` returned. A ValueError or TypeError
+    says where the structures do not match (spec_tree_mismatch phrases it)."""
+    import jax
+
+    return jax.tree_util.tree_map_with_path(lambda path, entry, sub: each(path, as_spec_tuple(entry), sub),
+                                            specs, target, is_leaf=is_spec_leaf)
+
+
+def spec_tree_mismatch(option: str, name: str, source: str, err: Exception) -> UsageError:
+    """The structures of a spec tree (`source`: `@specs`, or "the specs") and of `name` do not match."""
+    detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return UsageError(
+        f"{option} {name}={source}: the specs' structure does not match {name!r} ({detail}). Give a pytree with "
+        f"{name!r}'s structure (or a prefix of it) whose leaves are PartitionSpecs, e.g. "
+        f"`jax.tree.map(lambda leaf: P(), {name})`, or one spec for every leaf (`{name}=data,None`)."
+    )
 
 
 def leaf_specs(tree, value, spec, namespace: dict, option: str = "--in", *, arrays=None) -> list:
@@ -99,19 +169,14 @@ def leaf_specs(tree, value, spec, namespace: dict, option: str = "--in", *, arra
     specs = nnx_graphs.with_states(specs)
     per_leaf: list = []
 
-    def cover(entry, subtree):
-        per_leaf.extend([as_spec_tuple(entry)] * len(jax.tree.leaves(subtree)))
+    def cover(path, entries, subtree):
+        per_leaf.extend([entries] * len(jax.tree.leaves(subtree)))
 
     try:
-        jax.tree.map(cover, specs, target, is_leaf=is_spec_leaf)
+        over_spec_tree(cover, specs, target)
     except (ValueError, TypeError) as err:
-        detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        source = f"@{spec.name}" if isinstance(spec, SpecTree) else "the specs"
-        raise UsageError(
-            f"{option} {tree.name}={source}: the specs' structure does not match {tree.name!r} ({detail}). Give a "
-            f"pytree with {tree.name!r}'s structure (or a prefix of it) whose leaves are PartitionSpecs, e.g. "
-            f"`jax.tree.map(lambda leaf: P(), {tree.name})`, or one spec for every leaf (`{tree.name}=data,None`)."
-        ) from None
+        raise spec_tree_mismatch(option, tree.name, str(spec) if isinstance(spec, SpecTree) else "the specs",
+                                 err) from None
     return [per_leaf[i] for i in tree.positions]
 
 

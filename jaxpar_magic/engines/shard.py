@@ -12,7 +12,7 @@ from ..cell.layout import spec_axes
 from ..cell.meshes import UnderMesh, is_explicit, lay_out_again, needs_the_mesh_set
 from ..cell.prepared import PreparedCell
 from ..cell.programs import CellProgram, capture_outputs, cell_function, within_mesh
-from ..cell.specs import MeshShape, parse_mesh_shape
+from ..cell.specs import MeshShape, SpecTree, parse_mesh_shape
 from ..cell.treespecs import spec_names
 from ..errors import UsageError
 
@@ -283,7 +283,9 @@ def check_outputs(cell: cells.Cell, outputs) -> None:
             )
 
 
-def _compile(cell, inputs, namespace, mesh, out_specs, outputs=None, donate=()) -> CellProgram:
+def _compile(cell, inputs, namespace, mesh, out_specs, outputs=None, donate=(), sources=None) -> CellProgram:
+    """`sources`: name -> how the line wrote an output's spec tree (`@specs`), for its messages."""
+    sources = sources or {}
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -298,7 +300,7 @@ def _compile(cell, inputs, namespace, mesh, out_specs, outputs=None, donate=()) 
         """The output laid out by its --out spec (one for every leaf, or a pytree of specs matching the
         output or a prefix of it), each traced leaf checked as --in checks an input: JAX would silently
         replicate a dimension the spec's axes do not divide."""
-        from ..cell.treespecs import is_spec_leaf
+        from ..cell.treespecs import over_spec_tree, spec_tree_mismatch
 
         def one(path, leaf, entries):
             if not isinstance(leaf, jax.core.Tracer):
@@ -309,15 +311,13 @@ def _compile(cell, inputs, namespace, mesh, out_specs, outputs=None, donate=()) 
         if isinstance(spec, tuple):
             return jax.tree_util.tree_map_with_path(lambda path, leaf: one(path, leaf, spec), value)
 
-        def subtree(prefix, given, sub):
-            entries = () if given is None else tuple(getattr(given, "spec", given))
+        def subtree(prefix, entries, sub):
             return jax.tree_util.tree_map_with_path(lambda path, leaf: one(prefix + path, leaf, entries), sub)
 
         try:
-            return jax.tree_util.tree_map_with_path(subtree, spec, value, is_leaf=is_spec_leaf)
-        except ValueError as exc:  # the spec tree's structure is not a prefix of the output's
-            raise UsageError(f"--out {name}=@...: the pytree of specs does not match {name!r}'s structure (it must be "
-                             f"the same tree, or a prefix of it, with a PartitionSpec per leaf): {exc}") from None
+            return over_spec_tree(subtree, spec, value)
+        except (ValueError, TypeError) as err:  # the spec tree's structure is not a prefix of the output's
+            raise spec_tree_mismatch("--out", name, sources.get(name, "the specs"), err) from None
 
     def whole_program(*args):
         with within_mesh(mesh):
@@ -378,7 +378,8 @@ def _check_names(cell, namespace, mesh, in_specs, out_specs, abstract=False):
             )
         if isinstance(out_specs[name], tuple):  # a pytree of specs (@NAME) is checked leaf by leaf when traced
             spec_mesh_axes(name, out_specs[name], mesh, "--out")  # axes of the mesh, each used once, as --in
-    return inputs, constants + spec_names(in_specs), out_specs
+    # `@NAME` specs, --in's and --out's, are read on every run: a re-run after `specs = ...` compiles anew.
+    return inputs, constants + spec_names(in_specs) + spec_names(out_specs), out_specs
 
 
 def _out_spec_trees(out_specs: dict, namespace: dict) -> dict:
@@ -433,7 +434,9 @@ def prepare(cell: cells.Cell, namespace: dict, mesh, in_specs: dict, out_specs: 
     check_donated(donate, inputs)
     prepared = PreparedCell("shard", cell, mesh, inputs, constants, args, tuple(specs), out_specs,
                             options={"outputs": outputs, "donate": tuple(donate)}, moved=moved)
-    prepared.compile = lambda record=None: _compile(cell, inputs, namespace, mesh, resolved, outputs, tuple(donate))
+    sources = {name: str(spec) for name, spec in out_specs.items() if isinstance(spec, SpecTree)}
+    prepared.compile = lambda record=None: _compile(cell, inputs, namespace, mesh, resolved, outputs, tuple(donate),
+                                                    sources)
     return prepared
 
 

@@ -24,7 +24,7 @@ from ..cell.inputs import classify, input_arrays
 from ..cell.meshes import is_explicit, lay_out_again, on_cell_mesh
 from ..cell.prepared import PreparedCell
 from ..cell.programs import CellProgram, capture_outputs, cell_function, traced, within_mesh
-from ..cell.treespecs import as_spec_tuple, is_spec_leaf, spec_names, spec_tree_of
+from ..cell.treespecs import over_spec_tree, spec_names, spec_tree_of
 from ..errors import UsageError
 from .shard import check_outputs, check_spec, fitted, spec_mesh_axes
 
@@ -119,12 +119,12 @@ def _leaf_specs(given, value, leaves: list) -> "list[tuple] | str":
 
     spec_of: dict[int, tuple] = {}
 
-    def cover(entry, subtree):
+    def cover(path, entries, subtree):
         for leaf in jax.tree.leaves(subtree):
-            spec_of[id(leaf)] = as_spec_tuple(entry)
+            spec_of[id(leaf)] = entries
 
     try:
-        jax.tree.map(cover, given, value, is_leaf=is_spec_leaf)
+        over_spec_tree(cover, given, value)
     except (ValueError, TypeError) as err:
         return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     missing = [k for k, leaf in enumerate(leaves) if id(leaf) not in spec_of]

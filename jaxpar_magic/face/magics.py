@@ -184,6 +184,7 @@ class JaxparMagics(Magics, Configurable):
                 return None if known[1] else replayed[0]
             _replays.pop(replay_key, None)  # it declined: the full path below remembers it again
 
+        from ..stages.run.donation import results_bound
         from ..views.progress import kept_lines
         from . import actions
 
@@ -193,39 +194,41 @@ class JaxparMagics(Magics, Configurable):
         cluster = _running_cluster()
         defaults = actions.Defaults(axis_name=self.axis_name, show=self.show, facts=bool(WATCHERS),
                                     later=cluster is None and self._values_later())
-        with kept_lines() as status_lines:  # a "compiling… 3 s" line is replaced by the first view
-            if cluster is not None and magic in ON_CLUSTER:
-                from .remote import on_cluster
+        # --donate: once the program has the inputs, an interrupt waits until they are bound (stages/run/donation.py)
+        with results_bound():
+            with kept_lines() as status_lines:  # a "compiling… 3 s" line is replaced by the first view
+                if cluster is not None and magic in ON_CLUSTER:
+                    from .remote import on_cluster
 
-                if getattr(getattr(options, "plan", None), "explore", False):
-                    raise UsageError("%%shard --plan --explore: the explorer plans in this kernel, and a cluster is "
-                                     "running, where %%shard runs on every process. Explore before `%cluster start` "
-                                     "(or after `%cluster stop`), over simulated devices of the same count.")
+                    if getattr(getattr(options, "plan", None), "explore", False):
+                        raise UsageError("%%shard --plan --explore: the explorer plans in this kernel, and a cluster is "
+                                         "running, where %%shard runs on every process. Explore before `%cluster start` "
+                                         "(or after `%cluster stop`), over simulated devices of the same count.")
 
-                if getattr(options, "profile", None) is not None:
-                    raise UsageError(f"%%{magic} --profile: a cluster is running, where the cell runs on every process "
-                                     f"and each process could trace only its own devices. Profile before `%cluster "
-                                     f"start` (or after `%cluster stop`), over simulated devices of the same count.")
-                outcome = on_cluster(cluster, magic, line, source, defaults, self.cluster_timeout, namespace)
-            else:
-                outcome = actions.run(magic, options, source, namespace, defaults)
-            if outcome.text:
-                print(outcome.text)
-            for index, (kind, state) in enumerate(outcome.views):
-                view = view_of(kind, state)
-                pending = outcome.pending.get(index)
-                if pending is not None:  # its values come later: its static twin gets an id to be rewritten by
-                    view.static_display_id = f"jpm-{view._jpm_twin}"
-                if not status_lines.fill(view):
-                    # What IPython's display(view) ends up calling, without its formatters' look-ups for
-                    # the view's type (~20 µs a view, bench section 15): every view draws itself.
-                    view._ipython_display_()
-                if pending is not None:
-                    from ..views.later import fill_later
+                    if getattr(options, "profile", None) is not None:
+                        raise UsageError(f"%%{magic} --profile: a cluster is running, where the cell runs on every process "
+                                         f"and each process could trace only its own devices. Profile before `%cluster "
+                                         f"start` (or after `%cluster stop`), over simulated devices of the same count.")
+                    outcome = on_cluster(cluster, magic, line, source, defaults, self.cluster_timeout, namespace)
+                else:
+                    outcome = actions.run(magic, options, source, namespace, defaults)
+                if outcome.text:
+                    print(outcome.text)
+                for index, (kind, state) in enumerate(outcome.views):
+                    view = view_of(kind, state)
+                    pending = outcome.pending.get(index)
+                    if pending is not None:  # its values come later: its static twin gets an id to be rewritten by
+                        view.static_display_id = f"jpm-{view._jpm_twin}"
+                    if not status_lines.fill(view):
+                        # What IPython's display(view) ends up calling, without its formatters' look-ups for
+                        # the view's type (~20 µs a view, bench section 15): every view draws itself.
+                        view._ipython_display_()
+                    if pending is not None:
+                        from ..views.later import fill_later
 
-                    fill_later(view, pending, static=getattr(self.shell, "kernel", None) is not None)
-            status_lines.close()
-        outcome.bind(namespace)
+                        fill_later(view, pending, static=getattr(self.shell, "kernel", None) is not None)
+                status_lines.close()
+            outcome.bind(namespace)
         for watcher in WATCHERS:  # an exercise cell running this magic reads what it ran (face/exercises/)
             watcher(magic, options, outcome)
         silenced = cell is not None and _silenced(cell)

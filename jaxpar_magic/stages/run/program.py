@@ -5,6 +5,7 @@ Plain Python over JAX; no IPython.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from ...cell.programs import TRACE, BoundedCache, CellProgram, Rerun, shape_sign
 from ...errors import UsageError, explain_trace_error
 from ...views.progress import Progress
 from ..record.cell_recording import collectives_view_state
-from .donation import call_donating, failed_with_donated
+from .donation import call_donating, failed_with_donated, results_bound
 
 
 @dataclass
@@ -51,6 +52,8 @@ class RunResult:
         """What a successful cell binds in the user's namespace."""
         return self.outputs
 
+
+_HELD, _UNHELD = results_bound(), contextlib.nullcontext()  # a replay's scope, with --donate and without
 
 _compile_seconds = [0.0]  # running total of JAX's trace+lower+compile time in this process
 _backend_compiles = [0]  # XLA compiles finished in this process
@@ -186,17 +189,14 @@ def run_program(cache: BoundedCache, rerun: Rerun, args, cell: cells.Cell, mesh,
 
 def _run_donating(program: CellProgram, args, inputs, signature, mesh, first: bool, wait: bool):
     """A --donate run: compiled first (an interrupt there leaves the inputs whole), then called with
-    its inputs checked and an interrupt deferred (donation.call_donating); the note of an interrupt
-    that came once the program had the inputs is printed under the cell. A first run waits for the
+    its inputs checked and an interrupt deferred until the caller's donation.results_bound scope has
+    bound the results (donation.call_donating). A first run waits for the
     result, a later one only as run_program's do (`wait`, must_wait), decided before the inputs go."""
     if first:
         with compile_progress():
             program.jitted.lower(*args).compile()  # jit's caches keep it for the call below
     wait = wait or first or must_wait(program, signature, args, mesh)
-    results, interrupted = call_donating(program, args, inputs, program.donated, wait)
-    if interrupted is not None:
-        print(interrupted)
-    return results
+    return call_donating(program, args, inputs, program.donated, wait)
 
 
 def run_cell(cache: BoundedCache, rerun: Rerun | None, namespace: dict, cell: cells.Cell, mesh, full_path,
@@ -290,26 +290,28 @@ def replay_function(reruns: BoundedCache, cache: BoundedCache, key, cell: cells.
         deleted = None if rerun.live else rerun.deleted_error(args, cell)
         if deleted is not None:  # before the call: a deleted argument would crash the kernel (run_program)
             raise deleted
-        try:
-            with on_cell_mesh(mesh):
-                program = rerun.program
-                if program.donated:
-                    results = _run_donating(program, args, rerun.inputs, rerun.signature, mesh, False, False)
-                else:
-                    results = program.jitted(*args)  # dispatched: the cell returns before the devices finish
-                    if must_wait(program, rerun.signature, args, mesh):
-                        jax.block_until_ready(results)
-        except BaseException as exc:
-            noted = None if note is None else (lambda e: note(e, namespace))
+        # --donate: the input is gone from the call on; an interrupt waits until the results are bound.
+        with _HELD if rerun.program.donated else _UNHELD:
             try:
-                _forget_and_raise(cache, rerun, args, exc, cell, mesh, noted)
-            except InputOnOtherMesh:  # the full path lays that input out again
-                return None
-        bindings, commit = finish(rerun, args, results, namespace)
-        bind_results(namespace, bindings)  # one step, after the run succeeded
-        if commit is not None:
-            commit(namespace)
-        return (results[TRACE].final_of(results[1])[0] if has_final else None),
+                with on_cell_mesh(mesh):
+                    program = rerun.program
+                    if program.donated:
+                        results = _run_donating(program, args, rerun.inputs, rerun.signature, mesh, False, False)
+                    else:
+                        results = program.jitted(*args)  # dispatched: the cell returns before the devices finish
+                        if must_wait(program, rerun.signature, args, mesh):
+                            jax.block_until_ready(results)
+            except BaseException as exc:
+                noted = None if note is None else (lambda e: note(e, namespace))
+                try:
+                    _forget_and_raise(cache, rerun, args, exc, cell, mesh, noted)
+                except InputOnOtherMesh:  # the full path lays that input out again
+                    return None
+            bindings, commit = finish(rerun, args, results, namespace)
+            bind_results(namespace, bindings)  # one step, after the run succeeded
+            if commit is not None:
+                commit(namespace)
+            return (results[TRACE].final_of(results[1])[0] if has_final else None),
 
     return replay
 

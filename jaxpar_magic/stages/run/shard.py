@@ -16,6 +16,7 @@ from ...cell.programs import (
 )
 from ...cell.treespecs import normalize
 from ...engines.shard import check_cell, is_mesh, prepare, resolve_mesh
+from .donation import results_bound
 from .program import RunResult, complete, moved_placements, outputs_of, replay_function, run_cell
 
 
@@ -161,6 +162,8 @@ def shard_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_sp
     moves no data), and Flax NNX objects the cell changed get their new state. `profile` (a line's
     --profile-steps): run the compiled program that many more times under the profiler, the result's
     `profile` (with the plan on `hardware` beside it, where it has a time; stages/profile/).
+    With `donate` and not `bind`, an interrupt that came once the program had the inputs is raised
+    as this returns (the caller gets no result, as with `w = step(w)` interrupted under jax.jit).
     """
     if profile:
         from ..profile.profile_cell import check_profile
@@ -173,12 +176,13 @@ def shard_cell(source: str, namespace: dict, *, mesh=None, in_specs=None, out_sp
     if not is_mesh(mesh):
         mesh = resolve_mesh(mesh, namespace, [in_specs, out_specs])
     outputs = outputs_of(outputs, out_specs)
-    result = run_shard(cell, namespace, mesh, in_specs, out_specs, want_facts, outputs, tuple(donate), wait)
-    if profile:
-        from ..profile.profile_cell import profile_cell
+    with results_bound():  # --donate: an interrupt once the program has the inputs waits for the bind below
+        result = run_shard(cell, namespace, mesh, in_specs, out_specs, want_facts, outputs, tuple(donate), wait)
+        if profile:
+            from ..profile.profile_cell import profile_cell
 
-        result.profile = profile_cell(result, profile, "shard", source, namespace, hardware, mesh=mesh,
-                                      in_specs=in_specs, out_specs=out_specs, outputs=outputs)
-    if bind:
-        result.bind(namespace)
+            result.profile = profile_cell(result, profile, "shard", source, namespace, hardware, mesh=mesh,
+                                          in_specs=in_specs, out_specs=out_specs, outputs=outputs)
+        if bind:
+            result.bind(namespace)
     return result
