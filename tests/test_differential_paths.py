@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import re
+import threading
 import warnings
 
 import jax
@@ -109,6 +110,8 @@ ABSTRACT = ("xs = jax.ShapeDtypeStruct((64, 128), jnp.float32)\n"
             "params = {'w1': jax.ShapeDtypeStruct((128, 32), jnp.float32), 'w2': jax.ShapeDtypeStruct((32, 16), jnp.float32)}")
 LEAVES = ["xs", "params['w1']", "params['w2']"]
 CHOICES = ["xs", "params['w1']", "params['w2']", "params"]  # "params": every leaf of it
+# A change: (which of CHOICES, which spec of _specs_over(mesh axes), or 7: one axis twice, refused).
+CHANGE = st.tuples(st.integers(0, len(CHOICES) - 1), st.integers(0, 7))
 COLLECTIVE = re.compile(r"= \S+ (all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all)(?:-start)?\(")
 
 
@@ -133,6 +136,16 @@ def _spec(entries) -> P:
     return P(*[None if not axes else axes[0] if len(axes) == 1 else tuple(axes) for axes in entries])
 
 
+def _specs_over(axes) -> list:
+    """The specs a view offers for a 2-d leaf over mesh axes `axes`: each dimension whole or over one axis."""
+    found = [[[], []]]
+    for a in axes:
+        found += [[[a], []], [[], [a]]]
+    for a in axes:
+        found += [[[a], [b]] for b in axes if b != a]
+    return found
+
+
 class NotebookPaths(base.Session):
     """A session of the four paths: see the module docstring."""
 
@@ -149,6 +162,8 @@ class NotebookPaths(base.Session):
         self.explorer = None  # {"mesh": (sizes, names), "out": bool, "model": {leaf: spec}}
         self.holds: list = []
         self.stale: set = set()  # the donating exercises whose weights are deleted
+        self.arming = threading.Lock()
+        self.armed: list = []  # stop_after_a_plan's [generation, event] while armed
 
     def fresh_namespace(self) -> dict:
         ns: dict = {"DELETED": self.deleted}  # the donating exercises' plain form names it
@@ -187,9 +202,16 @@ class NotebookPaths(base.Session):
             self.stale = set()
             self.plain_step(f"wd = jnp.ones((8, 4)) * {k}\npd = {{'w': jnp.ones((8, 4)) * {k}}}")
 
-    @rule(pick=st.integers(0, len(MESHES) - 1), magic=st.booleans())
-    def rebind_mesh(self, pick, magic):
-        """(d) `%mesh data=4 model=2 --axis-types auto` or the plain assignment: `mesh` is another mesh."""
+    @rule(pick=st.integers(0, len(MESHES) - 1), magic=st.booleans(), again=st.sampled_from([None, False, True]))
+    def rebind_mesh(self, pick, magic, again):
+        """(d) `%mesh data=4 model=2 --axis-types auto` or the plain assignment: `mesh` is another mesh; the
+        student's `wd2` laid out on it, and maybe a new explorer over it (`again`: its --out y or not)."""
+        self.bind_mesh(pick, magic)
+        self.plain_step("wd2 = jax.device_put(wd2, jax.NamedSharding(mesh, jax.P('data')))")
+        if again is not None:
+            self.explore(again)
+
+    def bind_mesh(self, pick, magic):
         sizes, names = MESHES[pick]
         source = _mesh_source(sizes, names)
         base.Found.steps += 1
@@ -206,8 +228,11 @@ class NotebookPaths(base.Session):
 
     # --- (a) --out with inner functions, (d) cells naming the mesh --------------------------------
 
-    @rule(pick=st.integers(0, len(OUT_CELLS) - 1), plan=st.booleans(), show=st.booleans())
+    @rule(pick=st.integers(0, len(OUT_CELLS)), plan=st.booleans(), show=st.booleans())
     def out_cell(self, pick, plan, show):
+        """(a) a --out cell of OUT_CELLS, or (d) past their end, the cell naming `mesh`."""
+        if pick == len(OUT_CELLS):
+            return self.mesh_cell(show)
         magic, out, source, names, temporaries = OUT_CELLS[pick]
         line = f"--mesh mesh --in xb=data --out {out}" + (" --plan" if plan else "") + ("" if show else " --no-show")
         oracle = self.oracle_blocks if magic == "shard_map" else self.oracle_whole
@@ -219,7 +244,6 @@ class NotebookPaths(base.Session):
             self.check(magic, line, (source, names), oracle)
         self.assert_left_alone(before, temporaries, f"%%{magic} {line}")
 
-    @rule(show=st.booleans())
     def mesh_cell(self, show):
         """(d) A cell naming `mesh`: jax.jit's values and result layout on the mesh as bound now."""
         line = "--mesh mesh --in xb=data" + ("" if show else " --no-show")
@@ -348,7 +372,6 @@ class NotebookPaths(base.Session):
 
     # --- (c) explorer submissions during compiles, (d) its line after a rebound mesh ---------------
 
-    @rule(out=st.booleans())
     def explore(self, out):
         self.release_all()
         base.Found.steps += 1
@@ -363,34 +386,50 @@ class NotebookPaths(base.Session):
         model = dict(zip(labels, ex.layout.specs))
         assert model == {"xs": (("data",), ()), "params['w1']": ((), ()), "params['w2']": ((), ())}, model
         self.explorer = {"mesh": self.mesh, "out": out, "model": model, "ex": ex}
+        ex.observe(self.stop_after_a_plan)
         _tally("(c) explore")
 
-    @precondition(lambda self: self.explorer is not None and len(self.holds) < 2)
-    @rule()
+    def stop_after_a_plan(self, state) -> None:
+        """Armed (`self.armed`: the generation then, and an event), the worker stops as the next plan ends,
+        before it plans the layout waiting (a hold taken on its own thread, let go when the explorer settles)."""
+        with self.arming:
+            if self.armed and (state["generation"] > self.armed[0] or not state["status"]["busy"]):
+                self.holds.append(self.explorer["ex"].holding())
+                self.armed.pop().set()
+                self.armed.clear()
+
     def explorer_hold(self):
         self.holds.append(self.explorer["ex"].holding())
         self.session.append(f"_held{len(self.holds)} = _explorer.holding()")
 
-    @precondition(lambda self: self.holds)
-    @rule()
     def explorer_release(self):
         self.session.append(f"_held{len(self.holds)}.release()")
         self.holds.pop().release()
 
     @precondition(lambda self: self.explorer is not None)
-    @rule(pick=st.integers(0, len(CHOICES) - 1), first=st.integers(0, 2), second=st.integers(0, 2), twice=st.booleans())
-    def explorer_submit(self, pick, first, second, twice):
-        """A view change: dimension 0 and 1 each whole or cut over one of the mesh's axes (both the same
-        axis: refused at once, nothing queued)."""
+    @rule(change=CHANGE, hold=st.sampled_from(["before", "after", "release after", None]))
+    def explorer_change(self, change, hold):
+        """A view change, maybe with a hold taken before it or after it (held across later steps: the
+        changes made meanwhile wait, as during a long compile), or the last hold let go after it."""
+        if hold == "before" and len(self.holds) < 2:
+            self.explorer_hold()
+        self.explorer_submit(*change)
+        if hold == "after" and len(self.holds) < 2:
+            self.explorer_hold()
+        if hold == "release after" and self.holds:
+            self.explorer_release()
+
+    def explorer_submit(self, pick, layout):
+        """A view change: leaf (or input) CHOICES[pick] laid out by one of the mesh's specs (`layout` 7: one
+        axis on both dimensions, refused at once, nothing queued)."""
         ex, explorer = self.explorer["ex"], self.explorer
-        names = explorer["mesh"][1]
-        entry = lambda k: [] if k == 0 else [names[(k - 1) % len(names)]]  # noqa: E731
-        spec = [entry(first), entry(second) if not twice else entry(first)]
+        specs = _specs_over(explorer["mesh"][1])
+        spec = specs[layout % len(specs)] if layout < 7 else [[explorer["mesh"][1][0]]] * 2
         name = CHOICES[pick]
         base.Found.steps += 1
         self.session.append(f"_explorer.submit({{'kind': 'choose', 'name': {name!r}, 'spec': {spec!r}}})")
         ex.submit({"kind": "choose", "name": name, "spec": spec})
-        if spec[0] and spec[0] == spec[1]:
+        if layout == 7:
             _tally("(c) submit refused")
             return
         _tally("(c) submit" + (" while held" if self.holds else ""))
@@ -399,16 +438,28 @@ class NotebookPaths(base.Session):
                 explorer["model"][label] = tuple(tuple(axes) for axes in spec)
 
     @precondition(lambda self: self.explorer is not None)
-    @rule(held=st.lists(st.tuples(st.integers(0, len(CHOICES) - 1), st.integers(0, 2), st.integers(0, 2), st.booleans()),
+    @rule(held=st.lists(CHANGE,
                         min_size=1, max_size=3),
-          racing=st.lists(st.tuples(st.integers(0, len(CHOICES) - 1), st.integers(0, 2), st.integers(0, 2), st.booleans()),
-                          max_size=3))
-    def explorer_burst(self, held, racing):
-        """Changes while a compile waits, then changes racing the compiles it lets go, then settled."""
+          racing=st.lists(CHANGE,
+                          max_size=3), stop=st.booleans())
+    def explorer_burst(self, held, racing, stop):
+        """Changes while a compile waits; the compile let go; then (`stop`) the worker stopped as that plan
+        ends, before the next layout's; changes then, or racing the compiles; then settled."""
+        ex = self.explorer["ex"]
         self.explorer_hold()
         for change in held:
             self.explorer_submit(*change)
-        self.explorer_release()
+        ended = threading.Event()
+        with self.arming:
+            self.armed[:] = [ex.generation, ended] if stop else []
+        in_flight = not ex.wait(0)
+        self.release_all()  # this hold and any a change took before
+        if stop and in_flight:
+            assert ended.wait(120), f"no plan ended{self.context()}"
+            self.session.append("(the worker stopped as that plan ended)")
+            _tally("(c) burst: changes while the next plan waits")
+        with self.arming:
+            self.armed.clear()
         for change in racing:
             self.explorer_submit(*change)
         self.explorer_settles()
@@ -422,7 +473,7 @@ class NotebookPaths(base.Session):
         base.Found.steps += 1
         base.Found.checks += 1
         self.session.append("_explorer.wait(); _explorer.layout, _explorer.plan, _explorer.line()")
-        assert ex.wait(240), f"the explorer never settled{self.context()}"
+        assert ex.wait(120), f"the explorer never settled{self.context()}"
         got = dict(zip(LEAVES, ex.layout.specs))
         assert got == explorer["model"], f"the explorer's layout {got}, the last choices {explorer['model']}{self.context()}"
         mine = _figures(ex.plan)
