@@ -23,6 +23,10 @@ oracle), over the paths issue 40 fixed with example tests only:
   %%shard_map cell's blocks as that mesh cuts them.
 
 Same budget variables as the base test (JPM_DIFFERENTIAL_EXAMPLES, _STEPS, _RANDOM); half its sequences.
+With the sandbox's copies of a donating re-run's inputs taken out, `check(..., follows(wd=wd2))` deleting
+the student's `wd2` is found at the CI budget (the fix: face/exercises/sandbox.py); with the --out filter
+moved after refuse_hidden, `loss_fn` refused is. A longer run found a layout whose plan has an all-to-all
+that jax.jit's compile of it does not (the xfail test at the end).
 """
 from __future__ import annotations
 
@@ -477,7 +481,7 @@ class NotebookPaths(base.Session):
         got = dict(zip(LEAVES, ex.layout.specs))
         assert got == explorer["model"], f"the explorer's layout {got}, the last choices {explorer['model']}{self.context()}"
         mine = _figures(ex.plan)
-        hand = self.hand_compile(explorer)
+        hand = _hand_compile(explorer, self.fresh_namespace())
         assert mine == hand, f"the explorer's plan {mine}, jax.jit's compile of its layout {hand}{self.context()}"
         rebound = self.mesh != explorer["mesh"]
         _tally("(c) settled" + (", `mesh` rebound since" if rebound else ""))
@@ -488,25 +492,6 @@ class NotebookPaths(base.Session):
     def release_all(self) -> None:
         while self.holds:
             self.holds.pop().release()
-
-    def hand_compile(self, explorer) -> dict:
-        """jax.jit of the explored cell with the layout's NamedShardings, compiled for a mesh of its shape."""
-        sizes, names = explorer["mesh"]
-        mesh = jax.make_mesh(sizes, names, axis_types=(jax.sharding.AxisType.Auto,) * len(names))
-        spec = {label: NamedSharding(mesh, _spec(entries)) for label, entries in explorer["model"].items()}
-        ns = self.fresh_namespace()
-
-        def step(xs, params):
-            h = jnp.tanh(xs @ params["w1"])
-            y = h @ params["w2"]
-            return y if explorer["out"] else (h, y)
-
-        compiled = jax.jit(step, in_shardings=(spec["xs"], {"w1": spec["params['w1']"], "w2": spec["params['w2']"]})) \
-            .lower(ns["xs"], ns["params"]).compile()
-        memory = compiled.memory_analysis()
-        return {"bytes": (memory.argument_size_in_bytes, memory.output_size_in_bytes, memory.temp_size_in_bytes,
-                          memory.alias_size_in_bytes),
-                "collectives": dict(collections.Counter(COLLECTIVE.findall(compiled.as_text())))}
 
     def planned_as_cell(self, line: str) -> dict:
         from jaxpar_magic.stages.plan import compiled_plans
@@ -520,6 +505,26 @@ class NotebookPaths(base.Session):
 
     def teardown(self):
         self.release_all()
+
+
+def _hand_compile(explorer, ns: dict) -> dict:
+    """jax.jit of the explored cell with the layout's NamedShardings, compiled for a mesh of its shape (the
+    inputs' ShapeDtypeStructs from `ns`)."""
+    sizes, names = explorer["mesh"]
+    mesh = jax.make_mesh(sizes, names, axis_types=(jax.sharding.AxisType.Auto,) * len(names))
+    spec = {label: NamedSharding(mesh, _spec(entries)) for label, entries in explorer["model"].items()}
+
+    def step(xs, params):
+        h = jnp.tanh(xs @ params["w1"])
+        y = h @ params["w2"]
+        return y if explorer["out"] else (h, y)
+
+    compiled = jax.jit(step, in_shardings=(spec["xs"], {"w1": spec["params['w1']"], "w2": spec["params['w2']"]})) \
+        .lower(ns["xs"], ns["params"]).compile()
+    memory = compiled.memory_analysis()
+    return {"bytes": (memory.argument_size_in_bytes, memory.output_size_in_bytes, memory.temp_size_in_bytes,
+                      memory.alias_size_in_bytes),
+            "collectives": dict(collections.Counter(COLLECTIVE.findall(compiled.as_text())))}
 
 
 def _figures(plan) -> dict:
@@ -592,3 +597,18 @@ def test_out_cells_exercise_checks_explorers_and_rebound_meshes_give_what_plain_
               f"{base.Found.checks} checked ({base.Found.raised} raised on both sides); by kind: "
               + ", ".join(f"{kind} {count}" for kind, count in sorted(base.Found.kinds.items())))
     assert base.Found.checks > 0
+
+
+@pytest.mark.xfail(strict=True, reason="found by this file's explorer rule (issue 40): the magic's program for this "
+                   "layout has an all-to-all that jax.jit's compile of the same layout does not; not fixed yet")
+def test_the_explorers_plan_of_rows_cut_weights_has_jax_jits_collectives(jx):
+    """The shrunk case: xs whole, both weights' rows over data=8. Memory figures agree; the collectives do
+    not (the plan: an all-to-all and an all-reduce; jax.jit with the same in_shardings: one all-reduce)."""
+    jx.run_cell(_mesh_source((8,), ("data",)) + "\n" + ABSTRACT)
+    with capture_output():
+        jx.run_cell_magic("shard", "--plan --explore --mesh mesh --in xs=data,None", EXPLORED)
+    ex = jx.user_ns["_explorer"]
+    ex.choose("xs", P(None, None))
+    ex.choose("params", P("data", None))
+    layout = {"xs": ((), ()), "params['w1']": (("data",), ()), "params['w2']": (("data",), ())}
+    assert _figures(ex.plan) == _hand_compile({"mesh": ((8,), ("data",)), "out": False, "model": layout}, jx.user_ns)
