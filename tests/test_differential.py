@@ -249,8 +249,10 @@ def _assert_same(actual, expected, where: str) -> None:
             assert actual == expected, f"{where}: {actual!r}, plain JAX {expected!r}"
 
 
-class Notebook(RuleBasedStateMachine):
-    """One notebook session; `shell` and `baseline` are set by the test before it runs."""
+class Session(RuleBasedStateMachine):
+    """One notebook session, without rules: the shell, the plain steps, the check of a magic cell against
+    an oracle, and the oracles. `shell` and `baseline` are set by the test before it runs; the machines
+    (Notebook below, tests/test_differential_paths.py) add the rules."""
 
     shell = None
     baseline: dict = {}
@@ -284,172 +286,6 @@ class Notebook(RuleBasedStateMachine):
         self.history.append(source)
         self.session.append(source)
         self.play(source)
-
-    @initialize(shape=st.sampled_from(SHAPES), dtype=st.sampled_from(DTYPES), fill=st.sampled_from(FILLS),
-                sg=st.sampled_from(GLOBALS), helper=st.sampled_from(list(HELPERS)), op=st.sampled_from(OPERATORS))
-    def start(self, shape, dtype, fill, sg, helper, op):
-        self.rebind_x(shape, dtype, fill)
-        self.change_sg(sg)
-        self.define_h(helper, op)
-        self.make_keys(0)
-        self.make_donor()
-        self.plain_step(f"specs = {SPEC_TREES[0]}")  # not a draw: the sequences before issue 40 stay the same
-
-    @rule(shape=st.sampled_from(SHAPES), dtype=st.sampled_from(DTYPES), fill=st.sampled_from(FILLS))
-    def rebind_x(self, shape, dtype, fill):
-        values = _values(shape, dtype, fill).tolist()
-        self.plain_step(f"x = jnp.asarray(np.array({values!r}, dtype={dtype!r}))")
-
-    @rule(sg=st.sampled_from(GLOBALS))
-    def change_sg(self, sg):
-        self.plain_step(f"sg = {sg!r}")
-
-    @rule(helper=st.sampled_from(list(HELPERS)), op=st.sampled_from(OPERATORS))
-    def define_h(self, helper, op):
-        self.helper = helper
-        self.plain_step(HELPERS[helper].format(op=op))
-
-    @rule(seed=st.sampled_from([0, 1, 42]))
-    def make_keys(self, seed):
-        self.has_keys = True
-        self.plain_step(f"ks = jax.random.split(jax.random.key({seed}), 8)")
-
-    @rule()
-    def make_donor(self):
-        """A fresh array of x's values for a --donate cell to give away."""
-        self.donor = "fresh"
-        self.plain_step("xd = x * 1")
-
-    @rule(pick=st.integers(0, len(SPEC_TREES) - 1))
-    def rebind_specs(self, pick):
-        self.plain_step(f"specs = {SPEC_TREES[pick]}")
-
-    @precondition(lambda self: self.helper == "a callable object")
-    @rule(k=st.sampled_from(ATTRIBUTES))
-    def change_attribute(self, k):
-        self.plain_step(f"h.k = {k!r}")
-
-    # --- the magics ---------------------------------------------------------------------------
-
-    @rule(cell=st.sampled_from(GLOBAL_CELLS), place=st.booleans(), show=st.booleans())
-    def shard(self, cell, place, show):
-        line = "--mesh mesh" + (" --in x=data" if place else "") + ("" if show else " --no-show")
-        self.check("shard", line, cell, self.oracle_whole)
-
-    @rule(cell=st.sampled_from(GLOBAL_CELLS), show=st.booleans())
-    def pmap_block(self, cell, show):
-        self.check("pmap", "" if show else "--no-show", cell, self.oracle_per_device)
-
-    @rule(cell=st.sampled_from(OUT_TREE_CELLS), pick=st.integers(0, len(SPEC_TREES) - 1), place=st.booleans(),
-          show=st.booleans())
-    def shard_out_tree(self, cell, pick, place, show):
-        """`--out out=@specs`: the values of the cell, laid out as jax.device_put lays them out by `specs`;
-        then `specs` rebound and the same cell again (a re-run kept the old layout: issue 40 item 7)."""
-        line = "--mesh mesh" + (" --in x=data" if place else "") + " --out out=@specs" + ("" if show else " --no-show")
-        self.check("shard", line, cell, self.oracle_out_tree)
-        self.rebind_specs(pick)
-        self.check("shard", line, cell, self.oracle_out_tree)
-
-    @rule(cell=st.sampled_from(BLOCK_CELLS), show=st.booleans())
-    def shard_map(self, cell, show):
-        line = "--mesh mesh --in x=data --out y=data" + ("" if show else " --no-show")
-        self.check("shard_map", line, cell, self.oracle_per_block)
-
-    # Cells that read and assign key arrays (jax.random.key, split, fold_in): issue 33 item 8.
-    @precondition(lambda self: self.has_keys)
-    @rule(cell=st.sampled_from(KEY_WHOLE_CELLS), show=st.booleans())
-    def shard_keys(self, cell, show):
-        self.check("shard", "--mesh mesh --in ks=data" + ("" if show else " --no-show"), cell, self.oracle_whole)
-
-    @precondition(lambda self: self.has_keys)
-    @rule(cell=st.sampled_from(KEY_DEVICE_CELLS), show=st.booleans())
-    def pmap_keys(self, cell, show):
-        self.check("pmap", "" if show else "--no-show", cell, functools.partial(self.oracle_per_device, mapped="ks"))
-
-    @precondition(lambda self: self.has_keys)
-    @rule(cell=st.sampled_from(KEY_BLOCK_CELLS), show=st.booleans())
-    def shard_map_keys(self, cell, show):
-        line = f"--mesh mesh --in ks=data --out {cell[1][0]}=data" + ("" if show else " --no-show")
-        self.check("shard_map", line, cell, functools.partial(self.oracle_per_block, mapped="ks"))
-
-    @precondition(lambda self: self.donor is not None)
-    @rule(cell=st.sampled_from(DONATE_CELLS), show=st.booleans())
-    def donate(self, cell, show):
-        """`--donate xd` against jax.jit(donate_argnums=0): the values, and whether xd's buffers are gone."""
-        line = "--mesh mesh --in xd=data --donate xd" + ("" if show else " --no-show")
-        self.check("shard", line, cell, self.oracle_donated)
-
-    @rule(engine=st.sampled_from(["shard", "pmap", "shard_map"]), pick=st.integers(0, 3))
-    def plan(self, engine, pick):
-        """A --plan cell: it binds ShapeDtypeStructs of the shapes plain JAX computes, and never
-        replaces a concrete value (every name that held one holds the very same object after)."""
-        if engine == "shard":
-            line, cell, oracle = "--plan --mesh mesh --in x=data", GLOBAL_CELLS[pick], self.oracle_whole
-        elif engine == "pmap":
-            line, cell, oracle = "--plan", GLOBAL_CELLS[pick], self.oracle_per_device
-        else:
-            line, cell, oracle = "--plan --mesh mesh --in x=data --out y=data", BLOCK_CELLS[pick % 2], self.oracle_per_block
-        self.check_plan(engine, line, cell, oracle)
-
-    @precondition(lambda self: self.last is not None)
-    @rule()
-    def rerun_last(self):
-        """What a notebook does most: change something, run the same cell again."""
-        self.check(*self.last)
-
-    @rule(show=st.booleans())
-    def pmap_function(self, show):
-        Found.steps += 1
-        line = "" if show else "--no-show"
-        self.session.append(f"%%pmap {line}\n{FUNCTION_CELL}")
-        with capture_output():
-            self.shell.run_cell_magic("pmap", line, self.tag + FUNCTION_CELL)
-        self.defined_step = True
-
-    @precondition(lambda self: self.defined_step)
-    @rule(fn=st.sampled_from(["step", "total"]), magic=st.sampled_from(["shard", "shard_map"]), place=st.booleans(),
-          show=st.booleans())
-    def call_step_inside(self, fn, magic, place, show):
-        """A cell of another magic calls a %%pmap-defined function (issue 40 item 12): in %%shard it is
-        jax.pmap inside jax.jit; in a %%shard_map body plain JAX refuses jax.pmap, and the magic must
-        refuse with a UsageError, the namespace untouched."""
-        Found.kinds[f"{magic} calling {fn}"] = Found.kinds.get(f"{magic} calling {fn}", 0) + 1
-        if magic == "shard":
-            line = "--mesh mesh" + (" --in x=data" if place else "")
-        else:
-            line = "--mesh mesh --in x=data --out out=data"
-        # Where plain JAX raises in %%shard, it is the cell's own code that fails (h = jax.vmap(f) over one
-        # device's scalar slice): the magic raises what JAX raises. The refusal of jax.pmap inside a
-        # shard_map body is ours to explain: a UsageError.
-        self.check(magic, line + ("" if show else " --no-show"), (f"out = {fn}(x)", ("out",)),
-                   functools.partial(self.oracle_pmap_inside, fn, magic),
-                   UsageError if magic == "shard_map" else Exception)
-
-    @rule(fn=st.sampled_from(["step", "total"]), magic=st.sampled_from(["shard", "shard_map"]), place=st.booleans(),
-          show=st.booleans())
-    def define_and_call_inside(self, fn, magic, place, show):
-        """The two cells in a row (the rules above also come apart, with other cells between)."""
-        self.pmap_function(show)
-        self.call_step_inside(fn, magic, place, show)
-
-    @precondition(lambda self: self.defined_step)
-    @rule()
-    def call_step(self):
-        """A plain cell calls the %%pmap-defined `step`: jax.pmap's meaning, one slice per device."""
-        Found.steps += 1
-        Found.checks += 1
-        before = snapshot(self.ns)
-        expected, error = self.oracle_per_device(FUNCTION_CELL + "out = step(x)", ("out",))
-        self.session.append("out = step(x)")
-        with capture_output():  # the UsageError's text, when step(x) has no slice per device
-            result = self.shell.run_cell("out = step(x)", store_history=False, silent=True)
-        if error is not None:
-            Found.raised += 1
-            assert result.error_in_exec is not None, f"plain JAX raised {error!r}, step(x) did not{self.context()}"
-            assert snapshot(self.ns) == before, f"a failed step(x) changed the namespace{self.context()}"
-            return
-        result.raise_error()
-        self.compare(self.ns["out"], expected["out"], "out = step(x)")
 
     # --- the check ----------------------------------------------------------------------------
 
@@ -653,6 +489,176 @@ class Notebook(RuleBasedStateMachine):
         except Exception as exc:  # noqa: BLE001
             return None, exc
         return {**out, "(final)": last, "(deleted)": placed.is_deleted()}, None
+
+
+class Notebook(Session):
+    """The sessions of this file: the rules that change the inputs and run the magic cells."""
+
+    @initialize(shape=st.sampled_from(SHAPES), dtype=st.sampled_from(DTYPES), fill=st.sampled_from(FILLS),
+                sg=st.sampled_from(GLOBALS), helper=st.sampled_from(list(HELPERS)), op=st.sampled_from(OPERATORS))
+    def start(self, shape, dtype, fill, sg, helper, op):
+        self.rebind_x(shape, dtype, fill)
+        self.change_sg(sg)
+        self.define_h(helper, op)
+        self.make_keys(0)
+        self.make_donor()
+        self.plain_step(f"specs = {SPEC_TREES[0]}")  # not a draw: the sequences before issue 40 stay the same
+
+    @rule(shape=st.sampled_from(SHAPES), dtype=st.sampled_from(DTYPES), fill=st.sampled_from(FILLS))
+    def rebind_x(self, shape, dtype, fill):
+        values = _values(shape, dtype, fill).tolist()
+        self.plain_step(f"x = jnp.asarray(np.array({values!r}, dtype={dtype!r}))")
+
+    @rule(sg=st.sampled_from(GLOBALS))
+    def change_sg(self, sg):
+        self.plain_step(f"sg = {sg!r}")
+
+    @rule(helper=st.sampled_from(list(HELPERS)), op=st.sampled_from(OPERATORS))
+    def define_h(self, helper, op):
+        self.helper = helper
+        self.plain_step(HELPERS[helper].format(op=op))
+
+    @rule(seed=st.sampled_from([0, 1, 42]))
+    def make_keys(self, seed):
+        self.has_keys = True
+        self.plain_step(f"ks = jax.random.split(jax.random.key({seed}), 8)")
+
+    @rule()
+    def make_donor(self):
+        """A fresh array of x's values for a --donate cell to give away."""
+        self.donor = "fresh"
+        self.plain_step("xd = x * 1")
+
+    @rule(pick=st.integers(0, len(SPEC_TREES) - 1))
+    def rebind_specs(self, pick):
+        self.plain_step(f"specs = {SPEC_TREES[pick]}")
+
+    @precondition(lambda self: self.helper == "a callable object")
+    @rule(k=st.sampled_from(ATTRIBUTES))
+    def change_attribute(self, k):
+        self.plain_step(f"h.k = {k!r}")
+
+    # --- the magics ---------------------------------------------------------------------------
+
+    @rule(cell=st.sampled_from(GLOBAL_CELLS), place=st.booleans(), show=st.booleans())
+    def shard(self, cell, place, show):
+        line = "--mesh mesh" + (" --in x=data" if place else "") + ("" if show else " --no-show")
+        self.check("shard", line, cell, self.oracle_whole)
+
+    @rule(cell=st.sampled_from(GLOBAL_CELLS), show=st.booleans())
+    def pmap_block(self, cell, show):
+        self.check("pmap", "" if show else "--no-show", cell, self.oracle_per_device)
+
+    @rule(cell=st.sampled_from(OUT_TREE_CELLS), pick=st.integers(0, len(SPEC_TREES) - 1), place=st.booleans(),
+          show=st.booleans())
+    def shard_out_tree(self, cell, pick, place, show):
+        """`--out out=@specs`: the values of the cell, laid out as jax.device_put lays them out by `specs`;
+        then `specs` rebound and the same cell again (a re-run kept the old layout: issue 40 item 7)."""
+        line = "--mesh mesh" + (" --in x=data" if place else "") + " --out out=@specs" + ("" if show else " --no-show")
+        self.check("shard", line, cell, self.oracle_out_tree)
+        self.rebind_specs(pick)
+        self.check("shard", line, cell, self.oracle_out_tree)
+
+    @rule(cell=st.sampled_from(BLOCK_CELLS), show=st.booleans())
+    def shard_map(self, cell, show):
+        line = "--mesh mesh --in x=data --out y=data" + ("" if show else " --no-show")
+        self.check("shard_map", line, cell, self.oracle_per_block)
+
+    # Cells that read and assign key arrays (jax.random.key, split, fold_in): issue 33 item 8.
+    @precondition(lambda self: self.has_keys)
+    @rule(cell=st.sampled_from(KEY_WHOLE_CELLS), show=st.booleans())
+    def shard_keys(self, cell, show):
+        self.check("shard", "--mesh mesh --in ks=data" + ("" if show else " --no-show"), cell, self.oracle_whole)
+
+    @precondition(lambda self: self.has_keys)
+    @rule(cell=st.sampled_from(KEY_DEVICE_CELLS), show=st.booleans())
+    def pmap_keys(self, cell, show):
+        self.check("pmap", "" if show else "--no-show", cell, functools.partial(self.oracle_per_device, mapped="ks"))
+
+    @precondition(lambda self: self.has_keys)
+    @rule(cell=st.sampled_from(KEY_BLOCK_CELLS), show=st.booleans())
+    def shard_map_keys(self, cell, show):
+        line = f"--mesh mesh --in ks=data --out {cell[1][0]}=data" + ("" if show else " --no-show")
+        self.check("shard_map", line, cell, functools.partial(self.oracle_per_block, mapped="ks"))
+
+    @precondition(lambda self: self.donor is not None)
+    @rule(cell=st.sampled_from(DONATE_CELLS), show=st.booleans())
+    def donate(self, cell, show):
+        """`--donate xd` against jax.jit(donate_argnums=0): the values, and whether xd's buffers are gone."""
+        line = "--mesh mesh --in xd=data --donate xd" + ("" if show else " --no-show")
+        self.check("shard", line, cell, self.oracle_donated)
+
+    @rule(engine=st.sampled_from(["shard", "pmap", "shard_map"]), pick=st.integers(0, 3))
+    def plan(self, engine, pick):
+        """A --plan cell: it binds ShapeDtypeStructs of the shapes plain JAX computes, and never
+        replaces a concrete value (every name that held one holds the very same object after)."""
+        if engine == "shard":
+            line, cell, oracle = "--plan --mesh mesh --in x=data", GLOBAL_CELLS[pick], self.oracle_whole
+        elif engine == "pmap":
+            line, cell, oracle = "--plan", GLOBAL_CELLS[pick], self.oracle_per_device
+        else:
+            line, cell, oracle = "--plan --mesh mesh --in x=data --out y=data", BLOCK_CELLS[pick % 2], self.oracle_per_block
+        self.check_plan(engine, line, cell, oracle)
+
+    @precondition(lambda self: self.last is not None)
+    @rule()
+    def rerun_last(self):
+        """What a notebook does most: change something, run the same cell again."""
+        self.check(*self.last)
+
+    @rule(show=st.booleans())
+    def pmap_function(self, show):
+        Found.steps += 1
+        line = "" if show else "--no-show"
+        self.session.append(f"%%pmap {line}\n{FUNCTION_CELL}")
+        with capture_output():
+            self.shell.run_cell_magic("pmap", line, self.tag + FUNCTION_CELL)
+        self.defined_step = True
+
+    @precondition(lambda self: self.defined_step)
+    @rule(fn=st.sampled_from(["step", "total"]), magic=st.sampled_from(["shard", "shard_map"]), place=st.booleans(),
+          show=st.booleans())
+    def call_step_inside(self, fn, magic, place, show):
+        """A cell of another magic calls a %%pmap-defined function (issue 40 item 12): in %%shard it is
+        jax.pmap inside jax.jit; in a %%shard_map body plain JAX refuses jax.pmap, and the magic must
+        refuse with a UsageError, the namespace untouched."""
+        Found.kinds[f"{magic} calling {fn}"] = Found.kinds.get(f"{magic} calling {fn}", 0) + 1
+        if magic == "shard":
+            line = "--mesh mesh" + (" --in x=data" if place else "")
+        else:
+            line = "--mesh mesh --in x=data --out out=data"
+        # Where plain JAX raises in %%shard, it is the cell's own code that fails (h = jax.vmap(f) over one
+        # device's scalar slice): the magic raises what JAX raises. The refusal of jax.pmap inside a
+        # shard_map body is ours to explain: a UsageError.
+        self.check(magic, line + ("" if show else " --no-show"), (f"out = {fn}(x)", ("out",)),
+                   functools.partial(self.oracle_pmap_inside, fn, magic),
+                   UsageError if magic == "shard_map" else Exception)
+
+    @rule(fn=st.sampled_from(["step", "total"]), magic=st.sampled_from(["shard", "shard_map"]), place=st.booleans(),
+          show=st.booleans())
+    def define_and_call_inside(self, fn, magic, place, show):
+        """The two cells in a row (the rules above also come apart, with other cells between)."""
+        self.pmap_function(show)
+        self.call_step_inside(fn, magic, place, show)
+
+    @precondition(lambda self: self.defined_step)
+    @rule()
+    def call_step(self):
+        """A plain cell calls the %%pmap-defined `step`: jax.pmap's meaning, one slice per device."""
+        Found.steps += 1
+        Found.checks += 1
+        before = snapshot(self.ns)
+        expected, error = self.oracle_per_device(FUNCTION_CELL + "out = step(x)", ("out",))
+        self.session.append("out = step(x)")
+        with capture_output():  # the UsageError's text, when step(x) has no slice per device
+            result = self.shell.run_cell("out = step(x)", store_history=False, silent=True)
+        if error is not None:
+            Found.raised += 1
+            assert result.error_in_exec is not None, f"plain JAX raised {error!r}, step(x) did not{self.context()}"
+            assert snapshot(self.ns) == before, f"a failed step(x) changed the namespace{self.context()}"
+            return
+        result.raise_error()
+        self.compare(self.ns["out"], expected["out"], "out = step(x)")
 
 
 _GONE = object()

@@ -118,3 +118,33 @@ def test_a_cell_with_effects_a_rerun_cannot_undo_is_not_run_again(ex, tmp_path):
     assert said[0].startswith("✗ not yet: this check runs the exercise cell again, and the cell runs "
                               "`subprocess.run`, which a re-run could not undo"), said
     assert (tmp_path / "ran.txt").read_text() == "x"
+
+
+@pytest.mark.parametrize("given", ["w=w2", "dict"])
+def test_a_donating_rerun_never_deletes_the_checks_inputs_or_a_donated_trees_leaves(ex, given):
+    """Issue 40 (found by tests/test_differential_paths.py): the check's input `w=w2`, an array of the
+    student's already laid out as `--in w=data` lays it out, was given to the re-run itself and donated
+    (deleted); and `--donate p` of a dict of arrays ran on the student's own leaves (only a bare array
+    ran as a copy). Both stay alive, their values as they were."""
+    import jax
+    import jax.numpy as jnp
+
+    ex.run_cell("mesh = jax.make_mesh((8,), ('data',), axis_types=(jax.sharding.AxisType.Auto,))\n"
+                "xx = jnp.arange(32.0).reshape(8, 4)\n"
+                "w2 = jax.device_put(jnp.ones((8, 4)) * 3, jax.NamedSharding(mesh, jax.P('data')))")
+    if given == "w=w2":
+        ex.run_cell("w = jnp.ones((8, 4))")
+        run(ex, "%%exercise w_new\n%%shard --mesh mesh --in w=data xx=data --donate w --out w_new --no-show\n"
+                "w_new = w - 0.1 * xx")
+        follows, kept = "run.follows(w2 - 0.2 * xx, w=w2, xx=xx * 2)", lambda: [ex.user_ns["w2"]]
+    else:
+        ex.run_cell("p = {'w': jnp.ones((8, 4))}")
+        run(ex, "%%exercise w_new\n%%shard --mesh mesh --in p=data xx=data --donate p --out w_new --no-show\n"
+                "w_new = p['w'] - 0.1 * xx")
+        ex.run_cell("p = {'w': w2}")  # the student's next weights: laid out as the cell lays them out
+        follows, kept = "run.follows(w2 - 0.2 * xx, xx=xx * 2)", lambda: [ex.user_ns["p"]["w"], ex.user_ns["w2"]]
+    said = run(ex, f"run = attempt('w_new')\ncheck(run['w_new'], 1 - 0.1 * xx, method=[{follows}], hint='h')")
+    assert said == ["✓ right"]
+    for array in kept():
+        assert not array.is_deleted()
+        assert np.array_equal(np.asarray(array), np.full((8, 4), 3.0))

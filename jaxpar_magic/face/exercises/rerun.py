@@ -49,7 +49,7 @@ def run_again(record, inputs: dict, running: list) -> tuple[dict, str | None]:
     try:
         with sandbox:
             for name, value in inputs.items():
-                namespace[name] = value
+                namespace[name] = sandbox.given(value)
             for name in record.answers:
                 namespace.pop(name, None)
             shell.showtraceback, shell.showsyntaxerror = keep_quiet, keep_quiet

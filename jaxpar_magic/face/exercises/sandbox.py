@@ -97,11 +97,12 @@ class Sandbox:
         donating = "donate" in body
         self.models = _nnx_states(reachable, copy=donating)
         self.files = _Files(Path.cwd(), keep=bool(_WRITES.search(body)))
+        self.donating = donating
         self.copies = {}
-        if donating:  # a donated input runs as a copy: the student's own array is never deleted
+        if donating:  # a donated input runs as a copy: the student's own arrays are never deleted
             words = set(re.findall(r"[A-Za-z_]\w*", body))
-            self.copies = {name: _copy_array(value) for name, value in namespace.items()
-                           if name in words and _is_jax_array(value)}
+            self.copies = {name: _private(value) for name, value in namespace.items()
+                           if name in words and _holds_arrays(value)}
 
     def __enter__(self) -> "Sandbox":
         self.shell.user_ns.update(self.copies)
@@ -109,6 +110,11 @@ class Sandbox:
             if copied is not None:
                 _nnx_update(model, copied)
         return self
+
+    def given(self, value):
+        """An input the check gives (`follows(w=...)`), as the re-run gets it: a copy where the cell may
+        donate it, since the check's value may be one of the student's own arrays."""
+        return _private(value) if self.donating and _holds_arrays(value) else value
 
     def __exit__(self, *exc) -> None:
         self.left = self.restore()
@@ -185,6 +191,24 @@ def _is_jax_array(value) -> bool:
     import jax
 
     return isinstance(value, jax.Array)
+
+
+def _holds_arrays(value) -> bool:
+    """A JAX array, or a dict, list or tuple holding some (`--donate params` gives every leaf)."""
+    if _is_jax_array(value):
+        return True
+    if isinstance(value, (dict, list, tuple)):
+        import jax
+
+        return any(_is_jax_array(leaf) for leaf in jax.tree.leaves(value))
+    return False
+
+
+def _private(value):
+    """`value` with each JAX array a copy of its own (the containers new too)."""
+    import jax
+
+    return jax.tree.map(lambda leaf: _copy_array(leaf) if _is_jax_array(leaf) else leaf, value)
 
 
 def _copy_array(array):
