@@ -670,16 +670,22 @@ def _planned(value) -> bool:
     return bool(leaves) and all(isinstance(leaf, jax.ShapeDtypeStruct) for leaf in leaves)
 
 
-def test_the_magics_give_what_plain_jax_gives_over_random_sessions(jx, capsys):
-    Notebook.shell = jx
-    Notebook.baseline = dict(jx.user_ns)
+def play_sessions(machine, shell, capsys, title: str, examples: int = EXAMPLES) -> None:
+    """Run `machine`'s random sessions in `shell` (the budget: JPM_DIFFERENTIAL_*), then print what they
+    checked, by kind; at least one cell must have been checked. The machines of every differential file."""
+    machine.shell = shell
+    machine.baseline = dict(shell.user_ns)
     Found.sequences = Found.steps = Found.checks = Found.raised = 0
     Found.kinds = {}
-    run = settings(max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, database=None,
+    run = settings(max_examples=examples, stateful_step_count=STEPS, deadline=None, database=None,
                    derandomize=not RANDOM, suppress_health_check=list(HealthCheck), print_blob=True)
-    run_state_machine_as_test(Notebook, settings=run)
+    run_state_machine_as_test(machine, settings=run)
     with capsys.disabled():
-        print(f"\ndifferential: {Found.sequences} sequences, {Found.steps} steps, {Found.checks} cells checked "
-              f"against plain JAX ({Found.raised} raised on both sides); by kind: "
+        print(f"\n{title}: {Found.sequences} sequences, {Found.steps} steps, {Found.checks} cells checked "
+              f"({Found.raised} raised on both sides); by kind: "
               + ", ".join(f"{kind} {count}" for kind, count in sorted(Found.kinds.items())))
     assert Found.checks > 0
+
+
+def test_the_magics_give_what_plain_jax_gives_over_random_sessions(jx, capsys):
+    play_sessions(Notebook, jx, capsys, "differential")

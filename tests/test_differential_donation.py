@@ -33,9 +33,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import initialize, precondition, rule
 from IPython.core.error import UsageError
 from IPython.utils.capture import capture_output
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -429,16 +428,4 @@ class NotebookDonating(base.Notebook):
 
 
 def test_donations_with_aliases_interrupts_and_models_give_what_jax_jit_gives(jx, capsys):
-    NotebookDonating.shell = jx
-    NotebookDonating.baseline = dict(jx.user_ns)
-    base.Found.sequences = base.Found.steps = base.Found.checks = base.Found.raised = 0
-    base.Found.kinds = {}
-    run = settings(max_examples=max(4, base.EXAMPLES // 2), stateful_step_count=base.STEPS, deadline=None,
-                   database=None, derandomize=not base.RANDOM, suppress_health_check=list(HealthCheck),
-                   print_blob=True)
-    run_state_machine_as_test(NotebookDonating, settings=run)
-    with capsys.disabled():
-        print(f"\ndifferential (donation): {base.Found.sequences} sequences, {base.Found.steps} steps, "
-              f"{base.Found.checks} cells checked ({base.Found.raised} raised or refused); by kind: "
-              + ", ".join(f"{kind} {count}" for kind, count in sorted(base.Found.kinds.items())))
-    assert base.Found.checks > 0
+    base.play_sessions(NotebookDonating, jx, capsys, "differential (donation)", max(4, base.EXAMPLES // 2))

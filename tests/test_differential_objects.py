@@ -26,9 +26,8 @@ import struct
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import initialize, precondition, rule
 from IPython.utils.capture import capture_output
 
 import test_differential as base
@@ -242,15 +241,4 @@ class NotebookWithObjects(base.Notebook):
 
 
 def test_cells_that_assign_objects_give_working_objects(jx, capsys):
-    NotebookWithObjects.shell = jx
-    NotebookWithObjects.baseline = dict(jx.user_ns)
-    base.Found.sequences = base.Found.steps = base.Found.checks = base.Found.raised = 0
-    base.Found.kinds = {}
-    run = settings(max_examples=max(4, base.EXAMPLES // 2), stateful_step_count=base.STEPS, deadline=None, database=None,
-                   derandomize=not base.RANDOM, suppress_health_check=list(HealthCheck), print_blob=True)
-    run_state_machine_as_test(NotebookWithObjects, settings=run)
-    with capsys.disabled():
-        print(f"\ndifferential (objects, exercises): {base.Found.sequences} sequences, {base.Found.steps} steps, "
-              f"{base.Found.checks} cells checked; by kind: "
-              + ", ".join(f"{kind} {count}" for kind, count in sorted(base.Found.kinds.items())))
-    assert base.Found.checks > 0
+    base.play_sessions(NotebookWithObjects, jx, capsys, "differential (objects, exercises)", max(4, base.EXAMPLES // 2))

@@ -40,9 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import initialize, precondition, rule
 from IPython.utils.capture import capture_output
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -583,23 +582,11 @@ def test_out_cells_exercise_checks_explorers_and_rebound_meshes_give_what_plain_
     from jaxpar_magic.face import checks, exercises
 
     monkeypatch.chdir(tmp_path)  # the notebook's folder: a check keeps the files under it
-    NotebookPaths.shell = jx
-    NotebookPaths.baseline = dict(jx.user_ns)
-    base.Found.sequences = base.Found.steps = base.Found.checks = base.Found.raised = 0
-    base.Found.kinds = {}
-    run = settings(max_examples=max(4, base.EXAMPLES // 2), stateful_step_count=base.STEPS, deadline=None,
-                   database=None, derandomize=not base.RANDOM, suppress_health_check=list(HealthCheck),
-                   print_blob=True)
     try:
-        run_state_machine_as_test(NotebookPaths, settings=run)
+        base.play_sessions(NotebookPaths, jx, capsys, "differential (paths)", max(4, base.EXAMPLES // 2))
     finally:
         exercises.forget_all()
         checks._failures.clear()
-    with capsys.disabled():
-        print(f"\ndifferential (paths): {base.Found.sequences} sequences, {base.Found.steps} steps, "
-              f"{base.Found.checks} checked ({base.Found.raised} raised on both sides); by kind: "
-              + ", ".join(f"{kind} {count}" for kind, count in sorted(base.Found.kinds.items())))
-    assert base.Found.checks > 0
 
 
 def test_the_explorers_plan_of_rows_cut_weights_has_jax_jits_collectives(jx):
