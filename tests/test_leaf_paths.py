@@ -157,7 +157,10 @@ def test_an_inline_abstract_mesh_is_planned_not_run(cell):
     ("--mesh mesh --abstract", "--abstract: it builds a mesh given inline, as %mesh does (`--mesh data=4,model=2 "
                                "--abstract`)"),
     ("--mesh data=4,model=2 --devices 3", "the mesh data=4,model=2 has 8 devices but --devices chose 3"),
-    ("--mesh data=4,model=2 --axis-types sideways", "argument --axis-types: invalid choice"),
+    ("--mesh data=4,model=2 --axis-types sideways", "--axis-types: 'sideways' is not an axis type; use auto, explicit "
+                                                     "or manual (one for every axis, or one per axis"),
+    ("--mesh data=4,model=2 --axis-types explicit,auto,auto", "--axis-types explicit,auto,auto: 3 types for a mesh of "
+                                                              "2 axes"),
 ])
 def test_mesh_options_without_an_inline_mesh_are_usage_errors(cell, line, said):
     before = snapshot(cell.user_ns)

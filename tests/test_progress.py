@@ -81,3 +81,30 @@ def test_switching_lines_off_holds_for_one_thread_only(ip, monkeypatch):
     release.set()
     thread.join()
     assert seen == {"worker": False, "main": True}
+
+
+def test_a_line_says_done_while_another_thread_keeps_its_own_lines(ip):
+    """The stack of kept lines was shared by every thread: while another thread (the layout explorer's
+    worker, a cell's leftover thread) was inside kept_lines(), this thread's finished line went to that
+    thread's slots and never said "done" (seen once in a full CI run: the last line read "compiling… 0 s")."""
+    import threading
+
+    inside, release = threading.Event(), threading.Event()
+
+    def other():
+        with progress.kept_lines():
+            inside.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=other, daemon=True)
+    thread.start()
+    try:
+        assert inside.wait(10)
+        with capture_output() as shown:
+            with progress.Progress("compiling", delay=0.05, interval=0.05, enabled=True):
+                time.sleep(0.3)
+    finally:
+        release.set()
+        thread.join(10)
+    said = texts(shown)
+    assert said and said[-1].startswith("done in "), said

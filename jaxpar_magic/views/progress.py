@@ -38,7 +38,17 @@ class StatusLine:
 # Per thread: how many `disabled()` blocks are open (a cluster process: the kernel shows one line; the layout
 # explorer's worker plans without a line while the kernel's own cells keep theirs).
 _off = threading.local()
-_keeping: list = []  # a stack of Slots: finished lines are kept for the caller's result, not blanked
+# Per thread, a stack of Slots: finished lines are kept for the caller's result, not blanked. Per thread
+# because a line belongs to the cell that opened it: the explorer's worker (or any other thread) inside
+# its own kept_lines() must not take the main thread's line, which would then never say "done".
+_kept = threading.local()
+
+
+def _keeping() -> list:
+    stack = getattr(_kept, "stack", None)
+    if stack is None:
+        stack = _kept.stack = []
+    return stack
 
 
 @contextlib.contextmanager
@@ -89,14 +99,14 @@ class Slots:
 def kept_lines():
     """`with kept_lines() as slots:` ... then `slots.fill(result)`; lines not filled say "done"."""
     slots = Slots()
-    _keeping.append(slots)
+    _keeping().append(slots)
     try:
         yield slots
     except BaseException:
         slots.close()
         raise
     finally:
-        _keeping.remove(slots)
+        _keeping().remove(slots)
 
 
 def _done_text(started: float) -> str:
@@ -180,7 +190,8 @@ class Progress:
             self._thread.join(timeout=2)
         with self._lock:
             if self._handle is not None:
-                if _keeping:  # the caller shows its result in this line's place
-                    _keeping[-1].handles.append((self._handle, self._start))
+                kept = _keeping()
+                if kept:  # the caller shows its result in this line's place
+                    kept[-1].handles.append((self._handle, self._start))
                 else:
                     self._handle.update(StatusLine(_done_text(self._start)))
