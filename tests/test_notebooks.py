@@ -522,7 +522,9 @@ def test_collectives_chapter_cards_show_what_jax_computes():
     lanes = re.findall(r"^device (\d)\s+\|(.*)\|$", profiled, re.M)
     assert [int(d) for d, _ in lanes] == list(devices), profiled
     waits = [track.count(".") for _, track in lanes]  # the devices that came early wait for device 7
-    assert sum(w > 10 for w in waits[:7]) >= 5 and waits[7] < max(waits[:7]), profiled
+    # On 2 cores the 8 device threads take turns, so an "early" device may itself start late (seen: 4 of
+    # 7 waited in one CI run, 5+ in others): most of them wait, device 7 least.
+    assert sum(w > 10 for w in waits[:7]) >= 4 and waits[7] < max(waits[:7]), profiled
     assert "CPU threads are not devices" in flat(profiled)
 
     # Function mode: the first call shows the cards.
