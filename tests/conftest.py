@@ -57,6 +57,20 @@ def _sigint_handler_kept():
         pytest.fail(f"the test left SIGINT's handler changed: {after!r} (it was {before!r})", pytrace=False)
 
 
+@pytest.fixture(autouse=True)
+def _no_status_lines_kept_open():
+    """A test must leave no kept status lines open (views/progress.kept_lines): a leftover one takes every
+    later status line of the thread, which then never says "done" (an interrupt injected right after the
+    push left one, and test_progress failed tests later). Cleared, and the test that left it fails."""
+    from jaxpar_magic.views import progress
+
+    yield
+    kept = progress._keeping()
+    if kept:
+        kept.clear()
+        pytest.fail("the test left a kept_lines() block open (views/progress.py)", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory):
     """One JupyterLab server for the run, shared by tests/test_jupyterlab.py and

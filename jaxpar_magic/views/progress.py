@@ -99,14 +99,16 @@ class Slots:
 def kept_lines():
     """`with kept_lines() as slots:` ... then `slots.fill(result)`; lines not filled say "done"."""
     slots = Slots()
-    _keeping().append(slots)
-    try:
+    stack = _keeping()
+    try:  # pushed inside the try: an interrupt right after the push must not leave it on the stack for good
+        stack.append(slots)
         yield slots
     except BaseException:
         slots.close()
         raise
     finally:
-        _keeping().remove(slots)
+        if slots in stack:
+            stack.remove(slots)
 
 
 def _done_text(started: float) -> str:
