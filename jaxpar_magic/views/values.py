@@ -15,6 +15,7 @@ import contextlib
 import functools
 import threading
 
+from ..cell.programs import BoundedCache
 from .summaries import MAX_TILES, VALUES_PER_TILE, format_values, mesh_coords, numbers_of, program_state, to_host
 
 #: What an output whose values have not arrived says, in the widget (js/results.js), HTML and text.
@@ -174,20 +175,13 @@ class _BlockLayout:
                 "same_text": f"same on all {total} devices" if same else None}
 
 
-_layouts: collections.OrderedDict = collections.OrderedDict()  # read and written by the showing cell only
 LAYOUTS = 256  # outputs' layouts kept (each a few lists of at most MAX_TILES rows)
+_layouts = BoundedCache(LAYOUTS)  # read and written by the showing cell only
 
 
 def _block_layout(name: str, mesh, sharding, shape, dtype, numbers) -> _BlockLayout:
     key = (name, mesh, sharding, shape, dtype, numbers.sharding, numbers.shape, numbers.dtype)
-    layout = _layouts.get(key)
-    if layout is None:
-        layout = _layouts[key] = _BlockLayout(name, mesh, sharding, tuple(shape), dtype, numbers)
-        while len(_layouts) > LAYOUTS:
-            _layouts.popitem(last=False)
-    else:
-        _layouts.move_to_end(key)
-    return layout
+    return _layouts.lookup(key, lambda: _BlockLayout(name, mesh, sharding, tuple(shape), dtype, numbers))
 
 
 def block_summary(name: str, value, mesh) -> dict:
