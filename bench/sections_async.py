@@ -211,7 +211,9 @@ def _check_values(jax, sh, hand, placed, rows, size, np, P) -> None:
 def hot_functions(jax, sh, calls: int = 500, top: int = 25) -> str:
     """Where a tiny `--no-show` re-run's time goes, function by function (cProfile's own time per cell,
     µs; cProfile inflates every call, so read the ranking and the shares, not the sums), beside the
-    hand-written loop's: what our cell does that `x = jax.jit(step)(x, w)` does not."""
+    hand-written loop's: what our cell does that `x = jax.jit(step)(x, w)` does not. For a shown
+    `%%shard_map` also the values thread (views/later.py: its own time per view, and its wall time per
+    view unprofiled) and the cell's inclusive times, where the shown cell's extra time goes."""
     import cProfile
     import pstats
 
@@ -219,6 +221,7 @@ def hot_functions(jax, sh, calls: int = 500, top: int = 25) -> str:
     from IPython.utils.capture import capture_output
     from jax.sharding import NamedSharding, PartitionSpec as P
 
+    from jaxpar_magic.views import later
     from jaxpar_magic.views.later import wait_for_fills
 
     ns = sh.user_ns
@@ -239,27 +242,71 @@ def hot_functions(jax, sh, calls: int = 500, top: int = 25) -> str:
         with capture_output():
             sh.run_cell_magic("shard_map", "--mesh amesh --in x=data,None --out x=data,None", STEP_SRC)
 
+    def where(path: str) -> str:
+        return path.split("site-packages/")[-1].split("jaxpar_magic/", 1)[-1] if path != "~" else "builtin"
+
+    def own_rows(profiler, label: str, count: int) -> list[str]:
+        rows = sorted(pstats.Stats(profiler).stats.items(), key=lambda item: -item[1][2])  # by own time
+        total = sum(v[2] for _, v in rows)
+        lines = [f"\n15. {label}: {total / count * 1e6:.1f} µs per cell under cProfile; own time per cell:"]
+        for (path, lineno, name), (_cc, calls_, own, _cum, _callers) in rows[:top]:
+            lines.append(f"  {own / count * 1e6:7.2f} µs  {calls_ / count:5.1f}x  {name}  ({where(path)}:{lineno})")
+        return lines
+
+    # The values thread's fills, timed (and, while `profiled`, profiled) in that thread.
+    fill_profiler, fills, profiled = cProfile.Profile(), [0.0, 0], [False]
+    plain_fill = later.fill
+
+    def timed_fill(*fill_args):
+        began = time.perf_counter()
+        if profiled[0]:
+            fill_profiler.enable()
+        try:
+            return plain_fill(*fill_args)
+        finally:
+            if profiled[0]:
+                fill_profiler.disable()
+            fills[0] += time.perf_counter() - began
+            fills[1] += 1
+
     lines = []
     sh.run_line_magic("config", "JaxparMagics.view_values = 'later'")
-    for label, run, sync in (("ours (%%shard --no-show, cached re-run)", ours, lambda: ns["x"]),
-                             ("hand-written (x = jax.jit(step)(x, w))", theirs, lambda: held[0]),
-                             ("ours shown %%shard_map (values later; this thread only)", shown_shard_map,
-                              lambda: (wait_for_fills(600), ns["x"])[1])):
-        for _ in range(20):
-            run()
-        jax.block_until_ready(sync())
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for _ in range(calls):
-            run()
-        profiler.disable()
-        jax.block_until_ready(sync())
-        stats = pstats.Stats(profiler)
-        rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])  # by own time
-        total = sum(v[2] for _, v in rows)
-        lines.append(f"\n15. {label}: {total / calls * 1e6:.1f} µs per cell under cProfile; own time per cell:")
-        for (path, lineno, name), (_cc, count, own, _cum, _callers) in rows[:top]:
-            where = path.split("site-packages/")[-1].split("jaxpar_magic/", 1)[-1] if path != "~" else "builtin"
-            lines.append(f"  {own / calls * 1e6:7.2f} µs  {count / calls:5.1f}x  {name}  ({where}:{lineno})")
-    sh.run_line_magic("config", "JaxparMagics.view_values = 'auto'")
+    later.fill = timed_fill
+    try:
+        for label, run, sync in (("ours (%%shard --no-show, cached re-run)", ours, lambda: ns["x"]),
+                                 ("hand-written (x = jax.jit(step)(x, w))", theirs, lambda: held[0]),
+                                 ("ours shown %%shard_map (values later; this thread)", shown_shard_map,
+                                  lambda: (wait_for_fills(600), ns["x"])[1])):
+            for _ in range(20):
+                run()
+            jax.block_until_ready(sync())
+            fills[:] = [0.0, 0]
+            began = time.perf_counter()
+            for _ in range(calls):
+                run()
+            jax.block_until_ready(sync())
+            unprofiled = (time.perf_counter() - began) / calls
+            filled = fills[:]
+            profiler = cProfile.Profile()
+            profiled[0] = True
+            profiler.enable()
+            for _ in range(calls):
+                run()
+            profiler.disable()
+            jax.block_until_ready(sync())
+            profiled[0] = False
+            lines.append(f"\n15. {label}: {unprofiled * 1e6:.1f} µs per cell unprofiled (until the last result"
+                         + (f" and view's values; the values thread's fills {filled[0] / filled[1] * 1e6:.1f} µs "
+                            f"each, wall)" if filled[1] else ")"))
+            lines += own_rows(profiler, label, calls)
+            if filled[1]:
+                lines += own_rows(fill_profiler, "the values thread, per view", calls)
+                stats = pstats.Stats(profiler)
+                rows = sorted(stats.stats.items(), key=lambda item: -item[1][3])  # inclusive
+                lines.append(f"\n15. {label}: inclusive time per cell under cProfile:")
+                for (path, lineno, name), (_cc, calls_, _own, cum, _callers) in rows[:2 * top]:
+                    lines.append(f"  {cum / calls * 1e6:8.2f} µs  {calls_ / calls:5.1f}x  {name}  ({where(path)}:{lineno})")
+    finally:
+        later.fill = plain_fill
+        sh.run_line_magic("config", "JaxparMagics.view_values = 'auto'")
     return "\n".join(lines)
