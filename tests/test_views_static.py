@@ -459,3 +459,18 @@ def test_format_values_says_what_array2string_says(case):
     assert format_values(vals, vals.shape, vals.dtype) == "[" + expected[1:-1].strip() + "]"
     scalar = vals[:1].reshape(())
     assert format_values(scalar, (), vals.dtype) == np.array2string(scalar, precision=4, suppress_small=True)
+
+
+def test_each_view_has_its_own_model_id_and_its_comm_is_opened_under_it() -> None:
+    """Model ids come from a counter under a random per-process half (base.new_model_id, not a uuid4
+    per view): distinct for every view, 32 hex digits as ipywidgets' own, and the comm's id."""
+    views = [ResultView(state={"title": "t", "outputs": []}) for _ in range(3)]
+    ids = [view.model_id for view in views]
+    assert len(set(ids)) == 3
+    for view, model_id in zip(views, ids):
+        assert re.fullmatch(r"[0-9a-f]{32}", model_id)
+        assert view.comm.comm_id == model_id
+        assert view._widget_bundle()[0][base.WIDGET_MIME]["model_id"] == model_id
+    assert len({model_id[:16] for model_id in ids}) == 1  # one process, one random half
+    for view in views:
+        view.close()

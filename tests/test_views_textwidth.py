@@ -62,3 +62,17 @@ def test_any_call_keeps_its_meaning(args: list[str], width: int) -> None:
 def test_the_width_being_rendered_can_be_set() -> None:
     with fitted_to(37):
         assert current_width() == 37
+
+
+def test_the_terminals_width_is_read_again_once_it_may_have_changed(monkeypatch) -> None:
+    """text_width keeps a terminal's width for TERMINAL_WIDTH_TTL_S (its read is a system call per
+    shown cell), then reads it again: a resized terminal is seen."""
+    from jaxpar_magic.views import textwidth
+
+    monkeypatch.setattr(textwidth, "_terminal", [0.0, textwidth.DEFAULT_WIDTH])
+    monkeypatch.setenv("COLUMNS", "123")
+    assert textwidth.text_width() == 123
+    monkeypatch.setenv("COLUMNS", "99")
+    assert textwidth.text_width() == 123  # within the TTL: the width read last
+    textwidth._terminal[0] -= textwidth.TERMINAL_WIDTH_TTL_S + 0.01
+    assert textwidth.text_width() == 99

@@ -15,6 +15,7 @@ import contextvars
 import io
 import shutil
 import textwrap
+import time
 import tokenize
 from collections.abc import Iterator
 
@@ -22,7 +23,13 @@ DEFAULT_WIDTH = 80
 #: Continuation lines are indented this much further than the line they continue.
 HANG = 4
 
+#: How long a terminal's width, once read, is taken as still true: the read is a system call (50 µs
+#: a shown cell on the TPU host, bench section 15's breakdown), and a window resized less than this
+#: ago is a rare race for one output.
+TERMINAL_WIDTH_TTL_S = 0.5
+
 _width: contextvars.ContextVar[int | None] = contextvars.ContextVar("jpm_text_width", default=None)
+_terminal = [0.0, DEFAULT_WIDTH]  # (when it was read, its columns)
 
 
 def text_width() -> int:
@@ -34,7 +41,12 @@ def text_width() -> int:
             return DEFAULT_WIDTH
     except ImportError:
         pass
-    return max(40, shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns)
+    now = time.monotonic()
+    read_at, columns = _terminal
+    if now - read_at > TERMINAL_WIDTH_TTL_S:
+        columns = max(40, shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns)
+        _terminal[:] = [now, columns]
+    return columns
 
 
 def current_width() -> int:

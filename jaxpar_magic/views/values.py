@@ -43,6 +43,14 @@ class PendingValues:
         """Whether reading the values would not wait."""
         return all(array.is_ready() for _, arrays, _ in self.parts for array in arrays)
 
+    def start_transfers(self) -> None:
+        """Start copying the values to the host (`jax.Array.copy_to_host_async`), not waiting: a later
+        `outputs` finds them there. An error of the cell's program is for `outputs` to raise."""
+        for _, arrays, _ in self.parts:
+            for array in arrays:
+                with contextlib.suppress(Exception):
+                    array.copy_to_host_async()
+
     def outputs(self) -> list[dict]:
         """Every output's item with its values: waits for them. An error the cell's program raised on
         the devices is raised here, as reading any of its results would."""
