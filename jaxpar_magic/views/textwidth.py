@@ -35,7 +35,7 @@ _terminal = [0.0, DEFAULT_WIDTH]  # (when it was read, its columns)
 def text_width() -> int:
     """Columns a text output is read at: 80 in a kernel, else the terminal's (at least 40)."""
     try:
-        from IPython import get_ipython
+        from IPython.core.getipython import get_ipython  # IPython.get_ipython is a lazy module attribute: ~1.5 µs a read
 
         if getattr(get_ipython(), "kernel", None) is not None:
             return DEFAULT_WIDTH
