@@ -7,9 +7,9 @@ Plain Python over JAX; no IPython. The engines build these; the run stage calls 
 from __future__ import annotations
 
 import functools
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from .bounded_cache import CACHE_SIZE, BoundedCache  # noqa: F401  (the run stages import it from here)
 from ..errors import UsageError
 from . import analysis as cells, dict_keys, nnx_graphs
 from .fingerprints import Ref, fingerprint, traced_callables
@@ -23,8 +23,6 @@ from .inputs import (
     misplaced_input_error, misplaced_leaf, rebuilt,
 )
 
-
-CACHE_SIZE = 64
 
 
 def is_array_tree(value, abstract: bool = False) -> bool:
@@ -251,46 +249,6 @@ def traced(value) -> bool:
 def analyse_cached(source: str, label: str) -> cells.Cell:
     """A cell's analysis, computed once per source (a re-run skips parsing)."""
     return cells.analyse(source, label)
-
-
-class BoundedCache(OrderedDict):
-    """Least-recently-used cache of compiled cells: re-runs hit it, it never grows past `size`.
-
-    A `family` groups the variants of one cell (same source and options, other constants): a new
-    variant replaces the old one, so the values the old program baked in (a helper's global array,
-    say) are released as soon as the user changes them, not 64 cells later.
-    """
-
-    def __init__(self, size: int = CACHE_SIZE):
-        super().__init__()
-        self.size = size
-        self._families: dict = {}  # family -> the key of its live variant
-
-    def lookup(self, key, build, family=None):
-        entry = self.get(key)
-        if entry is None:
-            entry = build()
-            self.put(key, entry, family)
-        else:
-            self.move_to_end(key)
-        return entry
-
-    def put(self, key, entry, family=None) -> None:
-        if family is not None:
-            previous = self._families.get(family)
-            if previous is not None and previous != key:
-                self.pop(previous, None)
-            self._families[family] = key
-        self[key] = entry
-        self.move_to_end(key)
-        while len(self) > self.size:
-            self.popitem(last=False)
-        if len(self._families) > 4 * self.size:  # forget families whose entry is gone
-            self._families = {f: k for f, k in self._families.items() if k in self}
-
-    def clear(self) -> None:
-        super().clear()
-        self._families.clear()
 
 
 def capture_outputs(outs: dict, final, to_device, sites=()):

@@ -54,7 +54,6 @@ import math
 import re
 import threading
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -62,6 +61,7 @@ import anywidget
 import ipywidgets
 import traitlets
 
+from ..cell.bounded_cache import BoundedCache
 from .assets import assets, read_asset  # noqa: F401  (the views import them from here)
 from .formats import (  # noqa: F401  (the views import them from here)
     esc,
@@ -427,10 +427,10 @@ class ViewBase(anywidget.AnyWidget):
         return self.static_bundle()["text/plain"]
 
 
-_drawn: OrderedDict = OrderedDict()  # (view class, text width, state as JSON) -> (html, text)
-_drawn_lock = threading.Lock()  # the values thread draws filled views (views/later.py)
 DRAWN = 32  # states kept
 DRAWN_MOST_JSON = 16_384  # larger states are drawn anew (their JSON is not worth keeping)
+_drawn = BoundedCache(DRAWN)  # (view class, text width, state as JSON) -> (html, text)
+_drawn_lock = threading.Lock()  # the values thread draws filled views (views/later.py)
 
 
 def _static_forms(view: ViewBase) -> tuple[str, str]:
@@ -446,11 +446,9 @@ def _static_forms(view: ViewBase) -> tuple[str, str]:
         if forms is not None:
             _drawn.move_to_end(key)
             return forms
-    forms = (view.to_html(), view.to_text())
+    forms = (view.to_html(), view.to_text())  # drawn outside the lock: the other thread may draw meanwhile
     with _drawn_lock:
-        _drawn[key] = forms
-        while len(_drawn) > DRAWN:
-            _drawn.popitem(last=False)
+        _drawn.put(key, forms)
     return forms
 
 

@@ -15,7 +15,7 @@ import contextlib
 import functools
 import threading
 
-from ..cell.programs import BoundedCache
+from ..cell.bounded_cache import BoundedCache
 from .summaries import MAX_TILES, VALUES_PER_TILE, format_values, mesh_coords, numbers_of, program_state, to_host
 
 #: What an output whose values have not arrived says, in the widget (js/results.js), HTML and text.
