@@ -257,6 +257,9 @@ def test_views_shown_while_the_values_thread_waits_start_their_transfers_togethe
         def start_transfers(self):
             events.append(f"start {self.name}")
 
+        def wait(self):
+            pass
+
         def outputs(self):
             if self.hold:
                 assert release.wait(30)
@@ -294,6 +297,9 @@ class _HeldThread:
             def start_transfers(self):
                 held.entered.set()
                 assert held.gate.wait(60)
+
+            def wait(self):
+                pass
 
             def outputs(self):
                 return []
@@ -353,3 +359,29 @@ def test_a_shown_views_values_are_read_before_a_later_cell_donates_its_output(jx
     assert [t["text"] for t in output["tiles"]] == [
         "[" + np.array2string(expected_blocks[i][:4], precision=4, suppress_small=True)[1:-1].strip() + " …]"
         for i in ids]
+
+
+def test_views_are_filled_in_the_pauses_of_the_magics(jx, monkeypatch):
+    """views/later.py: the values thread fills a shown view only when no magic has run for QUIET_S,
+    or once the view has waited DEFER_MAX_S: in a loop of shown cells its Python does not take turns
+    with the cells' for the GIL. Each fill here started outside every magic's run, or late."""
+    from jaxpar_magic.views import later
+
+    mesh(jx, "data=8")
+    jx.run_line_magic("config", "JaxparMagics.view_values = 'later'")
+    jx.push({"x": jax.device_put(jnp.arange(64.0) / 7, NamedSharding(jx.user_ns["mesh"], P("data")))})
+    runs, fills = [], []
+    plain_fill = later.fill
+    monkeypatch.setattr(later, "fill", lambda *args: fills.append(time.monotonic()) or plain_fill(*args))
+    with capture_output():
+        for _ in range(6):
+            began = time.monotonic()
+            jx.run_cell_magic("shard_map", "--mesh mesh --in x=data --out x=data", "x = x * 0.5 + 1.0")
+            runs.append((began, time.monotonic()))
+    assert later.wait_for_fills(60)
+    assert len(fills) == 6
+    for view, filled in enumerate(fills):
+        during = [r for r in runs if r[0] < filled < r[1]]
+        assert not during or filled - runs[view][1] >= later.DEFER_MAX_S - 0.01, (view, filled, runs)
+    quiet_after = [filled - max((end for _, end in runs if end <= filled), default=-1.0) for filled in fills]
+    assert all(gap >= later.QUIET_S * 0.9 or gap >= later.DEFER_MAX_S - 0.01 for gap in quiet_after)

@@ -17,6 +17,7 @@ from traitlets import Bool, CaselessStrEnum, Float, Unicode, observe
 from traitlets.config import Configurable
 
 from ..errors import UsageError
+from ..views import later
 from . import lines
 from .cluster_magic import HELP as CLUSTER_HELP
 from .exercises import WATCHERS
@@ -184,6 +185,14 @@ class JaxparMagics(Magics, Configurable):
                 return None if known[1] else replayed[0]
             _replays.pop(replay_key, None)  # it declined: the full path below remembers it again
 
+        later.magic_started()  # the values thread fills shown views in the magics' pauses (views/later.py)
+        try:
+            return self._full_run(magic, line, cell, replay_key)
+        finally:
+            later.magic_ended()
+
+    def _full_run(self, magic: str, line: str, cell: str | None, replay_key: tuple):
+        """_run's full path: parse the line, run, show, bind, and remember the replay."""
         from ..stages.run.donation import results_bound
         from ..views.progress import kept_lines
         from . import actions
@@ -224,9 +233,7 @@ class JaxparMagics(Magics, Configurable):
                         # the view's type (~20 µs a view, bench section 15): every view draws itself.
                         view._ipython_display_()
                     if pending is not None:
-                        from ..views.later import fill_later
-
-                        fill_later(view, pending, static=getattr(self.shell, "kernel", None) is not None)
+                        later.fill_later(view, pending, static=getattr(self.shell, "kernel", None) is not None)
                 status_lines.close()
             outcome.bind(namespace)
         for watcher in WATCHERS:  # an exercise cell running this magic reads what it ran (face/exercises/)

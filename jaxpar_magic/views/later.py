@@ -8,6 +8,11 @@ whenever it comes) and, in a kernel, rewrites the view's static twin under its d
 (`update_display`), so that a saved notebook and its exported HTML hold the values too. It runs in the
 context of the cell that showed the view (contextvars), so the kernel addresses those messages to it.
 
+The thread fills a view in a pause of the magics: not while one runs, nor within QUIET_S of one
+ending (its Python would take turns with the cell's for the GIL; on the TPU host a loop of shown cells
+paid ~0.2 ms a cell for it, bench section 15), and at the latest DEFER_MAX_S after the view was shown.
+In a notebook, where cells come milliseconds apart, that is right after its cell.
+
 An error the cell's program raised on the devices stops its values: the view says "values
 unavailable" with the error, and reading any of the cell's results raises it, as `jax.jit`'s would.
 """
@@ -18,6 +23,7 @@ import contextvars
 import queue
 import sys
 import threading
+import time
 
 #: At exit, how long the interpreter waits for views still filling: a daemon thread stopped inside a
 #: JAX call while the runtime shuts down aborts the process ("terminate called ...").
@@ -26,6 +32,19 @@ _jobs: queue.SimpleQueue = queue.SimpleQueue()
 _lock = threading.Lock()
 _unfilled = threading.Condition(_lock)
 _state = {"thread": None, "unfilled": 0}
+#: A pause of the magics long enough to fill views in, and the longest a view waits for one.
+QUIET_S = 0.002
+DEFER_MAX_S = 0.25
+_magics = {"running": 0, "ended": 0.0}  # written by the magics' thread only (magic_started/magic_ended)
+
+
+def magic_started() -> None:
+    _magics["running"] += 1
+
+
+def magic_ended() -> None:
+    _magics["running"] -= 1
+    _magics["ended"] = time.monotonic()
 
 
 def fill_later(view, pending, static: bool) -> None:
@@ -41,7 +60,7 @@ def fill_later(view, pending, static: bool) -> None:
             if not _state.get("at_exit"):  # the interpreter must not end while the thread waits on JAX
                 _state["at_exit"] = True
                 atexit.register(wait_for_fills, EXIT_WAIT_S)
-    _jobs.put((context, view, pending, static))
+    _jobs.put((context, view, pending, static, time.monotonic()))
 
 
 def wait_for_fills(timeout: float | None = None) -> bool:
@@ -69,12 +88,14 @@ def _work() -> None:
                 batch.append(_jobs.get_nowait())
             except queue.Empty:
                 break
-        for _, _, pending, _ in batch:
-            # A device-to-host read waits ~0.6 ms on the TPU host (bench section 15's breakdown): one
-            # after another they would add up, started together they overlap.
+        for _, _, pending, _, _ in batch:
+            # A device-to-host read waits ~0.5 ms on the TPU host (bench/thread_reads.py): one after
+            # another they would add up, started together they overlap.
             pending.start_transfers()
-        for context, view, pending, static in batch:
+        for context, view, pending, static, shown_at in batch:
             try:
+                pending.wait()  # without the GIL
+                _wait_for_a_pause(shown_at + DEFER_MAX_S)
                 context.run(fill, view, pending, static)
             except Exception as error:  # the front end went away, say: the next view must still be filled
                 print(f"jaxpar_magic: a view's values could not be shown: {type(error).__name__}: {error}",
@@ -83,3 +104,15 @@ def _work() -> None:
                 with _unfilled:
                     _state["unfilled"] -= 1
                     _unfilled.notify_all()
+
+
+def _wait_for_a_pause(deadline: float) -> None:
+    """Return once no magic has run for QUIET_S, or at `deadline` (time.monotonic)."""
+    while True:
+        now = time.monotonic()
+        if now >= deadline:
+            return
+        left = QUIET_S if _magics["running"] else QUIET_S - (now - _magics["ended"])
+        if left <= 0:
+            return
+        time.sleep(min(left, deadline - now))
