@@ -82,20 +82,18 @@ def fill(view, pending, static: bool) -> None:
 
 def _work() -> None:
     while True:
-        batch = [_jobs.get()]
-        while True:  # every view shown meanwhile too: their values' transfers start together
-            try:
-                batch.append(_jobs.get_nowait())
-            except queue.Empty:
-                break
+        batch = _queued([_jobs.get()])
         for _, _, pending, _, _ in batch:
-            # A device-to-host read waits ~0.5 ms on the TPU host (bench/thread_reads.py): one after
-            # another they would add up, started together they overlap.
+            pending.wait()  # its values computed (JAX waits without the GIL)
+        _wait_for_a_pause(batch[0][4] + DEFER_MAX_S)
+        batch = _queued(batch)  # and the views shown meanwhile
+        for _, _, pending, _, _ in batch:
+            # Their copies to the host start together, in the pause: one device-to-host read waits ~0.5 ms
+            # on the TPU host, and a copy started while a cell runs slows its dispatches there (~60 µs a
+            # copy; bench/thread_reads.py).
             pending.start_transfers()
-        for context, view, pending, static, shown_at in batch:
+        for context, view, pending, static, _ in batch:
             try:
-                pending.wait()  # without the GIL
-                _wait_for_a_pause(shown_at + DEFER_MAX_S)
                 context.run(fill, view, pending, static)
             except Exception as error:  # the front end went away, say: the next view must still be filled
                 print(f"jaxpar_magic: a view's values could not be shown: {type(error).__name__}: {error}",
@@ -104,6 +102,15 @@ def _work() -> None:
                 with _unfilled:
                     _state["unfilled"] -= 1
                     _unfilled.notify_all()
+
+
+def _queued(batch: list) -> list:
+    """`batch` and every job queued since, in the order they were shown."""
+    while True:
+        try:
+            batch.append(_jobs.get_nowait())
+        except queue.Empty:
+            return batch
 
 
 def _wait_for_a_pause(deadline: float) -> None:
