@@ -257,9 +257,6 @@ def test_views_shown_while_the_values_thread_waits_start_their_transfers_togethe
         def start_transfers(self):
             events.append(f"start {self.name}")
 
-        def wait(self):
-            pass
-
         def outputs(self):
             if self.hold:
                 assert release.wait(30)
@@ -297,9 +294,6 @@ class _HeldThread:
             def start_transfers(self):
                 held.entered.set()
                 assert held.gate.wait(60)
-
-            def wait(self):
-                pass
 
             def outputs(self):
                 return []

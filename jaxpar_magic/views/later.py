@@ -83,8 +83,9 @@ def fill(view, pending, static: bool) -> None:
 def _work() -> None:
     while True:
         batch = _queued([_jobs.get()])
-        for _, _, pending, _, _ in batch:
-            pending.wait()  # its values computed (JAX waits without the GIL)
+        # Not waiting for the values first: on the TPU host a thread waiting on the device while a cell
+        # runs slows the cell's dispatches (~70 µs a wait; bench/thread_reads.py). A read in the fill
+        # waits for them, without the GIL.
         _wait_for_a_pause(batch[0][4] + DEFER_MAX_S)
         batch = _queued(batch)  # and the views shown meanwhile
         for _, _, pending, _, _ in batch:

@@ -51,13 +51,6 @@ class PendingValues:
                 with contextlib.suppress(Exception):
                     array.copy_to_host_async()
 
-    def wait(self) -> None:
-        """Wait until the values are computed (JAX waits without the GIL); an error is `outputs`' to raise."""
-        for _, arrays, _ in self.parts:
-            for array in arrays:
-                with contextlib.suppress(Exception):
-                    array.block_until_ready()
-
     def outputs(self) -> list[dict]:
         """Every output's item with its values: waits for them. An error the cell's program raised on
         the devices is raised here, as reading any of its results would."""
