@@ -189,12 +189,34 @@ def _one_step(jax, sh, hand, placed, label, rows, size, steps, rounds, events, c
                    f"adds over `--no-show` (median of the rounds')", fmt_us(med[key]), fmt_us(med["hand (captured)"]),
             f"{paired(key, 'hand (captured)'):.2f} (paired)", f"{extra * 1e6:+.0f} µs",
             f"≤ {SHOWN_EXTRA_TARGET * 1e6:.0f} µs extra: {'meets' if extra <= SHOWN_EXTRA_TARGET else 'MISSES'}")
+    if label == "tiny":
+        _dispatch_floor(sh, med["hand"])
     _check_values(jax, sh, hand, placed, rows, size, np, P)
     detail(f"15. {label} step (x [{rows}, {size}] f32, {rows * size * 4 / 1e6:.2f} MB): medians per step "
            + ", ".join(f"{k} {fmt_us(v)}" for k, v in med.items())
            + f"; XLA compiles during the timed loops: {compiled}; per-round samples (µs): "
            + "; ".join(f"{k}: {', '.join(f'{s * 1e6:.0f}' for s in v)}" for k, v in samples.items()))
     return {"no-show": no_show}
+
+
+def _dispatch_floor(sh, hand_step_s: float, calls: int = 20_000) -> None:
+    """Row 15d: what IPython itself costs to run a cell magic that does nothing (`run_cell_magic`: the
+    builtin trap, the magic's look-up), against the budget 1.05x leaves over the hand-written tiny step:
+    no cell magic's re-run can cost less than this floor."""
+    sh.register_magic_function(lambda line, cell: None, "cell", "jpm_bench_noop")
+
+    def noop_cells() -> float:
+        start = time.perf_counter()
+        for _ in range(calls):
+            sh.run_cell_magic("jpm_bench_noop", "--x", STEP_SRC)
+        return (time.perf_counter() - start) / calls
+
+    noop_cells()
+    floor = _median([noop_cells() for _ in range(3)])
+    budget = (NO_SHOW_TARGET - 1) * hand_step_s
+    row("15d", "the floor: IPython's `run_cell_magic` of a cell magic that does nothing, vs what ≤ 1.05x leaves a "
+               "cell over the hand-written tiny step", fmt_us(floor), f"{budget * 1e6:.1f} µs (5% of {fmt_us(hand_step_s)})",
+        f"{floor / budget:.2f} of the budget", "", "no target: for the record")
 
 
 def _check_values(jax, sh, hand, placed, rows, size, np, P) -> None:
