@@ -22,12 +22,18 @@ def format_bytes(n: float | None) -> str:
     if n is None:
         return "?"
     units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"]
-    v, i = abs(float(n)), 0
-    while v >= 1024 and i < len(units) - 1:
-        v /= 1024
-        i += 1
+    v, i = _scaled(n, 1024, len(units))
     sign = "-" if n < 0 else ""
     return f"{sign}{int(v)} B" if i == 0 else f"{sign}{to_fixed(v)} {units[i]}"
+
+
+def _scaled(n: float, step: int, units: int) -> tuple[float, int]:
+    """|n| divided by `step` while it is at least `step` (at most `units` - 1 times), and how often."""
+    v, i = abs(float(n)), 0
+    while v >= step and i < units - 1:
+        v /= step
+        i += 1
+    return v, i
 
 
 def to_fixed(v: float, digits: int = 1) -> str:
@@ -43,10 +49,7 @@ def format_si(n: float | None) -> str:
     if n is None:
         return "?"
     prefixes = ["", " k", " M", " G", " T", " P", " E"]
-    v, i = abs(float(n)), 0
-    while v >= 1000 and i < len(prefixes) - 1:
-        v /= 1000
-        i += 1
+    v, i = _scaled(n, 1000, len(prefixes))
     sign = "-" if n < 0 else ""
     return f"{sign}{round(v, 2):g}" if i == 0 else f"{sign}{v:.2f}{prefixes[i]}"
 

@@ -39,10 +39,6 @@ class PendingValues:
     def placeholders(self) -> list[dict]:
         return [dict(placeholder, pending=True) for placeholder, _, _ in self.parts]
 
-    def ready(self) -> bool:
-        """Whether reading the values would not wait."""
-        return all(array.is_ready() for _, arrays, _ in self.parts for array in arrays)
-
     def start_transfers(self) -> None:
         """Start copying the values to the host (`jax.Array.copy_to_host_async`), not waiting: a later
         `outputs` finds them there. An error of the cell's program is for `outputs` to raise."""
