@@ -267,13 +267,18 @@ def hot_functions(jax, sh, calls: int = 500, top: int = 25) -> str:
     def where(path: str) -> str:
         return path.split("site-packages/")[-1].split("jaxpar_magic/", 1)[-1] if path != "~" else "builtin"
 
-    def own_rows(profiler, label: str, count: int) -> list[str]:
-        rows = sorted(pstats.Stats(profiler).stats.items(), key=lambda item: -item[1][2])  # by own time
-        total = sum(v[2] for _, v in rows)
-        lines = [f"\n15. {label}: {total / count * 1e6:.1f} µs per cell under cProfile; own time per cell:"]
-        for (path, lineno, name), (_cc, calls_, own, _cum, _callers) in rows[:top]:
-            lines.append(f"  {own / count * 1e6:7.2f} µs  {calls_ / count:5.1f}x  {name}  ({where(path)}:{lineno})")
-        return lines
+    OWN, INCLUSIVE = 2, 3  # columns of pstats' (calls, primitive calls, own time, inclusive time, callers)
+
+    def ranked(profiler, heading: str, column: int, most: int) -> list[str]:
+        """`heading`, then the `most` functions with the most time in `column`, per cell."""
+        rows = sorted(pstats.Stats(profiler).stats.items(), key=lambda item: -item[1][column])
+        return [heading] + [f"  {stat[column] / calls * 1e6:8.2f} µs  {stat[1] / calls:5.1f}x  {name}  "
+                            f"({where(path)}:{lineno})" for (path, lineno, name), stat in rows[:most]]
+
+    def own_rows(profiler, label: str) -> list[str]:
+        total = sum(stat[OWN] for stat in pstats.Stats(profiler).stats.values())
+        return ranked(profiler, f"\n15. {label}: {total / calls * 1e6:.1f} µs per cell under cProfile; own time per "
+                                f"cell:", OWN, top)
 
     # The values thread's fills, timed (and, while `profiled`, profiled) in that thread.
     fill_profiler, fills, profiled = cProfile.Profile(), [0.0, 0], [False]
@@ -320,14 +325,10 @@ def hot_functions(jax, sh, calls: int = 500, top: int = 25) -> str:
             lines.append(f"\n15. {label}: {unprofiled * 1e6:.1f} µs per cell unprofiled (until the last result"
                          + (f" and view's values; the values thread's fills {filled[0] / filled[1] * 1e6:.1f} µs "
                             f"each, wall)" if filled[1] else ")"))
-            lines += own_rows(profiler, label, calls)
+            lines += own_rows(profiler, label)
             if filled[1]:
-                lines += own_rows(fill_profiler, "the values thread, per view", calls)
-                stats = pstats.Stats(profiler)
-                rows = sorted(stats.stats.items(), key=lambda item: -item[1][3])  # inclusive
-                lines.append(f"\n15. {label}: inclusive time per cell under cProfile:")
-                for (path, lineno, name), (_cc, calls_, _own, cum, _callers) in rows[:2 * top]:
-                    lines.append(f"  {cum / calls * 1e6:8.2f} µs  {calls_ / calls:5.1f}x  {name}  ({where(path)}:{lineno})")
+                lines += own_rows(fill_profiler, "the values thread, per view")
+                lines += ranked(profiler, f"\n15. {label}: inclusive time per cell under cProfile:", INCLUSIVE, 2 * top)
     finally:
         later.fill = plain_fill
         sh.run_line_magic("config", "JaxparMagics.view_values = 'auto'")
