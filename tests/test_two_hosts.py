@@ -140,6 +140,10 @@ class Machine:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 pass
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):  # the kernel's: unclosed, a ResourceWarning later
+                if pipe is not None:
+                    with contextlib.suppress(OSError):  # a write still buffered to a killed kernel
+                        pipe.close()
         assert [p.pid for p in self.family if not gone(p)] == []
 
     @contextlib.contextmanager
