@@ -501,9 +501,9 @@ def _colab_widgets() -> None:
 
 def _in_kernel() -> bool:
     """Whether IPython runs in a kernel (a front end draws widgets), not in a terminal."""
-    from IPython.core.getipython import get_ipython  # IPython.get_ipython is a lazy module attribute: ~1.5 µs a read
+    from .textwidth import in_kernel
 
-    return getattr(get_ipython(), "kernel", None) is not None
+    return in_kernel()
 
 
 # ---------------------------------------------------------------------------------------------

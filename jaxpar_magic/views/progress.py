@@ -118,12 +118,9 @@ def _done_text(started: float) -> str:
 def _in_kernel() -> bool:
     if getattr(_off, "depth", 0):
         return False
-    try:
-        from IPython.core.getipython import get_ipython  # IPython.get_ipython is a lazy module attribute: ~1.5 µs a read
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
+    from .textwidth import in_kernel
+
+    return in_kernel()
 
 
 class Progress:

@@ -32,15 +32,20 @@ _width: contextvars.ContextVar[int | None] = contextvars.ContextVar("jpm_text_wi
 _terminal = [0.0, DEFAULT_WIDTH]  # (when it was read, its columns)
 
 
-def text_width() -> int:
-    """Columns a text output is read at: 80 in a kernel, else the terminal's (at least 40)."""
+def in_kernel() -> bool:
+    """Whether IPython runs in a kernel (a front end draws widgets; text is read at 80 columns), not in
+    a terminal or plain Python. The views, the progress line and text_width ask it."""
     try:
         from IPython.core.getipython import get_ipython  # IPython.get_ipython is a lazy module attribute: ~1.5 µs a read
-
-        if getattr(get_ipython(), "kernel", None) is not None:
-            return DEFAULT_WIDTH
     except ImportError:
-        pass
+        return False
+    return getattr(get_ipython(), "kernel", None) is not None
+
+
+def text_width() -> int:
+    """Columns a text output is read at: 80 in a kernel, else the terminal's (at least 40)."""
+    if in_kernel():
+        return DEFAULT_WIDTH
     now = time.monotonic()
     read_at, columns = _terminal
     if now - read_at > TERMINAL_WIDTH_TTL_S:
