@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from jaxpar_magic.face import lines, magics
-from jaxpar_magic.cell import programs
+from jaxpar_magic.cell import bounded_cache, programs
 from jaxpar_magic.stages.run import pmap as run_pmap, shard as run_shard, program as runner
 from shell_helpers import N_DEVICES
 
@@ -97,11 +97,11 @@ def test_a_global_array_read_by_a_helper_is_freed_once_rebound(jx):
 
 def test_every_cache_is_bounded(jx):
     jx.push({"x": jnp.arange(float(N_DEVICES)), "v": jnp.arange(8.0)})
-    for k in range(programs.CACHE_SIZE + 12):
+    for k in range(bounded_cache.CACHE_SIZE + 12):
         pmap_cell(jx, f"y = x + {k}")
         shard_cell(jx, f"--mesh data=8 --in v=data --out w=data", f"w = v * {k}")
     for cache in (run_pmap._block_cache, run_pmap._reruns, run_shard._cache, run_shard._reruns):
-        assert len(cache) <= programs.CACHE_SIZE
+        assert len(cache) <= bounded_cache.CACHE_SIZE
     assert len(magics._replays) <= magics.REPLAYS
     for cached in (magics.parse_line, magics._transformed, lines._parsed, programs.analyse_cached):
         info = cached.cache_info()
@@ -109,7 +109,7 @@ def test_every_cache_is_bounded(jx):
 
 
 def test_cache_families_keep_one_variant_per_cell():
-    cache = programs.BoundedCache(size=8)
+    cache = bounded_cache.BoundedCache(size=8)
     cache.lookup(("cell", 1), lambda: "first", family="cell")
     cache.lookup(("cell", 2), lambda: "second", family="cell")
     assert list(cache) == [("cell", 2)]

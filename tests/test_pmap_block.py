@@ -20,7 +20,7 @@ from jaxpar_magic.views import summaries, values
 
 # The run stage's module, found through its twin: `jaxpar_magic.pmap` names function mode's twin.
 engine = importlib.import_module(jaxpar_magic.pmap_cell.__module__)
-from jaxpar_magic.cell.programs import CACHE_SIZE  # noqa: E402
+from jaxpar_magic.cell.bounded_cache import CACHE_SIZE  # noqa: E402
 
 RING = [(j, (j + 1) % N_DEVICES) for j in range(N_DEVICES)]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from .bounded_cache import CACHE_SIZE, BoundedCache  # noqa: F401  (the run stages import it from here)
+from .bounded_cache import CACHE_SIZE, BoundedCache
 from ..errors import UsageError
 from . import analysis as cells, dict_keys, nnx_graphs
 from .fingerprints import Ref, fingerprint, traced_callables

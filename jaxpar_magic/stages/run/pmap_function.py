@@ -13,7 +13,7 @@ from collections import OrderedDict
 from ...cell.fingerprints import fingerprint, traced_callables
 from ...cell.jax_traces import forget_traces
 from ...cell.meshes import describe_mesh, is_explicit, on_cell_mesh, on_other_mesh, spec_on
-from ...cell.programs import CACHE_SIZE
+from ...cell.bounded_cache import CACHE_SIZE
 from ...errors import UsageError, explaining
 from .program import ProgramFacts, block_on_cpu_collectives, compile_progress, has_collectives_on_cpu, program_facts
 from .static_leaves import has_partitioned, rebuilt, split, split_all

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 from ...cell import analysis as cells
 from ...cell.bindings import bind_results
+from ...cell.bounded_cache import BoundedCache
 from ...cell.hlo import Collective, collectives
 from ...cell.work import loop_work
 from ...cell.meshes import DEFAULT_MESH, InputOnOtherMesh, default_mesh, on_cell_mesh
-from ...cell.programs import TRACE, BoundedCache, CellProgram, Rerun, shape_signature
+from ...cell.programs import TRACE, CellProgram, Rerun, shape_signature
 from ...errors import UsageError, explain_trace_error
 from ...views.progress import Progress
 from ..record.cell_recording import collectives_view_state

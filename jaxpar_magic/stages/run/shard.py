@@ -10,10 +10,9 @@ from dataclasses import dataclass, field
 
 from ...cell import analysis as cells, nnx_graphs
 from ...cell.bindings import bind_results
+from ...cell.bounded_cache import BoundedCache
 from ...cell.inputs import absent_builtins, graph_state
-from ...cell.programs import (
-    TRACE, BoundedCache, Rerun, analyse_cached, apply_write_backs, split_write_backs, write_backs_of,
-)
+from ...cell.programs import TRACE, Rerun, analyse_cached, apply_write_backs, split_write_backs, write_backs_of
 from ...cell.treespecs import normalize
 from ...engines.shard import check_cell, is_mesh, prepare, resolve_mesh
 from .donation import results_bound

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 
 from ...cell import analysis as cells
 from ...cell.bindings import bind_results
+from ...cell.bounded_cache import BoundedCache
 from ...cell.inputs import absent_builtins
-from ...cell.programs import RECORDS, TRACE, BoundedCache, Rerun, analyse_cached
+from ...cell.programs import RECORDS, TRACE, Rerun, analyse_cached
 from ...cell.treespecs import normalize
 from ...engines.shard import is_mesh, resolve_mesh
 from ...engines.shard_map import check_cell, prepare
