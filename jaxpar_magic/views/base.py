@@ -84,6 +84,7 @@ from .formats import (  # noqa: F401  (the views import them from here)
     chip,
     swatch_style,
 )
+from .textwidth import in_kernel as _in_kernel  # a name of its own: tests pretend to be in a kernel
 
 _IMPORT_RE = re.compile(r'^import\s*\{([^}]*)\}\s*from\s*"\./([A-Za-z_][\w-]*)\.js";[ \t]*$', re.M)
 _ANY_IMPORT_RE = re.compile(r"^\s*import\b", re.M)
@@ -497,13 +498,6 @@ def _colab_widgets() -> None:
     output = sys.modules.get("google.colab.output")
     if output is not None:
         output.enable_custom_widget_manager()
-
-
-def _in_kernel() -> bool:
-    """Whether IPython runs in a kernel (a front end draws widgets), not in a terminal."""
-    from .textwidth import in_kernel
-
-    return in_kernel()
 
 
 # ---------------------------------------------------------------------------------------------

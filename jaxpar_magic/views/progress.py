@@ -16,6 +16,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from .textwidth import in_kernel
+
 DELAY_S = 1.0
 INTERVAL_S = 0.5
 
@@ -116,11 +118,7 @@ def _done_text(started: float) -> str:
 
 
 def _in_kernel() -> bool:
-    if getattr(_off, "depth", 0):
-        return False
-    from .textwidth import in_kernel
-
-    return in_kernel()
+    return not getattr(_off, "depth", 0) and in_kernel()
 
 
 class Progress:
