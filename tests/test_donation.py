@@ -221,6 +221,77 @@ def test_an_interrupt_at_every_line_of_a_donating_cell_leaves_no_name_on_a_delet
     assert seen["unchanged"] and seen["bound, then raised"] and seen["not reached"] < len(counted) // 10, seen
 
 
+def _interrupt_in_shard_list(k: int, hits: list):
+    """A sys.settrace function that presses Kernel -> Interrupt as JAX, building an array's list of
+    per-device buffers on its first read (`addressable_shards`), calls back for the k-th device;
+    `hits` gets the reads it interrupted."""
+    import _thread
+
+    calls = []
+
+    def trace(frame, event, arg):
+        if frame.f_code.co_name == "make_single_device_sharding" and frame.f_back is not None \
+                and frame.f_back.f_code.co_name == "addressable_shards":
+            calls.append(1)
+            if len(calls) == k:
+                hits.append(k)
+                _thread.interrupt_main()
+        return None
+
+    return trace
+
+
+def test_plain_jax_loses_an_arrays_buffers_to_an_interrupt_while_listing_them(donor):
+    """The oracle for the test below, in plain JAX (0.10.2): an interrupt while JAX builds an array's
+    list of shards leaves that list cut short for good; the array is not deleted, and cannot be read.
+    If this fails, JAX builds the list whole now, and cell/interrupts.py's hold is no longer needed."""
+    import sys
+
+    w = jax.device_put(np.arange(32.0).reshape(8, 4), NamedSharding(donor.user_ns["ma"], P("data")))
+    hits = []
+    sys.settrace(_interrupt_in_shard_list(3, hits))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            w.addressable_shards
+            settle()
+    finally:
+        sys.settrace(None)
+    assert hits == [3] and not w.is_deleted()
+    with pytest.raises(IndexError):
+        np.asarray(w)
+
+
+@pytest.mark.parametrize("how", list(DONATING))
+def test_an_interrupt_while_the_donation_check_lists_shards_leaves_w_readable(donor, how):
+    """CI, 2026-12-06: a loop of `%%shard --donate w` cells, interrupted, left `w` unreadable
+    (IndexError) though not deleted: the interrupt landed while the donation check read a fresh result's
+    shards, a list JAX builds on the first read (the test above). The check now reads them with the
+    interrupt held: at each device of that list, the cell either binds nothing or runs whole, and `w`
+    reads as the start or the step after."""
+    import sys
+
+    sharding = NamedSharding(donor.user_ns["ma"], P("data"))
+    start = np.arange(32.0).reshape(8, 4)
+    for _ in range(2):  # compiled, and (--no-show) the replay remembered
+        donor.user_ns.update(w=jax.device_put(start, sharding), v=None)
+        with capture_output():
+            DONATING[how](donor)
+    interrupted = []
+    for k in range(1, 9):
+        donor.user_ns.update(w=jax.device_put(start, sharding), v=None)  # a fresh array: its list not built yet
+        sys.settrace(_interrupt_in_shard_list(k, interrupted))
+        try:
+            with capture_output(), pytest.raises(KeyboardInterrupt):
+                DONATING[how](donor)
+                settle()
+        finally:
+            sys.settrace(None)
+        w = donor.user_ns["w"]
+        assert not w.is_deleted(), k
+        assert np.asarray(w).tolist() in (start.tolist(), (start + 1).tolist()), k
+    assert interrupted == list(range(1, 9)), interrupted  # each device's turn was interrupted
+
+
 def test_an_interrupt_while_compiling_leaves_the_donated_input_whole(donor, monkeypatch):
     from jaxpar_magic.stages.run import program
 

@@ -14,7 +14,8 @@ import uuid
 from ..errors import UsageError
 from . import engine as cluster_engine, hang_doctor, trees
 from .status import SUBCOMMAND_HINT, ClusterError, processes_text, remote_error
-from .waits import HeldInterrupt, WatchedEngines, stream_text
+from ..cell.interrupts import HeldInterrupt
+from .waits import WatchedEngines, stream_text
 
 DEFAULT_TIMEOUT = 120.0  # a cell's limit when the caller gives none (%config JaxparMagics.cluster_timeout)
 CLEANUP_TIMEOUT = 10.0  # commit/discard/restore after a cell
@@ -36,7 +37,9 @@ class ClusterRuns(WatchedEngines):
         """
         ranks = self._ranks(targets)
         timeout = DEFAULT_TIMEOUT if timeout is None else timeout
-        with HeldInterrupt() as held:  # an interrupt while the requests go out is handled by the wait
+        # A KeyboardInterrupt raised inside ipyparallel's send, before the watched wait began, left the
+        # cell running on the engines, never rolled back: held, it is raised inside the wait's handling.
+        with HeldInterrupt() as held:
             self._submit(ranks, cluster_engine.snapshot)  # runs before the cell: engines keep the order
             runs = self._submit_execute(ranks, code)
             relay = OutputRelay(runs)

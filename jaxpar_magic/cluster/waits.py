@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
 import time
 
+from ..cell.interrupts import HeldInterrupt
 from . import engine as cluster_engine, hang_doctor
 from .status import ClusterError, ProcessInfo, processes_text
 
@@ -25,44 +25,6 @@ HEARTBEAT_S = 10  # jax.distributed: a lost peer is noticed in seconds, not JAX'
 SILENT_S = 3.0  # after a death on a cluster over several hosts: how long the other hosts get to answer
 DOCTOR_S = 2.0  # how long a stuck process gets to say where it waits
 ABORT_ACK_S = 1.0  # after an interrupt: how long the engines get to acknowledge that queued requests are dropped
-
-
-class HeldInterrupt:
-    """Holds a Ctrl-C (SIGINT, or JupyterLab's Kernel -> Interrupt) that arrives while requests go out.
-
-    A KeyboardInterrupt raised inside ipyparallel's send, before the watched wait begins, escaped with
-    the cell still running on the engines: never interrupted, never rolled back, and the next request
-    waited behind it until its timeout. On a loaded machine the send takes long enough for an engine
-    to start the cell first. Held here, the interrupt is raised by `release()`, which `_wait` calls
-    inside its own handling. Only the main thread receives signals; elsewhere nothing is held.
-    """
-
-    def __init__(self):
-        self.arrived = False
-        self._previous = None
-
-    def __enter__(self) -> "HeldInterrupt":
-        previous = signal.getsignal(signal.SIGINT)
-        if callable(previous) and threading.current_thread() is threading.main_thread():
-            self._previous = previous
-            signal.signal(signal.SIGINT, self._hold)
-        return self
-
-    def _hold(self, signum, frame) -> None:
-        self.arrived = True
-
-    def release(self) -> None:
-        """Stop holding; raise KeyboardInterrupt if one arrived meanwhile."""
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
-            if self.arrived:
-                raise KeyboardInterrupt
-
-    def __exit__(self, *error) -> None:
-        if self._previous is not None:  # the wait was never reached (the send failed): restore only
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
 
 
 class WatchedEngines:

@@ -7,6 +7,7 @@ program's own outputs, and every requirement then says so).
 """
 from __future__ import annotations
 
+from ...cell.interrupts import addressable_shards
 from ..checks import NotRun
 
 
@@ -59,7 +60,8 @@ class Method:
         if self.spec(name) is None:
             return False, f"give {name} its layout on the magic's line: --in {name}=SPEC"
         placed = self.bound.get(name)
-        count = len({str(shard.index) for shard in getattr(placed, "addressable_shards", ())})
+        shards = addressable_shards(placed) if hasattr(placed, "addressable_shards") else ()
+        count = len({str(shard.index) for shard in shards})
         noun = "block" if count == 1 else "blocks"
         why = f"{name} is cut into {count} distinct {noun}, not {blocks}: the other devices hold copies"
         return count == blocks, why

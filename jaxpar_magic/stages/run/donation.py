@@ -153,9 +153,12 @@ def call_donating(program, args, inputs, donated: tuple, wait: bool = True):
     An interrupt that came before the call is raised before it: nothing is given away."""
     import jax
 
-    check_donation(inputs, args, donated)
     with results_bound():
-        if _defer(", ".join(f"`{inputs[i].name}`" for i in donated)) and _Held.deferred.arrived:
+        installed = _defer(", ".join(f"`{inputs[i].name}`" for i in donated))
+        # Checked under the deferral: the check reads each input's shards, a list JAX builds on its first
+        # read and that an interrupt in the middle leaves cut short for good (cell/interrupts.py).
+        check_donation(inputs, args, donated)
+        if installed and _Held.deferred.arrived:
             _release()  # raises: the inputs are still whole
         results = program.jitted(*args)
         if wait:
