@@ -261,6 +261,28 @@ def test_plain_jax_loses_an_arrays_buffers_to_an_interrupt_while_listing_them(do
         np.asarray(w)
 
 
+def test_our_reads_of_an_arrays_shards_hold_the_interrupt_until_the_list_is_built(donor):
+    """cell/interrupts.addressable_shards (the exercises' check, a cluster's gather): the interrupt
+    that came while JAX built the list is raised once it is whole, and the array stays readable."""
+    import sys
+
+    from jaxpar_magic.cell.interrupts import addressable_shards
+
+    sharding = NamedSharding(donor.user_ns["ma"], P("data"))
+    for k in (1, 5, 8):
+        w = jax.device_put(np.arange(32.0).reshape(8, 4), sharding)
+        hits = []
+        sys.settrace(_interrupt_in_shard_list(k, hits))
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                addressable_shards(w)
+                settle()
+        finally:
+            sys.settrace(None)
+        assert hits == [k] and len(w.addressable_shards) == 8
+        np.testing.assert_array_equal(np.asarray(w), np.arange(32.0).reshape(8, 4))
+
+
 @pytest.mark.parametrize("how", list(DONATING))
 def test_an_interrupt_while_the_donation_check_lists_shards_leaves_w_readable(donor, how):
     """CI, 2026-12-06: a loop of `%%shard --donate w` cells, interrupted, left `w` unreadable

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pickle
 
+from ..cell.interrupts import addressable_shards
 from ..errors import UsageError
 
 
@@ -111,11 +112,14 @@ def export_leaf(leaf):
     import numpy as np
     from ipyparallel.serialize import serialize_object
 
-    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
-        shards = [(shard.index, np.asarray(shard.data)) for shard in leaf.addressable_shards if shard.replica_id == 0]
-        return ("global", tuple(leaf.shape), str(leaf.dtype), shards)
     if isinstance(leaf, jax.Array):
-        return ("value", np.asarray(leaf))
+        # JAX's list of the leaf's buffers, built with an interrupt held (engines are interrupted with the
+        # kernel, and one cut short would leave the leaf unreadable: cell/interrupts.py); kept by JAX after
+        shards = addressable_shards(leaf)
+        if leaf.is_fully_addressable:
+            return ("value", np.asarray(leaf))
+        return ("global", tuple(leaf.shape), str(leaf.dtype),
+                [(shard.index, np.asarray(shard.data)) for shard in shards if shard.replica_id == 0])
     try:
         serialize_object(leaf)
     except Exception as error:  # whatever stops it from travelling, the kernel says so for this leaf
