@@ -261,13 +261,16 @@ def test_plain_jax_loses_an_arrays_buffers_to_an_interrupt_while_listing_them(do
         np.asarray(w)
 
 
-def test_our_reads_of_an_arrays_shards_hold_the_interrupt_until_the_list_is_built(donor):
-    """cell/interrupts.addressable_shards (the exercises' check, a cluster's gather): the interrupt
-    that came while JAX built the list is raised once it is whole, and the array stays readable."""
+@pytest.mark.parametrize("read", ["addressable_shards", "host_value"])
+def test_our_reads_of_an_arrays_shards_hold_the_interrupt_until_the_list_is_built(donor, read):
+    """cell/interrupts' reads of a user's array (the exercises' checks and snapshots, `check`, a
+    cluster's push, scatter and gather): the interrupt that came while JAX built the array's list of
+    buffers is raised once the list is whole, and the array stays readable."""
     import sys
 
-    from jaxpar_magic.cell.interrupts import addressable_shards
+    from jaxpar_magic.cell import interrupts
 
+    reading = getattr(interrupts, read)
     sharding = NamedSharding(donor.user_ns["ma"], P("data"))
     for k in (1, 5, 8):
         w = jax.device_put(np.arange(32.0).reshape(8, 4), sharding)
@@ -275,7 +278,7 @@ def test_our_reads_of_an_arrays_shards_hold_the_interrupt_until_the_list_is_buil
         sys.settrace(_interrupt_in_shard_list(k, hits))
         try:
             with pytest.raises(KeyboardInterrupt):
-                addressable_shards(w)
+                reading(w)
                 settle()
         finally:
             sys.settrace(None)

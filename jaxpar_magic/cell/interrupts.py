@@ -57,3 +57,15 @@ def addressable_shards(array) -> list:
         shards = array.addressable_shards
         held.release()
     return shards
+
+
+def host_value(value):
+    """`np.asarray(value)` of a value of the user's: a live jax.Array's list of buffers is built first,
+    with the interrupt held (addressable_shards), since NumPy's read builds it too, and an interrupt
+    there would leave the user's array unreadable. (A check, a snapshot, a push to a cluster.)"""
+    import numpy as np
+
+    is_deleted = getattr(value, "is_deleted", None)  # (asked of the type: reading the property builds the list)
+    if callable(is_deleted) and hasattr(type(value), "addressable_shards") and not is_deleted():
+        addressable_shards(value)
+    return np.asarray(value)

@@ -11,10 +11,10 @@ import sys
 import time
 import uuid
 
+from ..cell.interrupts import HeldInterrupt, host_value
 from ..errors import UsageError
 from . import engine as cluster_engine, hang_doctor, trees
 from .status import SUBCOMMAND_HINT, ClusterError, processes_text, remote_error
-from ..cell.interrupts import HeldInterrupt
 from .waits import WatchedEngines, stream_text
 
 DEFAULT_TIMEOUT = 120.0  # a cell's limit when the caller gives none (%config JaxparMagics.cluster_timeout)
@@ -107,7 +107,6 @@ class ClusterRuns(WatchedEngines):
         pytree (dict, registered dataclass, Equinox module, optax state) is rebuilt as the same type
         there; its jax.Array leaves become jax.Arrays of each process."""
         import jax
-        import numpy as np
 
         packed = {}
         for name, value in dict(values).items():
@@ -117,7 +116,7 @@ class ClusterRuns(WatchedEngines):
                 path, problem = unsendable[0]
                 raise UsageError(f"%cluster push: {trees.label(path, name)} cannot be sent to the engines ({problem}). "
                                  "Push what it is made of, or build it on the cluster in a %%cluster cell.")
-            packed[name] = (structure, [("jax", np.asarray(leaf)) if isinstance(leaf, jax.Array)
+            packed[name] = (structure, [("jax", host_value(leaf)) if isinstance(leaf, jax.Array)
                                         else ("value", trees.canned(leaf)) for _, leaf in leaves])
         self._push_packed({rank: packed for rank in self._ranks(targets)}, timeout)
 
@@ -144,7 +143,7 @@ class ClusterRuns(WatchedEngines):
                     for rank in positions:
                         entries[rank].append(("value", trees.canned(leaf)))
                     continue
-                array = np.asarray(leaf)
+                array = host_value(leaf)
                 if array.ndim == 0 and not whole_value:  # a pytree's scalar (optax's count): on every device
                     for rank in positions:
                         entries[rank].append(("whole", array))

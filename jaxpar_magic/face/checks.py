@@ -31,6 +31,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..cell.interrupts import host_value
+
 _MISSING = object()
 # How many times each check (known by its hints) said "not yet" in this kernel: the next hint.
 _failures: dict[tuple[str, ...], int] = {}
@@ -203,7 +205,7 @@ def _all_true(condition) -> bool:
     if hasattr(condition, "shape") and hasattr(condition, "dtype"):
         import numpy as np
 
-        return bool(np.all(np.asarray(condition)))
+        return bool(np.all(host_value(condition)))
     return bool(condition)
 
 
@@ -352,7 +354,7 @@ def _host(value):
 
     if _python_int(value) and not -2**63 <= value < 2**63:
         return np.asarray(float(value))
-    array = np.asarray(value)
+    array = host_value(value)
     if array.dtype.kind == "V":  # ml_dtypes (bfloat16, float8): NumPy knows them as void
         array = array.astype(np.float32)
     return array

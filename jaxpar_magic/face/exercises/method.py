@@ -60,7 +60,8 @@ class Method:
         if self.spec(name) is None:
             return False, f"give {name} its layout on the magic's line: --in {name}=SPEC"
         placed = self.bound.get(name)
-        shards = addressable_shards(placed) if hasattr(placed, "addressable_shards") else ()
+        array = hasattr(type(placed), "addressable_shards")  # (asked of the type: the property builds the list)
+        shards = addressable_shards(placed) if array else ()
         count = len({str(shard.index) for shard in shards})
         noun = "block" if count == 1 else "blocks"
         why = f"{name} is cut into {count} distinct {noun}, not {blocks}: the other devices hold copies"

@@ -23,6 +23,8 @@ import sys
 import threading
 import types
 
+from ...cell.interrupts import host_value
+
 _ABSENT = object()
 _DEPTH = 3  # containers inside containers, from a name in the namespace
 _MOST_CONTAINERS = 5000
@@ -208,7 +210,7 @@ def _same_array(now, before) -> bool:
     if shape != before.shape or dtype != before.dtype or getattr(now, "nbytes", _HASHED + 1) > _HASHED:
         return False
     try:
-        return bool(np.array_equal(np.asarray(now), np.asarray(before), equal_nan=dtype.kind in "fc"))
+        return bool(np.array_equal(host_value(now), host_value(before), equal_nan=dtype.kind in "fc"))
     except Exception:  # a deleted array, a key array: not comparable, so not the same
         return False
 
