@@ -1,5 +1,5 @@
 """Holding Kernel -> Interrupt (SIGINT) over a few steps that must not be cut in the middle, and the
-one read of JAX arrays that needs it.
+reads of a user's JAX arrays that need it (JAX builds an array's list of buffers on the first read).
 
 Plain Python; no IPython, no JAX import.
 """
@@ -65,7 +65,8 @@ def host_value(value):
     there would leave the user's array unreadable. (A check, a snapshot, a push to a cluster.)"""
     import numpy as np
 
-    is_deleted = getattr(value, "is_deleted", None)  # (asked of the type: reading the property builds the list)
+    is_deleted = getattr(value, "is_deleted", None)
+    # (the type is asked: reading the property of `value` would build the list, unheld)
     if callable(is_deleted) and hasattr(type(value), "addressable_shards") and not is_deleted():
         addressable_shards(value)
     return np.asarray(value)
