@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pickle
 
-from ..cell.interrupts import addressable_shards
+from ..cell.interrupts import addressable_shards, host_value
 from ..errors import UsageError
 
 
@@ -112,14 +112,13 @@ def export_leaf(leaf):
     import numpy as np
     from ipyparallel.serialize import serialize_object
 
+    # (an array is read with the interrupt held while JAX lists its buffers: engines are interrupted with
+    # the kernel, and a list cut short would leave the leaf unreadable; cell/interrupts.py)
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+        shards = [(shard.index, np.asarray(shard.data)) for shard in addressable_shards(leaf) if shard.replica_id == 0]
+        return ("global", tuple(leaf.shape), str(leaf.dtype), shards)
     if isinstance(leaf, jax.Array):
-        # JAX's list of the leaf's buffers, built with an interrupt held (engines are interrupted with the
-        # kernel, and one cut short would leave the leaf unreadable: cell/interrupts.py); kept by JAX after
-        shards = addressable_shards(leaf)
-        if leaf.is_fully_addressable:
-            return ("value", np.asarray(leaf))
-        return ("global", tuple(leaf.shape), str(leaf.dtype),
-                [(shard.index, np.asarray(shard.data)) for shard in shards if shard.replica_id == 0])
+        return ("value", host_value(leaf))
     try:
         serialize_object(leaf)
     except Exception as error:  # whatever stops it from travelling, the kernel says so for this leaf
